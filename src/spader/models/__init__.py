@@ -1,0 +1,1 @@
+"""Model helpers: hub downloads and tiny randomly initialised models for tests and the demo."""

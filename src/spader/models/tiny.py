@@ -1,0 +1,193 @@
+"""Tiny randomly initialised models, built locally (no network): a Qwen3 causal LM with a chat
+template that knows the agent's special tags, and an XLM-RoBERTa cross-encoder shaped like
+bge-reranker-v2-m3. Their outputs are meaningless; they exist so that the demo and the tests run
+the real loading and inference code paths on a 2-core CPU machine.
+
+Recipes: shared/spec/environment.md sections 2 and 5.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["build_tiny_qwen3", "build_tiny_reranker", "build", "TINY_MARKER"]
+
+# Written next to the weights so every consumer can say plainly that the model is random.
+TINY_MARKER = "spader_tiny_model.json"
+
+_QWEN_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<answer>",
+    "</answer>",
+]
+
+# ChatML like Qwen3's template, including tool messages wrapped in <tool_response>.
+_QWEN_CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = (
+    "Answer the question by listing every entity. <think> I should search for the films. </think> "
+    '<tool_call>["films directed by Ilse Varga", "Ilse Varga filmography"]</tool_call> '
+    "<tool_response> Doc 1 (Title: The Salt Orchard) The Salt Orchard is a 1961 drama film. </tool_response> "
+    '<answer>["The Salt Orchard", "Winter Quay"]</answer> Question: which rivers flow into the lake? '
+)
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _mark(out: Path, kind: str, seed: int) -> None:
+    (out / TINY_MARKER).write_text(
+        json.dumps({"kind": kind, "seed": seed, "note": "tiny randomly initialised model; outputs are meaningless"})
+    )
+
+
+def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
+    """Save a ~100k-parameter random Qwen3ForCausalLM and its tokenizer (with chat template)."""
+    _offline()
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = _CORPUS * 40
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        [text[i : i + 200] for i in range(0, len(text), 200)],
+        trainers.BpeTrainer(
+            vocab_size=768, special_tokens=_QWEN_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=_QWEN_SPECIALS[1:],
+        model_max_length=32768,
+    )
+    hf_tok.chat_template = _QWEN_CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=len(hf_tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        eos_token_id=hf_tok.eos_token_id,
+        pad_token_id=hf_tok.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(cfg)
+    model.generation_config.eos_token_id = hf_tok.eos_token_id
+    model.generation_config.pad_token_id = hf_tok.pad_token_id
+    model.save_pretrained(out)
+    hf_tok.save_pretrained(out)
+    _mark(out, "qwen3", seed)
+    log.info("tiny random Qwen3 (%d parameters) saved to %s", sum(p.numel() for p in model.parameters()), out)
+    return out
+
+
+def build_tiny_reranker(out: str | os.PathLike, seed: int = 0) -> Path:
+    """Save a random 2-layer XLM-RoBERTa sequence classifier (1 label) and its tokenizer.
+
+    ``max_position_embeddings=514`` and ``model_max_length=512`` match bge-reranker-v2-m3, so
+    FlagEmbedding's default ``max_length`` never indexes past the position table.
+    """
+    _offline()
+    import torch
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = [
+        "the quick brown fox jumps over the lazy dog",
+        "which films were directed by the director",
+        "lucene builds an inverted index of wikipedia passages",
+        "a reranker scores query passage pairs",
+        "rivers lakes mountains cities novels albums",
+    ] * 20
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(
+        corpus, trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    )
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)]
+    )
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        cls_token="<s>",
+        sep_token="</s>",
+        mask_token="<mask>",
+        model_max_length=512,
+    )
+    torch.manual_seed(seed)
+    cfg = XLMRobertaConfig(
+        vocab_size=len(hf_tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=514,
+        num_labels=1,
+        pad_token_id=hf_tok.pad_token_id,
+        bos_token_id=bos,
+        eos_token_id=eos,
+    )
+    XLMRobertaForSequenceClassification(cfg).save_pretrained(out)
+    hf_tok.save_pretrained(out)
+    _mark(out, "reranker", seed)
+    log.info("tiny random reranker saved to %s", out)
+    return out
+
+
+def build(kind: str, out: str | os.PathLike, seed: int = 0) -> Path:
+    """Build the tiny model ``kind`` (``qwen3`` or ``reranker``) into ``out``."""
+    builders = {"qwen3": build_tiny_qwen3, "reranker": build_tiny_reranker}
+    if kind not in builders:
+        raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {sorted(builders)}")
+    return builders[kind](out, seed=seed)
+
+
+def is_tiny(model_dir: str | os.PathLike) -> bool:
+    """True when ``model_dir`` holds a tiny random model built by this module."""
+    return (Path(model_dir) / TINY_MARKER).exists()

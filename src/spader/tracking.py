@@ -1,0 +1,275 @@
+"""MLflow tracking for the workflow: one parent run per Snakemake invocation, one nested run per job.
+
+The Snakefile's ``onstart`` hook calls :func:`start_pipeline_run`, which creates the experiment
+(with an absolute artifact root, so laptop and cluster jobs agree) and the parent run, and writes
+``<mlflow.state_dir>/pipeline_run.json``. Every job script wraps its work in :func:`job_run`,
+which opens a child run under that parent with params, tags (git commit, config hash, input
+fingerprints, rule, wildcards, SLURM job id) and the job's outputs, and marks it FAILED when the
+job raises. ``onsuccess``/``onerror`` close the parent with :func:`end_pipeline_run`.
+
+Tracking settings are the one part of the config that jobs read from ``snakemake.config`` rather
+than from ``params``: where runs are recorded does not change any result, so editing it must not
+rerun the pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from spader import __version__
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MlflowSettings",
+    "config_hash",
+    "end_pipeline_run",
+    "fingerprint",
+    "flatten_params",
+    "git_state",
+    "job_run",
+    "start_pipeline_run",
+]
+
+# Files up to this size are hashed whole; larger ones by size + first and last chunk.
+_FULL_HASH_LIMIT = 64 * 1024**2
+_PARTIAL_CHUNK = 8 * 1024**2
+_MAX_ARTIFACT_BYTES = 16 * 1024**2
+_MAX_PARAM_CHARS = 6000
+
+
+class MlflowSettings:
+    """Resolved tracking settings (``config['mlflow']``), paths made absolute against ``root``."""
+
+    def __init__(self, cfg: Mapping[str, Any], root: str | os.PathLike = "."):
+        root = Path(root).resolve()
+        uri = str(cfg["tracking_uri"])
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            db = root / uri[len("sqlite:///") :]
+            db.parent.mkdir(parents=True, exist_ok=True)
+            uri = f"sqlite:///{db}"
+        self.tracking_uri = uri
+        self.experiment = str(cfg["experiment"])
+        self.artifact_root = (root / cfg["artifact_root"]).resolve()
+        self.state_dir = (root / cfg["state_dir"]).resolve()
+        self.enabled = bool(cfg.get("enabled", True))
+
+    @property
+    def pipeline_file(self) -> Path:
+        return self.state_dir / "pipeline_run.json"
+
+
+def _mlflow():
+    import mlflow  # heavy import, only when tracking is used
+
+    return mlflow
+
+
+def _experiment_id(settings: MlflowSettings) -> str:
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    exp = client.get_experiment_by_name(settings.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    settings.artifact_root.mkdir(parents=True, exist_ok=True)
+    try:
+        return client.create_experiment(settings.experiment, artifact_location=settings.artifact_root.as_uri())
+    except mlflow.exceptions.MlflowException:  # created concurrently by another job
+        exp = client.get_experiment_by_name(settings.experiment)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def git_state(root: str | os.PathLike = ".") -> dict[str, str]:
+    """``{"commit": sha, "dirty": "true"|"false"}``, or ``{}`` outside a git checkout."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"commit": sha, "dirty": "true" if dirty else "false"}
+
+
+def _hash_file(path: Path) -> str:
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= _FULL_HASH_LIMIT:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            return h.hexdigest()
+        h.update(str(size).encode())
+        h.update(f.read(_PARTIAL_CHUNK))
+        f.seek(size - _PARTIAL_CHUNK)
+        h.update(f.read(_PARTIAL_CHUNK))
+    return "partial:" + h.hexdigest()
+
+
+def fingerprint(path: str | os.PathLike) -> str:
+    """Content fingerprint of a file or directory (sha256; large files by size + head + tail,
+    marked ``partial:``; directories over sorted relative paths and file fingerprints)."""
+    p = Path(path)
+    if p.is_file():
+        return _hash_file(p)
+    if p.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(x for x in p.rglob("*") if x.is_file()):
+            h.update(str(f.relative_to(p)).encode())
+            h.update(_hash_file(f).encode())
+        return "dir:" + h.hexdigest()
+    return "missing"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def config_hash(params: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a job's params (what Snakemake's params trigger sees)."""
+    blob = json.dumps(_jsonable(params), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten nested params to ``a/b/c`` keys with string values (lists as JSON), MLflow-sized."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten_params(value, prefix=f"{name}/"))
+        else:
+            text = value if isinstance(value, str) else json.dumps(_jsonable(value), sort_keys=True)
+            out[name] = text[:_MAX_PARAM_CHARS]
+    return out
+
+
+def start_pipeline_run(config: Mapping[str, Any], targets: list[str], root: str | os.PathLike = ".") -> None:
+    """Create the parent run of this Snakemake invocation and record it for the jobs."""
+    settings = MlflowSettings(config["mlflow"], root)
+    if not settings.enabled:
+        return
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    exp_id = _experiment_id(settings)
+    tags = {"spader.version": __version__, "spader.kind": "pipeline", "spader.targets": json.dumps(targets)}
+    git = git_state(root)
+    if git:
+        tags["mlflow.source.git.commit"] = git["commit"]
+        tags["git.dirty"] = git["dirty"]
+    run = client.create_run(exp_id, run_name="pipeline", tags=tags)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = settings.pipeline_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"experiment_id": exp_id, "run_id": run.info.run_id}))
+    tmp.replace(settings.pipeline_file)
+    log.info("MLflow pipeline run %s in %s", run.info.run_id, settings.tracking_uri)
+
+
+def end_pipeline_run(config: Mapping[str, Any], status: str, root: str | os.PathLike = ".") -> None:
+    """Close the parent run with ``FINISHED`` or ``FAILED``."""
+    settings = MlflowSettings(config["mlflow"], root)
+    if not settings.enabled or not settings.pipeline_file.exists():
+        return
+    run_id = json.loads(settings.pipeline_file.read_text())["run_id"]
+    _mlflow().MlflowClient(tracking_uri=settings.tracking_uri).set_terminated(run_id, status=status)
+
+
+def _parent_run_id(settings: MlflowSettings) -> str | None:
+    if settings.pipeline_file.exists():
+        return json.loads(settings.pipeline_file.read_text()).get("run_id")
+    return None
+
+
+def _named_items(io) -> list[tuple[str, str]]:
+    """``(name, path)`` pairs of a Snakemake input/output container (positional ones as ``i``)."""
+    named = dict(io.items()) if hasattr(io, "items") else {}
+    pairs: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, value in named.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for i, v in enumerate(values):
+            key = name if len(values) == 1 else f"{name}.{i}"
+            pairs.append((key, str(v)))
+            seen.add(str(v))
+    for i, v in enumerate(io):
+        if str(v) not in seen:
+            pairs.append((str(i), str(v)))
+    return pairs
+
+
+@contextlib.contextmanager
+def job_run(smk, *, extra_tags: Mapping[str, str] | None = None) -> Iterator[Any]:
+    """Track one Snakemake job as an MLflow run nested under the pipeline run.
+
+    Yields the active ``mlflow.ActiveRun`` (or ``None`` when tracking is disabled), so the job
+    can log metrics. The run is FAILED when the body raises (the exception propagates).
+    """
+    settings = MlflowSettings(smk.config["mlflow"], ".")
+    if not settings.enabled:
+        yield None
+        return
+    mlflow = _mlflow()
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    exp_id = _experiment_id(settings)
+    wildcards = dict(smk.wildcards.items())
+    run_name = "-".join([smk.rule, *(str(v) for v in wildcards.values())])
+    params = dict(smk.params.items())
+    tags = {
+        "snakemake.rule": smk.rule,
+        "snakemake.wildcards": json.dumps(wildcards, sort_keys=True),
+        "spader.version": __version__,
+        "spader.kind": "job",
+        "config_hash": config_hash(params),
+    }
+    git = git_state(".")
+    if git:
+        tags["mlflow.source.git.commit"] = git["commit"]
+        tags["git.dirty"] = git["dirty"]
+    if os.environ.get("SLURM_JOB_ID"):
+        tags["slurm.job_id"] = os.environ["SLURM_JOB_ID"]
+    for name, path in _named_items(smk.input):
+        tags[f"input.{name}.path"] = path
+        tags[f"input.{name}.sha256"] = fingerprint(path)
+    tags.update(extra_tags or {})
+
+    run = mlflow.start_run(
+        experiment_id=exp_id, run_name=run_name, parent_run_id=_parent_run_id(settings), tags=tags
+    )
+    try:
+        mlflow.log_params(flatten_params(params, prefix="params/"))
+        yield run
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    try:
+        for name, path in _named_items(smk.output):
+            p = Path(path)
+            mlflow.set_tag(f"output.{name}.path", str(p.resolve()))
+            if p.is_file() and p.stat().st_size <= _MAX_ARTIFACT_BYTES:
+                mlflow.log_artifact(str(p), artifact_path="outputs")
+    except Exception:  # the job's work is done; losing an artifact must not delete its outputs
+        log.exception("could not log outputs of %s to MLflow", run_name)
+    finally:
+        mlflow.end_run(status="FINISHED")

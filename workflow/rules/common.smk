@@ -1,0 +1,126 @@
+import re
+from pathlib import Path
+
+import spader
+from snakemake.utils import validate
+from spader.config import BASELINES, DATASETS, check_config, hub_slug, model_kind, verl_config_chain
+from spader.prompt import PROMPT_VERSION
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration: checked (keys named in every error) and completed with the schema's defaults
+# before any rule is defined.
+# ---------------------------------------------------------------------------------------------
+check_config(
+    config,
+    Path(workflow.basedir) / "schemas" / "config.schema.yaml",
+    verl_config_dir=Path(workflow.basedir).parent / "config" / "verl",
+)
+validate(config, "../schemas/config.schema.yaml")
+
+SUITE = config["suite"]
+VERSION = spader.__version__
+VARIANTS = list(config["variants"])
+
+
+def _alternatives(names):
+    return "|".join(re.escape(n) for n in names) if names else "(?!x)x"
+
+
+wildcard_constraints:
+    suite=re.escape(SUITE),
+    dataset=_alternatives(DATASETS),
+    split="train|test",
+    backbone=_alternatives(config["backbones"]),
+    variant=_alternatives(VARIANTS),
+    method=_alternatives(VARIANTS + list(BASELINES)),
+    file="[A-Za-z0-9._-]+",
+    repo="[A-Za-z0-9._-]+--[A-Za-z0-9._-]+",
+    kind="qwen3|reranker",
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets
+# ---------------------------------------------------------------------------------------------
+def get_final_output():
+    return expand("results/{backbone}/f1.tsv", backbone=config["targets"])
+
+
+def methods_of(backbone):
+    spec = config["backbones"][backbone]
+    return list(spec["variants"]) + list(spec["baselines"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Models: hub ids are downloaded once into resources/models/hub/, tiny:<kind> models are built
+# locally (demo, smoke tests), local paths are used as they are.
+# ---------------------------------------------------------------------------------------------
+def model_dir(name):
+    kind = model_kind(name)
+    if kind == "tiny":
+        return f"results/models/tiny/{name.split(':', 1)[1]}"
+    if kind == "hub":
+        return f"resources/models/hub/{hub_slug(name)}"
+    return name
+
+
+def get_backbone_model(wildcards):
+    return model_dir(config["backbones"][wildcards.backbone]["model"])
+
+
+def get_policy_model(wildcards):
+    if wildcards.method in BASELINES:
+        return get_backbone_model(wildcards)
+    return f"results/{wildcards.backbone}/models/{wildcards.method}"
+
+
+def get_reranker(wildcards):
+    name = config["retrieval"]["reranker"]["model"]
+    return [] if name in (None, "none") else [model_dir(name)]
+
+
+def retrieval_params():
+    """Search settings as the jobs see them (reranker given by its resolved local directory)."""
+    settings = dict(config["retrieval"])
+    reranker = dict(settings["reranker"])
+    if reranker["model"] not in (None, "none"):
+        reranker["path"] = model_dir(reranker["model"])
+    settings["reranker"] = reranker
+    return settings
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpus
+# ---------------------------------------------------------------------------------------------
+def get_dump(wildcards):
+    return config["corpus"]["archive"] or f"resources/{SUITE}/corpus/chunked_wikipedia.tar.gz"
+
+
+def get_index(wildcards=None):
+    return config["corpus"]["prebuilt_index"] or f"results/{SUITE}/index/bm25"
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------------
+def get_split_source(wildcards):
+    split = config["datasets"][wildcards.dataset]["splits"][wildcards.split]
+    return f"resources/{wildcards.suite}/datasets/{wildcards.dataset}/{split['file']}"
+
+
+def get_split_member(wildcards):
+    return config["datasets"][wildcards.dataset]["splits"][wildcards.split].get("member")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def get_verl_configs(wildcards):
+    """The variant's verl YAML and the project YAMLs it inherits from."""
+    return verl_config_chain(config["variants"][wildcards.variant]["verl_config"], "config/verl")
+
+
+def get_gpu_job_threads():
+    """GPU jobs take every core of a workstation run, so Snakemake runs them one at a time
+    (it never assigns GPUs itself); on a cluster the profile sets their CPUs (set-threads)."""
+    return workflow.cores

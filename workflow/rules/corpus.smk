@@ -1,0 +1,34 @@
+# Corpus: the QAMPARI Wikipedia 2021 chunk dump and its BM25 index (issue #3).
+
+
+rule download_dump:
+    output:
+        archive="resources/{suite}/corpus/chunked_wikipedia.tar.gz",
+    params:
+        url=config["corpus"]["url"],
+        sha256=config["corpus"]["sha256"],
+        size_bytes=config["corpus"]["size_bytes"],
+        version=VERSION,
+    log:
+        "logs/download_dump/{suite}.log",
+    script:
+        "../scripts/download_dump.py"
+
+
+rule build_bm25_index:
+    input:
+        archive=get_dump,
+    output:
+        index=directory("results/{suite}/index/bm25"),
+        stats="results/{suite}/index/stats.json",
+    params:
+        expected_documents=config["corpus"]["expected_documents"],
+        version=VERSION,
+    threads: 16
+    resources:
+        mem_mb=32000,
+        runtime=720,
+    log:
+        "logs/build_bm25_index/{suite}.log",
+    script:
+        "../scripts/build_bm25_index.py"

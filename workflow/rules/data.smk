@@ -1,0 +1,78 @@
+# Datasets: release files -> unified records (norm_v1) -> 6k/2k/2k/2k training mix, verl parquet
+# and one evaluation file per dataset (issue #4; shared/spec/data.md).
+
+
+rule download_dataset:
+    output:
+        raw="resources/{suite}/datasets/{dataset}/{file}",
+    params:
+        source=lambda wc: config["datasets"][wc.dataset]["files"][wc.file],
+        key=lambda wc: f"datasets.{wc.dataset}.files.{wc.file}",
+        version=VERSION,
+    log:
+        "logs/download_dataset/{suite}/{dataset}/{file}.log",
+    script:
+        "../scripts/download_dataset.py"
+
+
+rule normalize_dataset:
+    input:
+        raw=get_split_source,
+    output:
+        records="results/{suite}/data/normalized/{dataset}/{split}.jsonl",
+        drops="results/{suite}/data/normalized/{dataset}/{split}.drops.json",
+    params:
+        member=get_split_member,
+        version=VERSION,
+    log:
+        "logs/normalize_dataset/{suite}/{dataset}/{split}.log",
+    script:
+        "../scripts/normalize_dataset.py"
+
+
+rule mix_training_set:
+    input:
+        train=expand("results/{{suite}}/data/normalized/{dataset}/train.jsonl", dataset=DATASETS),
+        test=expand("results/{{suite}}/data/normalized/{dataset}/test.jsonl", dataset=DATASETS),
+    output:
+        train="results/{suite}/data/mix/train.jsonl",
+        val="results/{suite}/data/mix/val.jsonl",
+        stats="results/{suite}/data/mix/stats.json",
+    params:
+        mix={k: v for k, v in config["mix"].items() if k != "eval_limit"},
+        version=VERSION,
+    log:
+        "logs/mix_training_set/{suite}.log",
+    script:
+        "../scripts/mix_training_set.py"
+
+
+rule export_rl_dataset:
+    input:
+        train="results/{suite}/data/mix/train.jsonl",
+        val="results/{suite}/data/mix/val.jsonl",
+    output:
+        train="results/{suite}/data/verl/train.parquet",
+        val="results/{suite}/data/verl/val.parquet",
+    params:
+        prompt_version=PROMPT_VERSION,
+        version=VERSION,
+    log:
+        "logs/export_rl_dataset/{suite}.log",
+    script:
+        "../scripts/export_rl_dataset.py"
+
+
+rule export_eval_set:
+    input:
+        records="results/{suite}/data/normalized/{dataset}/test.jsonl",
+    output:
+        records="results/{suite}/data/eval/{dataset}.jsonl",
+    params:
+        limit=config["mix"]["eval_limit"],
+        seed=config["mix"]["seed"],
+        version=VERSION,
+    log:
+        "logs/export_eval_set/{suite}/{dataset}.log",
+    script:
+        "../scripts/export_eval_set.py"

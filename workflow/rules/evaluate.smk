@@ -1,0 +1,62 @@
+# Evaluation: every method (trained variants and prompting baselines) on every dataset, then the
+# paper's tables, plots and report (issue #7).
+
+
+rule evaluate_policy:
+    input:
+        records=expand("results/{suite}/data/eval/{{dataset}}.jsonl", suite=SUITE),
+        index=get_index(),
+        model=get_policy_model,
+        reranker=get_reranker,
+    output:
+        records="results/{backbone}/eval/{method}/{dataset}.jsonl",
+        summary="results/{backbone}/eval/{method}/{dataset}.json",
+    params:
+        method=lambda wc: wc.method,
+        evaluation=config["evaluation"],
+        retrieval=retrieval_params(),
+        suite=SUITE,
+        version=VERSION,
+    threads: lambda wc: get_gpu_job_threads() if config["evaluation"]["gpus"] > 0 else 2
+    resources:
+        gpu=config["evaluation"]["gpus"],
+        mem_mb=32000,
+        runtime=720,
+    log:
+        "logs/evaluate_policy/{backbone}/{method}/{dataset}.log",
+    script:
+        "../scripts/evaluate_policy.py"
+
+
+rule aggregate_results:
+    input:
+        summaries=lambda wc: expand(
+            "results/{backbone}/eval/{method}/{dataset}.json",
+            backbone=wc.backbone,
+            method=methods_of(wc.backbone),
+            dataset=DATASETS,
+        ),
+        records=lambda wc: expand(
+            "results/{backbone}/eval/{method}/{dataset}.jsonl",
+            backbone=wc.backbone,
+            method=methods_of(wc.backbone),
+            dataset=DATASETS,
+        ),
+    output:
+        f1=report("results/{backbone}/f1.tsv", caption="../report/f1.rst", category="Results", labels={"table": "F1"}),
+        prf=report("results/{backbone}/prf.tsv", caption="../report/prf.rst", category="Results", labels={"table": "P/R/F1"}),
+        ablation=report("results/{backbone}/ablation.tsv", caption="../report/ablation.rst", category="Analyses", labels={"table": "ablation"}),
+        beta_sweep=report("results/{backbone}/beta_sweep.tsv", caption="../report/beta_sweep.rst", category="Analyses", labels={"table": "beta sweep"}),
+        efficiency=report("results/{backbone}/efficiency.tsv", caption="../report/efficiency.rst", category="Analyses", labels={"table": "search efficiency"}),
+        temporal=report("results/{backbone}/temporal.tsv", caption="../report/temporal.rst", category="Analyses", labels={"table": "temporal dynamics"}),
+        efficiency_plot=report("results/{backbone}/efficiency.png", caption="../report/efficiency.rst", category="Plots", labels={"figure": "search efficiency"}),
+        temporal_plot=report("results/{backbone}/temporal.png", caption="../report/temporal.rst", category="Plots", labels={"figure": "temporal dynamics"}),
+    params:
+        methods=lambda wc: methods_of(wc.backbone),
+        variants=lambda wc: config["backbones"][wc.backbone]["variants"],
+        datasets=list(DATASETS),
+        version=VERSION,
+    log:
+        "logs/aggregate_results/{backbone}.log",
+    script:
+        "../scripts/aggregate_results.py"

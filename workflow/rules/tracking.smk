@@ -1,0 +1,15 @@
+# One MLflow parent run per snakemake invocation (jobs nest their runs under it). Hooks run only
+# in the main snakemake process: never in dry runs, never inside cluster jobs (--no-hooks).
+from spader.tracking import end_pipeline_run, start_pipeline_run
+
+
+onstart:
+    start_pipeline_run(config, targets=[str(t) for t in workflow.dag.targetfiles])
+
+
+onsuccess:
+    end_pipeline_run(config, "FINISHED")
+
+
+onerror:
+    end_pipeline_run(config, "FAILED")

@@ -1,0 +1,50 @@
+# Training: verl per backbone x variant (issues #5, #6). Checkpoints are written to
+# results/{backbone}/train/{variant}/work/, which is deliberately not a declared output:
+# Snakemake deletes the outputs of a failed job, and a rerun must resume from the checkpoints.
+
+
+rule train_policy:
+    input:
+        train=expand("results/{suite}/data/verl/train.parquet", suite=SUITE),
+        val=expand("results/{suite}/data/verl/val.parquet", suite=SUITE),
+        index=get_index(),
+        model=get_backbone_model,
+        reranker=get_reranker,
+        verl_configs=get_verl_configs,
+    output:
+        final="results/{backbone}/train/{variant}/final.json",
+    params:
+        backbone=lambda wc: config["backbones"][wc.backbone],
+        variant=lambda wc: config["variants"][wc.variant],
+        training=config["training"],
+        retrieval=retrieval_params(),
+        workdir=lambda wc: f"results/{wc.backbone}/train/{wc.variant}/work",
+        suite=SUITE,
+        version=VERSION,
+    threads: get_gpu_job_threads()
+    resources:
+        gpu=lambda wc: config["backbones"][wc.backbone]["gpus"],
+        mem_mb=lambda wc: max(64000, 60000 * config["backbones"][wc.backbone]["gpus"]),
+        runtime=2880,
+    log:
+        "logs/train_policy/{backbone}/{variant}.log",
+    script:
+        "../scripts/train_policy.py"
+
+
+rule export_checkpoint:
+    input:
+        final="results/{backbone}/train/{variant}/final.json",
+    output:
+        model=directory("results/{backbone}/models/{variant}"),
+        meta="results/{backbone}/models/{variant}.json",
+    params:
+        version=VERSION,
+    threads: 4
+    resources:
+        mem_mb=64000,
+        runtime=120,
+    log:
+        "logs/export_checkpoint/{backbone}/{variant}.log",
+    script:
+        "../scripts/export_checkpoint.py"

@@ -1,0 +1,6 @@
+"""Glue for rule download_model. Logic: spader.models.hub."""
+from spader.glue import job
+from spader.models.hub import download_model
+
+with job(snakemake):
+    download_model(snakemake.params.repo_id, snakemake.output.model)
