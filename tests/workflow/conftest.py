@@ -1,0 +1,112 @@
+"""Helpers for the workflow tests: run the real `snakemake` CLI of the project's venv and parse
+its dry-run job listing."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def run_snakemake(*args: str, cwd: Path = REPO, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run the project's snakemake; XDG_CACHE_HOME is kept inside the work dir."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(Path(cwd) / ".cache"))
+    proc = subprocess.run(
+        [SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+@dataclass
+class Job:
+    rule: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def resources(self) -> dict[str, str]:
+        out = {}
+        for part in self.fields.get("resources", "").split(", "):
+            if "=" in part:
+                k, v = part.split("=", 1)
+                out[k.strip()] = v.strip()
+        return out
+
+    @property
+    def wildcards(self) -> dict[str, str]:
+        out = {}
+        for part in self.fields.get("wildcards", "").split(", "):
+            if "=" in part:
+                k, v = part.split("=", 1)
+                out[k.strip()] = v.strip()
+        return out
+
+
+_RULE = re.compile(r"^(?:local)?rule (\w+):$")
+_FIELD = re.compile(r"^    (\w+): (.*)$")
+
+
+def parse_jobs(text: str) -> list[Job]:
+    """Jobs of a `snakemake -n` listing (rule name plus its indented fields)."""
+    jobs: list[Job] = []
+    current: Job | None = None
+    for line in text.splitlines():
+        m = _RULE.match(line)
+        if m:
+            current = Job(m.group(1))
+            jobs.append(current)
+            continue
+        if current is not None:
+            f = _FIELD.match(line)
+            if f:
+                current.fields[f.group(1)] = f.group(2)
+            elif line and not line.startswith(" "):
+                current = None
+    return jobs
+
+
+def dry_run_jobs(*args: str, cwd: Path = REPO) -> list[Job]:
+    proc = run_snakemake("-n", "--forceall", "--nolock", *args, cwd=cwd)
+    return parse_jobs(proc.stdout + proc.stderr)
+
+
+def copy_repo(dest: Path) -> Path:
+    """Copy the working tree as a fresh clone would see it (tracked + untracked, not ignored)."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), target)
+        elif src.is_file():
+            shutil.copy2(src, target)
+    return dest
+
+
+class Smk:
+    """What the tests use (conftest modules are not importable under --import-mode=importlib)."""
+
+    repo = REPO
+    run = staticmethod(run_snakemake)
+    dry_run_jobs = staticmethod(dry_run_jobs)
+    parse_jobs = staticmethod(parse_jobs)
+    copy_repo = staticmethod(copy_repo)
+
+
+@pytest.fixture(scope="session")
+def smk() -> Smk:
+    return Smk()

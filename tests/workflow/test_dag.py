@@ -1,0 +1,87 @@
+"""The paper DAG as `snakemake -n` lists it from the repository root, for both backbones."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import yaml
+
+PIPELINE_RULES = {
+    "download_dump",
+    "build_bm25_index",
+    "download_dataset",
+    "normalize_dataset",
+    "mix_training_set",
+    "train_policy",
+    "export_checkpoint",
+    "evaluate_policy",
+    "aggregate_results",
+}
+DATASETS = {"qampari", "mintaka", "webqsp", "quest"}
+
+
+@pytest.fixture(scope="module")
+def paper_config(smk):
+    with open(smk.repo / "config" / "config.yaml") as f:
+        return yaml.safe_load(f)
+
+
+@pytest.mark.parametrize("backbone", ["qwen3_8b", "llama3_1_8b"])
+def test_paper_dag_lists_every_stage(smk, paper_config, backbone):
+    jobs = smk.dry_run_jobs("--cores", "all", f"results/{backbone}/f1.tsv")
+    rules = Counter(j.rule for j in jobs)
+    assert PIPELINE_RULES <= set(rules), f"missing rules: {PIPELINE_RULES - set(rules)}"
+
+    spec = paper_config["backbones"][backbone]
+    variants, methods = set(spec["variants"]), set(spec["variants"]) | set(spec["baselines"])
+    evals = {(j.wildcards["method"], j.wildcards["dataset"]) for j in jobs if j.rule == "evaluate_policy"}
+    assert evals == {(m, d) for m in methods for d in DATASETS}
+    trained = {j.wildcards["variant"] for j in jobs if j.rule == "train_policy"}
+    assert trained == variants
+    assert {j.wildcards["variant"] for j in jobs if j.rule == "export_checkpoint"} == variants
+    assert rules["normalize_dataset"] == 8  # 4 datasets x (train, test)
+    assert rules["aggregate_results"] == 1
+
+    for job in jobs:
+        if job.rule == "train_policy":
+            res = job.resources
+            assert res["gpu"] == str(spec["gpus"]) == "8"
+            assert int(res["mem_mb"]) > 0 and int(res["runtime"]) > 0
+            assert int(job.fields["threads"]) >= 1
+        elif job.rule in {"evaluate_policy"}:
+            assert int(job.resources["gpu"]) == paper_config["evaluation"]["gpus"]
+        else:
+            assert "gpu" not in job.resources or job.resources["gpu"] == "0", job.rule
+
+
+def test_paper_dag_variants(smk, paper_config):
+    qwen = set(paper_config["backbones"]["qwen3_8b"]["variants"])
+    assert qwen == {"spader", "no_spa", "no_np", "no_ig", "beta_0", "beta_1", "beta_4", "beta_8", "grpo", "ppo"}
+    llama = set(paper_config["backbones"]["llama3_1_8b"]["variants"]) | set(paper_config["backbones"]["llama3_1_8b"]["baselines"])
+    assert {"spader", "grpo", "ppo", "rag", "react"} <= llama
+
+
+def test_default_target_builds_every_configured_backbone(smk, paper_config):
+    jobs = smk.dry_run_jobs("--cores", "all")
+    aggregated = {j.wildcards["backbone"] for j in jobs if j.rule == "aggregate_results"}
+    assert aggregated == set(paper_config["targets"])
+
+
+def test_demo_dag_runs_only_cpu_stages(smk):
+    jobs = smk.dry_run_jobs("--cores", "2", "--configfile", "config/demo.yaml")
+    rules = set(j.rule for j in jobs)
+    assert "train_policy" not in rules
+    assert {"download_dump", "build_bm25_index", "download_dataset", "normalize_dataset", "mix_training_set",
+            "export_rl_dataset", "evaluate_policy", "aggregate_results", "build_tiny_model"} <= rules
+    assert not any(j.resources.get("gpu", "0") != "0" for j in jobs)
+    assert all(j.wildcards.get("suite", "demo") == "demo" for j in jobs)
+
+
+def test_slurm_profile_dry_run_from_repo_root(smk):
+    """`snakemake -n --profile slurm ...` works exactly as typed, without SLURM on the machine."""
+    proc = smk.run("-n", "--nolock", "--forceall", "--profile", "slurm", "results/qwen3_8b/f1.tsv")
+    jobs = smk.parse_jobs(proc.stdout + proc.stderr)
+    assert {j.rule for j in jobs} >= PIPELINE_RULES
+    train = [j for j in jobs if j.rule == "train_policy"]
+    assert train and all(j.resources["gpu"] == "8" for j in train)
