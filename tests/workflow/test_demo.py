@@ -1,0 +1,141 @@
+"""The CPU demo end to end, as the README runs it, in a fresh copy of the repository; then the
+rerun cases on the stages it ran (issue #2 point 7, issue #7 point 8).
+
+One demo run (module fixture) is shared by the tests below, which then mutate that copy in order.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
+
+
+def _demo_args(smk) -> list[str]:
+    readme = (smk.repo / "README.md").read_text()
+    section = readme.split("\n## CPU demo", 1)[1]
+    command = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
+    args = command.split()
+    assert args[0].endswith("snakemake")
+    return args[1:]
+
+
+def _scheduled(smk, workdir: Path, *extra: str) -> set[tuple[str, str]]:
+    """(rule, wildcards) of the jobs a dry run of the demo would run now."""
+    proc = smk.run(*_demo_args(smk), "-n", *extra, cwd=workdir)
+    return {(j.rule, ",".join(f"{k}={v}" for k, v in sorted(j.wildcards.items()))) for j in smk.parse_jobs(proc.stdout + proc.stderr)}
+
+
+def _rules(jobs) -> set[str]:
+    return {rule for rule, _ in jobs}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory, smk):
+    work = smk.copy_repo(tmp_path_factory.mktemp("demo") / "repo")
+    start = time.monotonic()
+    proc = smk.run(*_demo_args(smk), cwd=work, timeout=1800)
+    elapsed = time.monotonic() - start
+    print(f"demo wall time: {elapsed:.0f} s")
+    return {"work": work, "elapsed": elapsed, "log": proc.stdout + proc.stderr}
+
+
+def test_demo_writes_the_tables(demo):
+    results = demo["work"] / "results" / "demo"
+    with open(results / "f1.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert [r["method"] for r in rows] == ["rag", "react"]
+    assert list(rows[0]) == ["method", *DATASETS, "avg"]
+    for row in rows:
+        values = [float(row[d]) for d in DATASETS]
+        assert all(0.0 <= v <= 1.0 for v in values)
+        assert float(row["avg"]) == pytest.approx(sum(values) / 4, abs=1e-3)
+    for name in ["prf.tsv", "efficiency.tsv", "temporal.tsv", "ablation.tsv", "beta_sweep.tsv", "efficiency.png", "temporal.png"]:
+        assert (results / name).stat().st_size > 0, name
+    # the training data of the scaled-down mix exists too
+    assert (demo["work"] / "results/demo/data/verl/train.parquet").exists()
+
+
+def test_demo_says_the_model_is_tiny_and_random(demo):
+    summaries = list((demo["work"] / "results" / "demo" / "eval").rglob("*.json"))
+    assert summaries
+    for path in summaries:
+        assert "tiny" in path.read_text() and "random" in path.read_text()
+
+
+def test_demo_logs_every_job_and_tracks_it(demo):
+    logs = list((demo["work"] / "logs").rglob("*.log"))
+    rules = {p.relative_to(demo["work"] / "logs").parts[0] for p in logs}
+    assert {"download_dump", "build_bm25_index", "download_dataset", "normalize_dataset", "mix_training_set",
+            "export_rl_dataset", "export_eval_set", "evaluate_policy", "aggregate_results"} <= rules
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{demo['work']}/results/mlflow/mlflow.db")
+    exp = client.get_experiment_by_name("spader")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parent = [r for r in runs if r.data.tags.get("spader.kind") == "pipeline"]
+    jobs = [r for r in runs if r.data.tags.get("spader.kind") == "job"]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert all(r.info.status == "FINISHED" for r in jobs)
+    assert all(r.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for r in jobs)
+    assert len(jobs) == len(logs)
+
+
+def test_second_run_does_nothing(demo, smk):
+    assert _scheduled(smk, demo["work"]) == set()
+
+
+def test_touching_one_raw_dataset_file_reruns_its_normalization_and_the_mix(demo, smk):
+    work = demo["work"]
+    raw = work / "resources/demo/datasets/mintaka/mintaka_train.json"
+    os.utime(raw, None)
+    jobs = _scheduled(smk, work)
+    assert ("normalize_dataset", "dataset=mintaka,split=train,suite=demo") in jobs
+    assert {"mix_training_set", "export_rl_dataset"} <= _rules(jobs)
+    assert not {j for j in jobs if j[0] == "normalize_dataset" and "mintaka" not in j[1]}
+    assert not {"build_bm25_index", "download_dump", "evaluate_policy"} & _rules(jobs)
+    # and it really reruns (cheap stages), after which nothing is left to do
+    smk.run(*_demo_args(smk), cwd=work)
+    assert _scheduled(smk, work) == set()
+
+
+def test_touching_an_eval_split_reruns_that_dataset_evaluations(demo, smk):
+    work = demo["work"]
+    os.utime(work / "resources/demo/datasets/quest/test.jsonl", None)
+    jobs = _scheduled(smk, work)
+    evals = {j for j in jobs if j[0] == "evaluate_policy"}
+    assert evals and all("dataset=quest" in j[1] for j in evals)
+    assert "build_bm25_index" not in _rules(jobs)
+
+
+def test_changing_the_corpus_reruns_index_and_downstream_not_datasets(demo, smk, tmp_path):
+    work = demo["work"]
+    other = work / "resources/demo/chunked_wikipedia_v2.tar.gz"
+    shutil.copy(work / "resources/demo/chunked_wikipedia.tar.gz", other)
+    overlay = tmp_path / "corpus.yaml"
+    overlay.write_text("corpus:\n  url: file:resources/demo/chunked_wikipedia_v2.tar.gz\n")
+    jobs = _scheduled(smk, work, "--configfile", "config/demo.yaml", str(overlay))
+    assert {"download_dump", "build_bm25_index", "evaluate_policy", "aggregate_results"} <= _rules(jobs)
+    assert len({j for j in jobs if j[0] == "evaluate_policy"}) == 8
+    assert not {"normalize_dataset", "mix_training_set", "download_dataset"} & _rules(jobs)
+    # touching the downloaded archive itself has the same reach
+    os.utime(work / "resources/demo/corpus/chunked_wikipedia.tar.gz", None)
+    jobs = _scheduled(smk, work)
+    assert {"build_bm25_index", "evaluate_policy"} <= _rules(jobs) and "normalize_dataset" not in _rules(jobs)
+
+
+def test_evaluation_setting_reruns_only_evaluation(demo, smk, tmp_path):
+    overlay = tmp_path / "eval.yaml"
+    overlay.write_text("evaluation:\n  max_turns: 2\n")
+    jobs = _scheduled(smk, demo["work"], "--configfile", "config/demo.yaml", str(overlay))
+    assert {"evaluate_policy", "aggregate_results"} <= _rules(jobs)
+    assert not {"normalize_dataset", "mix_training_set", "export_eval_set"} & _rules(jobs)
