@@ -1,5 +1,18 @@
 # Datasets: release files -> unified records (norm_v1) -> 6k/2k/2k/2k training mix, verl parquet
-# and one evaluation file per dataset (issue #4; shared/spec/data.md).
+# and one evaluation file per dataset (issue #4; shared/spec/data.md). Logic: spader.data.
+
+
+def get_mix_datasets():
+    """Datasets the mix draws from (mix.counts > 0); only their normalized files are inputs."""
+    return [d for d in DATASETS if config["mix"]["counts"].get(d, 0) > 0]
+
+
+def get_mix_files(split):
+    return expand(
+        "results/{{suite}}/data/normalized/{dataset}/{split}.jsonl",
+        dataset=get_mix_datasets(),
+        split=split,
+    )
 
 
 rule download_dataset:
@@ -32,13 +45,14 @@ rule normalize_dataset:
 
 rule mix_training_set:
     input:
-        train=expand("results/{{suite}}/data/normalized/{dataset}/train.jsonl", dataset=DATASETS),
-        test=expand("results/{{suite}}/data/normalized/{dataset}/test.jsonl", dataset=DATASETS),
+        train=get_mix_files("train"),
+        test=get_mix_files("test"),
     output:
         train="results/{suite}/data/mix/train.jsonl",
         val="results/{suite}/data/mix/val.jsonl",
         stats="results/{suite}/data/mix/stats.json",
     params:
+        datasets=get_mix_datasets(),
         mix={k: v for k, v in config["mix"].items() if k != "eval_limit"},
         version=VERSION,
     log:

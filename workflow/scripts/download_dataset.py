@@ -1,3 +1,7 @@
-"""Glue for rule download_dataset. Logic: spader.data (issue #4)."""
+"""Glue for rule download_dataset. Logic: spader.data.download (tests/data/test_download.py)."""
 
-raise SystemExit("rule download_dataset: not built yet (issue #4); it writes no output until spader.data lands")
+from spader.data import download_dataset
+from spader.glue import job
+
+with job(snakemake):
+    download_dataset(snakemake.params.source, snakemake.output.raw, key=snakemake.params.key)

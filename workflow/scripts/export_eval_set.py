@@ -1,3 +1,13 @@
-"""Glue for rule export_eval_set. Logic: spader.data (issue #4)."""
+"""Glue for rule export_eval_set. Logic: spader.data.export (tests/data/test_export.py)."""
 
-raise SystemExit("rule export_eval_set: not built yet (issue #4); it writes no output until spader.data lands")
+from spader.data import export_eval_set
+from spader.glue import job
+
+with job(snakemake):
+    export_eval_set(
+        snakemake.input.records,
+        snakemake.output.records,
+        snakemake.wildcards.dataset,
+        limit=snakemake.params.limit,
+        seed=snakemake.params.seed,
+    )

@@ -1,3 +1,9 @@
-"""Glue for rule export_rl_dataset. Logic: spader.data (issue #4)."""
+"""Glue for rule export_rl_dataset. Logic: spader.data.export (tests/data/test_export.py)."""
 
-raise SystemExit("rule export_rl_dataset: not built yet (issue #4); it writes no output until spader.data lands")
+from spader.data import export_rl_dataset
+from spader.glue import job
+
+with job(snakemake):
+    export_rl_dataset(
+        snakemake.input.train, snakemake.input.val, snakemake.output.train, snakemake.output.val
+    )

@@ -1,3 +1,19 @@
-"""Glue for rule mix_training_set. Logic: spader.data (issue #4)."""
+"""Glue for rule mix_training_set. Logic: spader.data.mix (tests/data/test_mix.py)."""
 
-raise SystemExit("rule mix_training_set: not built yet (issue #4); it writes no output until spader.data lands")
+from spader.data import mix_metrics, mix_training_set
+from spader.glue import job
+
+with job(snakemake) as run:
+    datasets = snakemake.params.datasets
+    stats = mix_training_set(
+        dict(zip(datasets, snakemake.input.train, strict=True)),
+        dict(zip(datasets, snakemake.input.test, strict=True)),
+        snakemake.output.train,
+        snakemake.output.val,
+        snakemake.output.stats,
+        **snakemake.params.mix,
+    )
+    if run is not None:
+        import mlflow
+
+        mlflow.log_metrics(mix_metrics(stats))

@@ -1,3 +1,20 @@
-"""Glue for rule normalize_dataset. Logic: spader.data (issue #4)."""
+"""Glue for rule normalize_dataset. Logic: spader.data.sources (tests/data/test_sources.py).
+The drop counts by reason go beside the records and into the job's MLflow run."""
 
-raise SystemExit("rule normalize_dataset: not built yet (issue #4); it writes no output until spader.data lands")
+from spader.data import normalize_file
+from spader.glue import job
+
+with job(snakemake) as run:
+    summary = normalize_file(
+        snakemake.wildcards.dataset,
+        snakemake.wildcards.split,
+        snakemake.input.raw,
+        snakemake.output.records,
+        member=snakemake.params.member,
+        drops_path=snakemake.output.drops,
+    )
+    if run is not None:
+        import mlflow
+
+        mlflow.log_metrics(summary.metrics())
+        mlflow.log_dict(summary.as_dict(), "drops.json")

@@ -1,0 +1,183 @@
+"""Fetching release files (rule ``download_dataset``): a URL or local path through
+:func:`spader.download.fetch`, or a Hugging Face hub copy through ``huggingface_hub`` (data.md 5).
+
+Config entry of one release file (``datasets.<dataset>.files.<name>``)::
+
+    {url: https://... | file:... | path | null, hub: null | {repo_id, filename, revision, repo_type,
+                                                          format: raw | mintaka_parquet, split, local_dir}}
+
+``hub.local_dir`` points ``hf_hub_download`` at a local directory laid out like the hub repository
+(offline mirrors, tests): the file is taken from there and nothing is fetched. Format
+``mintaka_parquet`` rebuilds ``mintaka_<split>.json`` from the parquet export of
+``AmazonScience/mintaka`` (branch ``refs/convert/parquet``); that export is flattened and loses
+``answerType``, which is inferred back from the answer text (lossy; prefer the raw JSON).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from spader.data.layout import dump_mintaka_json
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DatasetSourceError", "download_dataset", "fetch_from_hub", "mintaka_records_from_parquet"]
+
+# Release files the project cannot fetch for the user.
+_USER_SUPPLIED = {
+    "WebQSP.zip": "WebQSP is not redistributable: download WebQSP.zip from "
+    "https://www.microsoft.com/en-us/download/details.aspx?id=52763",
+}
+
+
+class DatasetSourceError(ValueError):
+    """A release file cannot be obtained as configured; the message names the config key."""
+
+
+def download_dataset(source: Mapping[str, Any], dest: str | os.PathLike, *, key: str) -> Path:
+    """Fetch one release file to ``dest``.
+
+    Args:
+        source: the config entry ``{url, hub}``.
+        dest: output path (its name is the release file name).
+        key: dotted config key of the entry, for messages (``datasets.webqsp.files.WebQSP.zip``).
+    Returns:
+        ``dest``.
+    Raises:
+        DatasetSourceError when the entry has neither a URL nor a hub location, or the hub copy is
+        unavailable; :class:`spader.download.DownloadError` when a download fails.
+    """
+    dest = Path(dest)
+    hub = source.get("hub")
+    if hub:
+        return fetch_from_hub(hub, dest, key=f"{key}.hub")
+    url = source.get("url")
+    if not url:
+        hint = _USER_SUPPLIED.get(dest.name, f"{dest.name} has no configured source")
+        raise DatasetSourceError(
+            f"config key '{key}.url' is null. {hint}; then set '{key}.url' to its local path "
+            f"(or a file:/http(s) URL), or give a hub location in '{key}.hub'."
+        )
+    from spader.download import fetch  # the project's one downloader (retries, checks, atomic rename)
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return Path(fetch(str(url), dest, desc=dest.name))
+
+
+def fetch_from_hub(hub: Mapping[str, Any], dest: str | os.PathLike, *, key: str) -> Path:
+    """Get a release file from a hub dataset repository (or a local directory laid out like one).
+
+    Args:
+        hub: ``{repo_id, filename, revision, repo_type, format, split, local_dir}``.
+        dest: output path.
+        key: config key, for messages.
+    Returns:
+        ``dest``.
+    """
+    from huggingface_hub import hf_hub_download
+
+    dest = Path(dest)
+    local_dir = hub.get("local_dir")
+    where = f"local directory {local_dir}" if local_dir else "the Hugging Face hub"
+    try:
+        path = hf_hub_download(
+            repo_id=hub["repo_id"],
+            filename=hub["filename"],
+            repo_type=hub.get("repo_type") or "dataset",
+            revision=hub.get("revision") or "main",
+            local_dir=local_dir,
+            local_files_only=local_dir is not None,
+        )
+    except Exception as e:  # huggingface_hub raises many error types; all mean "not available"
+        raise DatasetSourceError(
+            f"config key '{key}': cannot get '{hub['filename']}' of {hub['repo_id']} from {where} ({e})"
+        ) from e
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    fmt = hub.get("format") or "raw"
+    if fmt == "raw":
+        shutil.copyfile(path, tmp)
+    elif fmt == "mintaka_parquet":
+        records = mintaka_records_from_parquet(path, split=hub.get("split"))
+        tmp.write_text(dump_mintaka_json(records), encoding="utf-8")
+    else:
+        raise DatasetSourceError(f"config key '{key}.format': unknown format '{fmt}' (raw, mintaka_parquet)")
+    tmp.replace(dest)
+    log.info("%s: %s of %s from %s (%s)", dest, hub["filename"], hub["repo_id"], where, fmt)
+    return dest
+
+
+_BOOLEAN = {"true", "false", "yes", "no"}
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+_DATE = re.compile(r"^(\d{4}-\d{2}-\d{2}|\d{1,2}-[A-Za-z]{3}-\d{2})$")
+
+
+def _answer_type(text: str, entities: list) -> str:
+    if entities:
+        return "entity"
+    t = text.strip().lower()
+    if t in _BOOLEAN:
+        return "boolean"
+    if _NUMBER.match(t):
+        return "numerical"
+    if _DATE.match(t):
+        return "date"
+    return "entity"  # unlinked entity or free string: the answer text is the one answer either way
+
+
+def _entity(e: Any) -> dict:
+    if isinstance(e, dict):
+        label = e.get("label")
+        return {"name": e.get("name"), "label": label if isinstance(label, dict) else {"en": label}}
+    return {"name": None, "label": {"en": str(e)}}
+
+
+def mintaka_records_from_parquet(path: str | os.PathLike, *, split: str | None = None) -> list[dict]:
+    """Mintaka records (v1.1 layout) from the hub's flattened parquet export.
+
+    Args:
+        path: a parquet file with ``id, question, answerText, category, complexityType`` and
+            optionally ``lang``, ``split``, ``questionEntity``, ``answerEntity``.
+        split: keep only rows of this split when the file has a ``split`` column.
+    Returns:
+        English records in file order.
+    Raises:
+        DatasetSourceError naming the file and the missing columns.
+    """
+    df = pl.read_parquet(path)
+    missing = {"id", "question", "answerText", "complexityType"} - set(df.columns)
+    if missing:
+        raise DatasetSourceError(f"{path}: not a Mintaka parquet export, missing columns {sorted(missing)}")
+    if "lang" in df.columns:
+        df = df.filter(pl.col("lang") == "en")
+    if split is not None and "split" in df.columns:
+        df = df.filter(pl.col("split") == split)
+    log.warning("%s: rebuilding Mintaka JSON from the flattened parquet export (answerType inferred)", path)
+    records = []
+    for row in df.iter_rows(named=True):
+        text = row.get("answerText") or ""
+        entities = [_entity(e) for e in (row.get("answerEntity") or [])]
+        atype = _answer_type(text, entities)
+        if atype == "entity":
+            answer = entities or None
+        else:
+            answer = [text]
+        records.append(
+            {
+                "id": row["id"],
+                "question": row["question"],
+                "questionEntity": row.get("questionEntity") or [],
+                "answer": {"answerType": atype, "answer": answer, "mention": text},
+                "category": row.get("category"),
+                "complexityType": row["complexityType"],
+            }
+        )
+    return records

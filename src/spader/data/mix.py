@@ -1,0 +1,240 @@
+"""The training mix (data.md 7.4): 6,000 QAMPARI + 2,000 Mintaka + 2,000 WebQSP + 2,000 QUEST.
+
+Per dataset, the pool is the normalized *train* split, sorted by id, with duplicate ids removed,
+filtered by answer count (``min_answers``/``max_answers``), without questions whose normalized
+text is also in that dataset's evaluation split, and de-duplicated by normalized question (the
+smallest id is kept). ``random.Random(seed).sample(pool, k)`` then picks the training records; a
+pool smaller than ``k`` is an error that names the dataset (never up-sampled). The validation
+records are drawn the same way from what is left of each pool, so they are disjoint from both the
+mix and the evaluation split. The training records of all datasets are shuffled with
+``random.Random(seed)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from spader.data.records import (
+    DATASETS,
+    MIX_SCHEMA,
+    empty_frame,
+    read_records,
+    record_schema,
+    to_mix_meta,
+    write_frame,
+)
+from spader.text import normalize
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MixConfig", "MixError", "build_mix", "mix_metrics", "mix_training_set", "prepare_pool"]
+
+
+class MixError(ValueError):
+    """The mix cannot be built as configured; the message names the dataset."""
+
+
+def _paper_counts() -> dict[str, int]:
+    return {"qampari": 6000, "mintaka": 2000, "webqsp": 2000, "quest": 2000}
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    """Mix settings (``config["mix"]`` without ``eval_limit``)."""
+
+    seed: int = 42
+    counts: Mapping[str, int] = field(default_factory=_paper_counts)
+    min_answers: int = 1
+    max_answers: int | None = None
+    val_per_dataset: int = 0
+
+    def __post_init__(self):
+        unknown = set(self.counts) - set(DATASETS)
+        if unknown:
+            raise MixError(f"mix.counts: unknown dataset(s) {sorted(unknown)} (known: {', '.join(DATASETS)})")
+        for d, k in self.counts.items():
+            if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+                raise MixError(f"mix.counts.{d} must be a non-negative integer, got {k!r}")
+        if not isinstance(self.seed, int):
+            raise MixError(f"mix.seed must be an integer, got {self.seed!r}")
+        if self.min_answers < 1:
+            raise MixError(f"mix.min_answers must be >= 1, got {self.min_answers}")
+        if self.max_answers is not None and self.max_answers < self.min_answers:
+            raise MixError(
+                f"mix.max_answers ({self.max_answers}) is below mix.min_answers ({self.min_answers})"
+            )
+        if self.val_per_dataset < 0:
+            raise MixError(f"mix.val_per_dataset must be >= 0, got {self.val_per_dataset}")
+
+    @property
+    def datasets(self) -> list[str]:
+        """Datasets that contribute (count > 0), in the canonical order."""
+        return [d for d in DATASETS if self.counts.get(d, 0) > 0]
+
+
+def _question_keys(df: pl.DataFrame) -> pl.Series:
+    return pl.Series("qkey", [normalize(q) for q in df["question"].to_list()], dtype=pl.String)
+
+
+def prepare_pool(
+    dataset: str, records: pl.DataFrame, eval_records: pl.DataFrame | None, cfg: MixConfig
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The sampling pool of one dataset and how many records each step removed.
+
+    Args:
+        dataset: the dataset name (checked against the records' ``dataset`` column).
+        records: normalized train records.
+        eval_records: normalized evaluation records of the same dataset (or None).
+        cfg: the mix settings.
+    Returns:
+        ``(pool, removed)``: the pool sorted by id (with a ``qkey`` column, the normalized question)
+        and counts by step: ``duplicate_id``, ``answer_count``, ``eval_overlap``, ``duplicate_question``.
+    """
+    others = set(records["dataset"].unique().to_list()) - {dataset}
+    if others:
+        raise MixError(f"dataset '{dataset}': train records of other datasets {sorted(others)} were given")
+    removed: dict[str, int] = {}
+
+    def step(name: str, df: pl.DataFrame, before: int) -> pl.DataFrame:
+        removed[name] = before - len(df)
+        return df
+
+    df = records.with_columns(_question_keys(records)).sort("id", maintain_order=True)
+    df = step("duplicate_id", df.unique(subset="id", keep="first", maintain_order=True), len(df))
+    n_answers = pl.col("answers").list.len()
+    keep = n_answers >= cfg.min_answers
+    if cfg.max_answers is not None:
+        keep = keep & (n_answers <= cfg.max_answers)
+    df = step("answer_count", df.filter(keep), len(df))
+    eval_keys = (
+        _question_keys(eval_records).to_list() if eval_records is not None and len(eval_records) else []
+    )
+    df = step("eval_overlap", df.filter(~pl.col("qkey").is_in(eval_keys)), len(df))
+    df = step("duplicate_question", df.unique(subset="qkey", keep="first", maintain_order=True), len(df))
+    return df, removed
+
+
+def _sample(pool: pl.DataFrame, k: int, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``random.Random(seed).sample(pool, k)`` (pool sorted by id) and the rest of the pool."""
+    idx = random.Random(seed).sample(range(len(pool)), k)
+    picked = pool.select(pl.all().gather(idx))
+    rest = pool.with_row_index("_row").filter(~pl.col("_row").is_in(idx)).drop("_row")
+    return picked, rest
+
+
+def build_mix(
+    pools: Mapping[str, pl.DataFrame], evals: Mapping[str, pl.DataFrame], cfg: MixConfig
+) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, Any]]:
+    """Sample the training and validation records (frames in, frames out).
+
+    Args:
+        pools: normalized train records per dataset.
+        evals: normalized evaluation records per dataset (their questions are excluded).
+        cfg: the mix settings.
+    Returns:
+        ``(train, val, stats)``; ``train`` and ``val`` have :data:`MIX_SCHEMA`.
+    Raises:
+        MixError naming the dataset when its pool is missing or too small.
+    """
+    train_parts, val_parts = [], []
+    stats: dict[str, Any] = {
+        "seed": cfg.seed,
+        "counts": dict(cfg.counts),
+        "min_answers": cfg.min_answers,
+        "max_answers": cfg.max_answers,
+        "val_per_dataset": cfg.val_per_dataset,
+        "datasets": {},
+    }
+    for d in cfg.datasets:
+        if d not in pools:
+            raise MixError(f"dataset '{d}': mix.counts.{d} = {cfg.counts[d]} but no train records were given")
+        k = cfg.counts[d]
+        pool, removed = prepare_pool(d, pools[d], evals.get(d), cfg)
+        if len(pool) < k:
+            raise MixError(
+                f"dataset '{d}': the pool has {len(pool)} usable training questions but mix.counts.{d} asks "
+                f"for {k} (read {len(pools[d])}, removed {removed}); lower mix.counts.{d} or provide more "
+                "data: the mix never up-samples"
+            )
+        picked, rest = _sample(pool, k, cfg.seed)
+        if len(rest) < cfg.val_per_dataset:
+            raise MixError(
+                f"dataset '{d}': {len(rest)} training questions are left after sampling {k} for the mix, but "
+                f"mix.val_per_dataset asks for {cfg.val_per_dataset}"
+            )
+        val, _ = _sample(rest, cfg.val_per_dataset, cfg.seed)
+        train_parts.append(to_mix_meta(picked.drop("qkey"), d))
+        val_parts.append(to_mix_meta(val.drop("qkey"), d))
+        stats["datasets"][d] = {
+            "records": len(pools[d]),
+            "removed": removed,
+            "pool": len(pool),
+            "train": len(picked),
+            "val": len(val),
+            "train_multi_answer": int((picked["answers"].list.len() >= 2).sum()),
+        }
+        log.info(
+            "mix %s: pool %d (removed %s), train %d, val %d", d, len(pool), removed, len(picked), len(val)
+        )
+    train = pl.concat(train_parts) if train_parts else empty_frame(MIX_SCHEMA)
+    order = list(range(len(train)))
+    random.Random(cfg.seed).shuffle(order)
+    train = train.select(pl.all().gather(order)) if order else train
+    val = pl.concat(val_parts) if val_parts else empty_frame(MIX_SCHEMA)
+    stats["train_total"], stats["val_total"] = len(train), len(val)
+    return train, val, stats
+
+
+def mix_metrics(stats: Mapping[str, Any]) -> dict[str, float]:
+    """Flat numeric view of the mix stats for MLflow: ``<dataset>/pool``, ``<dataset>/removed/<step>``..."""
+    out: dict[str, float] = {
+        "train_total": float(stats["train_total"]),
+        "val_total": float(stats["val_total"]),
+    }
+    for d, s in stats["datasets"].items():
+        for key, value in s.items():
+            if key == "removed":
+                out.update({f"{d}/removed/{step}": float(n) for step, n in value.items()})
+            else:
+                out[f"{d}/{key}"] = float(value)
+    return out
+
+
+def mix_training_set(
+    train: Mapping[str, str | os.PathLike],
+    test: Mapping[str, str | os.PathLike],
+    out_train: str | os.PathLike,
+    out_val: str | os.PathLike,
+    out_stats: str | os.PathLike,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Build the mix from normalized files and write ``train``/``val`` records and ``stats.json``.
+
+    Args:
+        train: normalized train records file per dataset.
+        test: normalized evaluation records file per dataset.
+        out_train, out_val: record files (``.jsonl`` or ``.parquet``), schema :data:`MIX_SCHEMA`.
+        out_stats: JSON file of per-dataset pool sizes, removals and sample sizes.
+        **settings: :class:`MixConfig` fields (``seed``, ``counts``, ``min_answers``, ``max_answers``,
+            ``val_per_dataset``).
+    Returns:
+        The stats.
+    """
+    cfg = MixConfig(**settings)
+    pools = {d: read_records(train[d], record_schema(d)) for d in cfg.datasets if d in train}
+    evals = {d: read_records(test[d], record_schema(d)) for d in cfg.datasets if d in test}
+    train_df, val_df, stats = build_mix(pools, evals, cfg)
+    write_frame(train_df, out_train, MIX_SCHEMA)
+    write_frame(val_df, out_val, MIX_SCHEMA)
+    Path(out_stats).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_stats).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    return stats

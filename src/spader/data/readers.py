@@ -1,0 +1,269 @@
+"""Reading release files: JSON Lines and JSON documents, plain or inside a zip, with line numbers.
+
+Every malformed input becomes a :class:`~spader.data.records.DataFormatError` that names the file
+(``archive.zip/member`` for zip members) and the line: a truncated or otherwise invalid JSON line,
+invalid UTF-8, a wrong top-level type, a missing or mistyped field. Records of JSON documents
+(Mintaka's array, WebQSP's ``Questions``) are decoded one by one with ``raw_decode`` so that each
+carries the line it starts on, too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from spader.data.records import DataFormatError
+
+__all__ = ["Source", "iter_json_records", "iter_jsonl", "open_release", "require"]
+
+_BOM = b"\xef\xbb\xbf"
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+class Source:
+    """Where records come from: ``name`` for messages, ``member_name`` for ``meta.source_file``."""
+
+    def __init__(self, path: str | os.PathLike, member: str | None = None):
+        self.path = Path(path)
+        self.member = member
+        self.name = f"{self.path}/{member}" if member else str(self.path)
+        self.member_name = member or self.path.name
+
+    def where(self, line: int | None) -> str:
+        return f"{self.name}, line {line}" if line is not None else self.name
+
+
+@contextlib.contextmanager
+def open_release(path: str | os.PathLike, member: str | None = None) -> Iterator[tuple[IO[bytes], Source]]:
+    """Open a release file, or one member of a zip archive, as a binary stream.
+
+    Args:
+        path: the file (``.jsonl``, ``.json``) or a zip archive.
+        member: path inside the archive; required for archives, refused for plain files.
+    Yields:
+        ``(stream, source)``.
+    """
+    src = Source(path, member)
+    if not src.path.is_file():
+        raise DataFormatError(str(src.path), None, "file not found")
+    is_zip = zipfile.is_zipfile(src.path)
+    if member is None:
+        if is_zip:
+            raise DataFormatError(str(src.path), None, "is a zip archive: name the member to read (--member)")
+        with open(src.path, "rb") as f:
+            yield f, src
+        return
+    if not is_zip:
+        raise DataFormatError(
+            str(src.path), None, f"member '{member}' requested but the file is not a zip archive"
+        )
+    with zipfile.ZipFile(src.path) as zf:
+        names = zf.namelist()
+        if member not in names:
+            listed = ", ".join(n for n in names if not n.endswith("/"))[:500]
+            raise DataFormatError(
+                str(src.path), None, f"archive has no member '{member}' (members: {listed})"
+            )
+        try:
+            with zf.open(member) as f:
+                yield f, src
+        except (zipfile.BadZipFile, EOFError, OSError) as e:
+            raise DataFormatError(src.name, None, f"corrupt archive member ({e})") from e
+
+
+def _decode_line(raw: bytes, src: Source, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataFormatError(
+            src.name, lineno, f"invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)"
+        ) from None
+
+
+def iter_jsonl(stream: IO[bytes], src: Source) -> Iterator[tuple[int, dict]]:
+    """Records of a JSON Lines stream with their 1-based line numbers (blank lines skipped).
+
+    Raises:
+        DataFormatError for invalid UTF-8, a line that is not valid JSON (e.g. truncated) or a line
+        whose value is not an object.
+    """
+    for lineno, raw in enumerate(stream, 1):
+        if lineno == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
+        text = _decode_line(raw, src, lineno).strip()
+        if not text:
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            hint = "; the line looks truncated" if _at_end(e, text) else ""
+            raise DataFormatError(
+                src.name, lineno, f"invalid JSON ({e.msg}, column {e.colno}){hint}"
+            ) from None
+        if not isinstance(obj, dict):
+            raise DataFormatError(src.name, lineno, f"expected a JSON object, got {_kind(obj)}")
+        yield lineno, obj
+
+
+def _at_end(err: json.JSONDecodeError, text: str) -> bool:
+    """Whether a decode error comes from input that stops early (an unterminated string or
+    container): the usual signature of an interrupted download."""
+    return err.msg.startswith("Unterminated string") or err.pos >= len(text.rstrip()) - 1
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _read_text(stream: IO[bytes], src: Source) -> str:
+    data = stream.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataFormatError(src.name, line, f"invalid UTF-8 (byte 0x{data[e.start]:02x})") from None
+
+
+class _Cursor:
+    """Position in a JSON text with incremental line counting."""
+
+    def __init__(self, text: str, src: Source):
+        self.text, self.src = text, src
+        self.pos = 0
+        self._line_pos, self._line = 0, 1
+
+    def line(self, pos: int | None = None) -> int:
+        pos = self.pos if pos is None else pos
+        if pos < self._line_pos:  # only moves forward in practice
+            self._line_pos, self._line = 0, 1
+        self._line += self.text.count("\n", self._line_pos, pos)
+        self._line_pos = pos
+        return self._line
+
+    def skip_ws(self) -> str:
+        self.pos = _WS.match(self.text, self.pos).end()
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def fail(self, message: str) -> DataFormatError:
+        return DataFormatError(self.src.name, self.line(), message)
+
+    def value(self) -> Any:
+        try:
+            obj, self.pos = _DECODER.raw_decode(self.text, self.pos)
+        except json.JSONDecodeError as e:
+            hint = "; the file looks truncated" if _at_end(e, self.text) else ""
+            raise DataFormatError(
+                self.src.name, e.lineno, f"invalid JSON ({e.msg}, column {e.colno}){hint}"
+            ) from None
+        return obj
+
+    def expect(self, chars: str, what: str) -> str:
+        c = self.skip_ws()
+        if not c:
+            raise self.fail(f"unexpected end of file, expected {what} (the file looks truncated)")
+        if c not in chars:
+            raise self.fail(f"expected {what}, found {c!r}")
+        self.pos += 1
+        return c
+
+
+def _iter_array(cur: _Cursor) -> Iterator[tuple[int, Any]]:
+    cur.expect("[", "'['")
+    if cur.skip_ws() == "]":
+        cur.pos += 1
+        return
+    while True:
+        cur.skip_ws()
+        line = cur.line()
+        yield line, cur.value()
+        if cur.expect(",]", "',' or ']'") == "]":
+            return
+
+
+def iter_json_records(stream: IO[bytes], src: Source, *, key: str | None = None) -> Iterator[tuple[int, Any]]:
+    """Elements of a JSON document's record array, each with the line it starts on.
+
+    Args:
+        stream: the document (UTF-8, optional BOM).
+        src: for messages.
+        key: ``None`` when the document is an array of records (Mintaka), otherwise the top-level
+            object's key that holds the array (WebQSP: ``"Questions"``).
+    Raises:
+        DataFormatError for invalid UTF-8, invalid or truncated JSON, a wrong top-level type or a
+        missing ``key``.
+    """
+    cur = _Cursor(_read_text(stream, src), src)
+    first = cur.skip_ws()
+    if key is None:
+        if first != "[":
+            raise cur.fail(f"expected a JSON array of records at the top level, got {_first_kind(first)}")
+        yield from _iter_array(cur)
+    else:
+        if first != "{":
+            raise cur.fail(
+                f"expected a JSON object with a '{key}' array at the top level, got {_first_kind(first)}"
+            )
+        cur.pos += 1
+        found = False
+        if cur.skip_ws() == "}":
+            cur.pos += 1
+        else:
+            while True:
+                cur.skip_ws()
+                name = cur.value()
+                cur.expect(":", "':'")
+                if name == key:
+                    if cur.skip_ws() != "[":
+                        raise cur.fail(f"field '{key}' must be an array of records")
+                    found = True
+                    yield from _iter_array(cur)
+                else:
+                    cur.skip_ws()
+                    cur.value()
+                if cur.expect(",}", "',' or '}'") == "}":
+                    break
+        if not found:
+            raise DataFormatError(src.name, None, f"missing required top-level field '{key}'")
+    if cur.skip_ws():
+        raise cur.fail("unexpected content after the end of the JSON document")
+
+
+def _first_kind(c: str) -> str:
+    return {"{": "an object", "[": "an array", '"': "a string", "": "an empty file"}.get(c, "a scalar")
+
+
+_TYPE_NAMES = {str: "a string", list: "an array", dict: "an object", int: "an integer", bool: "a boolean"}
+
+
+def require(
+    obj: dict, key: str, types: type | tuple[type, ...], src: Source, line: int, *, nullable: bool = False
+) -> Any:
+    """``obj[key]`` checked for presence and type.
+
+    Raises:
+        DataFormatError naming the file, the line and the field.
+    """
+    if not isinstance(obj, dict):
+        raise DataFormatError(src.name, line, f"expected a JSON object, got {_kind(obj)}")
+    if key not in obj:
+        raise DataFormatError(src.name, line, f"missing required field '{key}'")
+    value = obj[key]
+    if value is None and nullable:
+        return None
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        wanted = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in _as_tuple(types))
+        raise DataFormatError(src.name, line, f"field '{key}' must be {wanted}, got {_kind(value)}")
+    return value
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)

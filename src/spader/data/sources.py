@@ -1,0 +1,317 @@
+"""One extractor per dataset: release record -> unified record (data.md sections 1.3, 2.3, 3.3, 4.3).
+
+Each extractor takes one raw record and returns ``(source_id, question, groups, meta)``, where
+``groups`` are raw alias groups for :func:`~spader.data.records.build_entities`, or raises
+:class:`~spader.data.records.Drop` for a record the spec drops (counted by reason). Malformed
+records raise :class:`~spader.data.records.DataFormatError` naming file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zipfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tqdm import tqdm
+
+from spader.data.readers import Source, iter_json_records, iter_jsonl, open_release, require
+from spader.data.records import (
+    DATASETS,
+    DataFormatError,
+    Drop,
+    build_entities,
+    record_schema,
+    records_frame,
+    strip_parenthetical,
+    write_frame,
+)
+from spader.text import clean_text
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_MEMBERS", "NormalizeSummary", "drops_path_for", "normalize_file", "normalize_release"]
+
+# Zip members of the official archives (data.md 1.1, 3.1), used when no member is named.
+DEFAULT_MEMBERS = {
+    "qampari": "qampari_data/{split}_data.jsonl",
+    "webqsp": "WebQSP/data/WebQSP.{split}.json",
+}
+
+Extracted = tuple[str, str, list[list[Any]], dict[str, Any]]
+
+
+def _question(value: Any, src: Source, line: int, key: str) -> str:
+    text = clean_text(value)
+    if not text:
+        raise DataFormatError(src.name, line, f"field '{key}' is empty")
+    return text
+
+
+def extract_qampari(obj: dict, src: Source, line: int, split: str) -> Extracted:
+    """QAMPARI: one entity per ``answer_list`` item, ``[answer_text] + aliases``."""
+    qid = require(obj, "qid", str, src, line)
+    question = _question(require(obj, "question_text", str, src, line), src, line, "question_text")
+    answers = require(obj, "answer_list", list, src, line)
+    if not answers:
+        raise Drop("empty_answer_list")
+    groups = []
+    for i, item in enumerate(answers):
+        if not isinstance(item, dict):
+            raise DataFormatError(src.name, line, f"answer_list[{i}] must be an object")
+        aliases = item.get("aliases") or []
+        if not isinstance(aliases, list):
+            raise DataFormatError(src.name, line, f"answer_list[{i}].aliases must be an array")
+        groups.append([item.get("answer_text"), *aliases])
+    parts = qid.split("__")
+    return qid, question, groups, {"qtype": parts[1] if len(parts) >= 3 else None}
+
+
+_MINTAKA_NON_LIST = {"boolean", "numerical", "number", "date"}
+
+
+def _mintaka_label(entity: Any) -> tuple[str | None, str | None]:
+    """English label of an answer entity and the release version its shape reveals."""
+    if not isinstance(entity, dict):
+        return (str(entity) if entity is not None else None), None
+    label = entity.get("label")
+    if isinstance(label, dict):
+        return label.get("en"), "1.1"
+    if isinstance(label, str):
+        return label, "1.0"
+    return None, None
+
+
+def extract_mintaka(obj: dict, src: Source, line: int, split: str) -> Extracted:
+    """Mintaka v1.0 and v1.1: entity/string answers; count, yes/no, numbers and dates dropped."""
+    qid = str(require(obj, "id", (str, int), src, line))
+    question = _question(require(obj, "question", str, src, line), src, line, "question")
+    answer = require(obj, "answer", dict, src, line)
+    answer_type = require(answer, "answerType", str, src, line)
+    complexity = obj.get("complexityType")
+    meta = {"category": obj.get("category"), "complexity_type": complexity, "answer_type": answer_type}
+    if complexity == "count":
+        raise Drop("count_question")
+    if answer_type not in ("entity", "string"):
+        raise Drop(f"non_list_answer_type:{answer_type}")
+    values = answer.get("answer")
+    if values is not None and not isinstance(values, list):
+        raise DataFormatError(src.name, line, "field 'answer.answer' must be an array or null")
+    mention = clean_text(answer.get("mention"))
+    groups: list[list[Any]] = []
+    version = None
+    if not values:
+        # Unlinked answer: the annotator's text is the only answer (never split on commas).
+        if not mention:
+            raise Drop("empty_answer_list")
+        groups.append([mention])
+    elif answer_type == "string":
+        groups.extend([v] for v in values)
+    else:
+        for entity in values:
+            label, shape = _mintaka_label(entity)
+            version = version or shape
+            if label and str(label).strip():
+                groups.append([label])
+            elif len(values) == 1 and mention:
+                groups.append([mention])
+    meta["mintaka_version"] = version
+    return qid, question, groups, meta
+
+
+def _valid_parse(parse: Any) -> bool:
+    comment = parse.get("AnnotatorComment") if isinstance(parse, dict) else None
+    return (
+        isinstance(comment, dict)
+        and comment.get("ParseQuality") == "Complete"
+        and comment.get("QuestionQuality") == "Good"
+    )
+
+
+def extract_webqsp(obj: dict, src: Source, line: int, split: str) -> Extracted:
+    """WebQSP: union of Entity answer names over the Good + Complete parses."""
+    qid = require(obj, "QuestionId", str, src, line)
+    raw_q = obj.get("RawQuestion") or obj.get("ProcessedQuestion")
+    if not isinstance(raw_q, str):
+        raise DataFormatError(src.name, line, "missing required field 'RawQuestion' (or 'ProcessedQuestion')")
+    question = _question(raw_q, src, line, "RawQuestion")
+    parses = require(obj, "Parses", list, src, line)
+    valid = [p for p in parses if _valid_parse(p)]
+    if not valid:
+        raise Drop("no_valid_parse")
+    parse_ids, parse_answers, names = [], [], []
+    for p in valid:
+        answers = p.get("Answers") or []
+        if not isinstance(answers, list):
+            raise DataFormatError(src.name, line, f"parse {p.get('ParseId')}: 'Answers' must be an array")
+        entity_names = [
+            clean_text(a.get("EntityName"))
+            for a in answers
+            if isinstance(a, dict) and a.get("AnswerType") == "Entity" and clean_text(a.get("EntityName"))
+        ]
+        parse_ids.append(str(p.get("ParseId")))
+        parse_answers.append(entity_names)
+        names.extend(entity_names)
+    if not names:
+        raise Drop("no_entity_answers")
+    meta = {"parse_ids": parse_ids, "parse_answers": parse_answers}
+    return qid, question, [[n] for n in names], meta
+
+
+def extract_quest(obj: dict, src: Source, line: int, split: str) -> Extracted:
+    """QUEST: one entity per ``docs`` title, ``[title without trailing "(...)", title]``."""
+    question = _question(require(obj, "query", str, src, line), src, line, "query")
+    docs = require(obj, "docs", list, src, line)
+    if not docs:
+        raise Drop("empty_answer_list")
+    if not all(isinstance(d, str) for d in docs):
+        raise DataFormatError(src.name, line, "field 'docs' must hold strings (Wikipedia titles)")
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = {
+        "template": metadata.get("template"),
+        "domain": metadata.get("domain"),
+        "original_query": obj.get("original_query"),
+        "docs_raw": list(docs),
+    }
+    groups = [[strip_parenthetical(t), t] for t in docs]
+    return f"{split}:{line - 1:05d}", question, groups, meta
+
+
+_EXTRACTORS: dict[str, Callable[[dict, Source, int, str], Extracted]] = {
+    "qampari": extract_qampari,
+    "mintaka": extract_mintaka,
+    "webqsp": extract_webqsp,
+    "quest": extract_quest,
+}
+
+
+def _iter_raw(dataset: str, stream: IO[bytes], src: Source) -> Iterator[tuple[int, Any]]:
+    if dataset in ("qampari", "quest"):
+        return iter_jsonl(stream, src)
+    return iter_json_records(stream, src, key="Questions" if dataset == "webqsp" else None)
+
+
+@dataclass
+class NormalizeSummary:
+    """What one normalization read, kept and dropped (by reason)."""
+
+    dataset: str
+    split: str
+    source_file: str
+    read: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "split": self.split,
+            "source_file": self.source_file,
+            "read": self.read,
+            "kept": self.kept,
+            "dropped": dict(sorted(self.dropped.items())),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numeric view for MLflow (``:`` in reasons becomes ``/``)."""
+        out = {"records_read": float(self.read), "records_kept": float(self.kept)}
+        out.update({f"dropped/{k.replace(':', '/')}": float(v) for k, v in self.dropped.items()})
+        return out
+
+
+def normalize_release(
+    dataset: str, split: str, path: str | os.PathLike, member: str | None = None
+) -> tuple[list[dict], NormalizeSummary]:
+    """Unified records of one split of one release file.
+
+    Args:
+        dataset: ``qampari``, ``mintaka``, ``webqsp`` or ``quest``.
+        split: split name, written into the records (``train``, ``test``, ...).
+        path: the release file or zip archive; for QAMPARI and WebQSP archives the member defaults
+            to the official path of ``split`` (:data:`DEFAULT_MEMBERS`).
+        member: zip member to read.
+    Returns:
+        ``(records, summary)``: records in file order, and the counts of read/kept/dropped records.
+    """
+    if dataset not in _EXTRACTORS:
+        raise ValueError(f"unknown dataset '{dataset}' (known: {', '.join(DATASETS)})")
+    if member is None and dataset in DEFAULT_MEMBERS and zipfile.is_zipfile(path):
+        member = DEFAULT_MEMBERS[dataset].format(split=split)
+    extract = _EXTRACTORS[dataset]
+    records: list[dict] = []
+    with open_release(path, member) as (stream, src):
+        summary = NormalizeSummary(dataset, split, src.member_name)
+        for line, obj in tqdm(
+            _iter_raw(dataset, stream, src), desc=f"{dataset}/{split}", unit=" rec", mininterval=5
+        ):
+            summary.read += 1
+            if not isinstance(obj, dict):
+                raise DataFormatError(src.name, line, "expected a JSON object for each record")
+            try:
+                source_id, question, groups, meta = extract(obj, src, line, split)
+                answers, answers_norm = build_entities(groups)
+                if not answers:
+                    raise Drop("empty_answer")
+            except Drop as d:
+                summary.dropped[d.reason] += 1
+                log.debug("%s: dropped (%s)", src.where(line), d.reason)
+                continue
+            records.append(
+                {
+                    "id": f"{dataset}:{source_id}",
+                    "dataset": dataset,
+                    "split": split,
+                    "question": question,
+                    "answers": answers,
+                    "answers_norm": answers_norm,
+                    "meta": {"source_file": src.member_name, "source_id": source_id, **meta},
+                }
+            )
+    summary.kept = len(records)
+    log.info(
+        "%s %s: read %d, kept %d, dropped %s",
+        dataset,
+        split,
+        summary.read,
+        summary.kept,
+        dict(summary.dropped) or 0,
+    )
+    return records, summary
+
+
+def drops_path_for(output: str | os.PathLike) -> Path:
+    """``x/train.jsonl`` -> ``x/train.drops.json`` (the drop counts live beside the records)."""
+    output = Path(output)
+    return output.with_name(output.name.rsplit(".", 1)[0] + ".drops.json")
+
+
+def normalize_file(
+    dataset: str,
+    split: str,
+    input_path: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    member: str | None = None,
+    drops_path: str | os.PathLike | None = None,
+) -> NormalizeSummary:
+    """Normalize one split and write the records (``.jsonl`` or ``.parquet``) and drop counts.
+
+    Args:
+        dataset, split, input_path, member: as in :func:`normalize_release`.
+        output: records file; its suffix picks the format. The schema is checked on write.
+        drops_path: JSON file of the summary; default: beside ``output`` (:func:`drops_path_for`).
+    Returns:
+        The summary (also written to ``drops_path``).
+    """
+    records, summary = normalize_release(dataset, split, input_path, member)
+    schema = record_schema(dataset)
+    write_frame(records_frame(records, schema), output, schema)
+    drops = Path(drops_path) if drops_path else drops_path_for(output)
+    drops.parent.mkdir(parents=True, exist_ok=True)
+    drops.write_text(json.dumps(summary.as_dict(), indent=2) + "\n", encoding="utf-8")
+    return summary

@@ -1,0 +1,415 @@
+"""Demo release records in each dataset's real format (data.md 1-4), built from the demo world.
+
+Besides ordinary questions, each split carries records that exercise the drop rules and the mix:
+an empty answer list, answers that normalize to nothing, Mintaka yes/no, count, date and number
+questions, a Mintaka label missing in English, an unlinked Mintaka answer, WebQSP questions with
+several parses of mixed quality, no valid parse or only Value answers, a QUEST query whose two
+films share a title, a training question duplicated up to case and punctuation, and a training
+question that is also a test question (removed from the mix).
+"""
+
+from __future__ import annotations
+
+import random
+
+from spader.demo.world import KINDS, Entity, Topic, World
+
+__all__ = ["mintaka_splits", "qampari_splits", "quest_splits", "webqsp_splits"]
+
+_LANGS = ("ar", "de", "ja", "hi", "pt", "es", "it", "fr")
+_WIKI = "https://en.wikipedia.org/wiki/"
+
+
+def _url(name: str) -> str:
+    return _WIKI + name.replace("\u00a0", " ").replace(" ", "_")
+
+
+# ------------------------------------------------------------------------------------------------
+# QAMPARI (qampari_data/<split>_data.jsonl)
+# ------------------------------------------------------------------------------------------------
+def _qampari(
+    topic: Topic, n: int, split: str, question: str | None = None, qtype: str = "wikidata_simple"
+) -> dict:
+    qid = f"{n}__{qtype}__{split}"
+    answers = []
+    for i, o in enumerate(topic.objects):
+        aid = f"{qid}__{i}"
+        answers.append(
+            {
+                "answer_text": o.name,
+                "aid": aid,
+                "aliases": [o.name, *o.aliases],
+                "answer_url": _url(o.plain),
+                "proof": [
+                    {
+                        "proof_text": f"{o.plain} ({KINDS[topic.kind][1]}), {topic.subject.plain}.",
+                        "found_in_url": _url(o.plain),
+                        "pid": f"{aid}__0",
+                    }
+                ],
+            }
+        )
+    s = topic.subject
+    return {
+        "qid": qid,
+        "question_text": question or topic.question(),
+        "answer_list": answers,
+        "entities": [
+            {"entity_text": s.plain, "entity_url": _url(s.plain), "aliases": [], "entity_id": s.qid}
+        ],
+    }
+
+
+def qampari_splits(world: World) -> dict[str, list[dict]]:
+    t = world.topics
+    train = [
+        _qampari(x, 100 + i, "train", qtype="wikidata_simple" if i % 3 else "wikitables_simple")
+        for i, x in enumerate(t[:20])
+    ]
+    test = [_qampari(x, 500 + i, "test") for i, x in enumerate(t[20:28])]
+    dev = [_qampari(x, 700 + i, "dev") for i, x in enumerate(t[28:32])]
+    train += [
+        # the same question as train[1] up to case and punctuation: removed by the mix's dedupe
+        _qampari(t[1], 140, "train", question=t[1].question().lower().rstrip("?")),
+        # a test question also in train: removed from the pool by the eval-overlap rule
+        _qampari(t[20], 141, "train", question=t[20].question()),
+        {
+            "qid": "142__wikidata_comp__train",
+            "question_text": "Which films were directed by nobody?",
+            "answer_list": [],
+            "entities": [],
+        },  # drop: empty_answer_list
+        {
+            "qid": "143__wikidata_intersection__train",
+            "question_text": "Which titles are punctuation only?",
+            "answer_list": [
+                {"answer_text": "?!", "aid": "143__0", "aliases": ["..."], "proof": []},
+                {"answer_text": "", "aid": "143__1", "aliases": [], "proof": []},
+            ],
+            "entities": [],
+        },  # drop: empty_answer
+    ]
+    return {"train": train, "dev": dev, "test": test}
+
+
+# ------------------------------------------------------------------------------------------------
+# Mintaka (mintaka_<split>.json, v1.1)
+# ------------------------------------------------------------------------------------------------
+_MINTAKA_Q = {
+    "film": ("Who directed {o}?", "movies"),
+    "novel": ("Who wrote the novel {o}?", "books"),
+    "river": ("Which lake does the {o} flow into?", "geography"),
+    "village": ("In which district is the village of {o}?", "geography"),
+    "album": ("Which band released the album {o}?", "music"),
+    "player": ("Which club did {o} play for?", "sports"),
+    "plant": ("To which genus does {o} belong?", "geography"),
+}
+
+
+def _span_entity(question: str, e: Entity) -> dict:
+    start = max(question.find(e.plain), 0)
+    return {
+        "name": e.qid,
+        "entityType": "entity",
+        "label": e.plain,
+        "mention": e.plain,
+        "span": [start, start + len(e.plain)],
+    }
+
+
+def _labels(name: str | None) -> dict:
+    return {
+        lang: (name if lang in ("en", "de", "es", "fr", "it", "pt") else None) for lang in ("en", *_LANGS)
+    }
+
+
+def _mintaka(
+    mid: str, question: str, about: list[Entity], answer: dict, category: str, complexity: str
+) -> dict:
+    return {
+        "id": mid,
+        "question": question,
+        # The demo world is English-only: the eight translation slots repeat the question.
+        "translations": {lang: question for lang in _LANGS},
+        "questionEntity": [_span_entity(question, e) for e in about],
+        "answer": answer,
+        "category": category,
+        "complexityType": complexity,
+    }
+
+
+def _entity_answer(entities: list[Entity], mention: str | None = None, english: bool = True) -> dict:
+    return {
+        "answerType": "entity",
+        "answer": [{"name": e.qid, "label": _labels(e.plain if english else None)} for e in entities],
+        "mention": mention if mention is not None else ", ".join(e.plain for e in entities),
+    }
+
+
+def mintaka_splits(world: World, rng: random.Random) -> dict[str, list[dict]]:
+    # Objects whose name is shared by two topics (the two films called "Heat") would give one
+    # question two different answers: they are left out of Mintaka's one-answer questions.
+    seen: dict[str, int] = {}
+    for t in world.topics:
+        for o in t.objects:
+            seen[o.plain] = seen.get(o.plain, 0) + 1
+    pairs = [(t, o) for t in world.topics for o in t.objects if seen[o.plain] == 1]
+    rng.shuffle(pairs)
+    ids = iter(f"{rng.getrandbits(32):08x}" for _ in range(1000))
+
+    def simple(t: Topic, o: Entity) -> dict:
+        template, category = _MINTAKA_Q[t.kind]
+        q = template.format(o=o.plain)
+        return _mintaka(next(ids), q, [o], _entity_answer([t.subject]), category, "generic")
+
+    def listing(t: Topic) -> dict:
+        q = f"Which {KINDS[t.kind][1]}s are linked to {t.subject.plain}, besides the first one?"
+        return _mintaka(
+            next(ids), q, [t.subject], _entity_answer(t.objects[1:]), _MINTAKA_Q[t.kind][1], "difference"
+        )
+
+    def edge_cases(t: Topic) -> list[dict]:
+        a, b = t.objects[0], t.objects[1]
+        s, noun = t.subject, KINDS[t.kind][1]
+        return [
+            _mintaka(
+                next(ids),
+                f"Is {a.plain} older than {b.plain}?",
+                [a, b],
+                {
+                    "answerType": "boolean",
+                    "answer": [a.year < b.year],
+                    "mention": "Yes" if a.year < b.year else "No",
+                },
+                "history",
+                "yesno",
+            ),
+            _mintaka(
+                next(ids),
+                f"How many {noun}s are linked to {s.plain}?",
+                [s],
+                {
+                    "answerType": "numerical",
+                    "answer": [len(t.objects)],
+                    "mention": str(len(t.objects)),
+                    "supportingEnt": [{"name": o.qid, "label": _labels(o.plain)} for o in t.objects],
+                },
+                "history",
+                "count",
+            ),
+            _mintaka(
+                next(ids),
+                f"When did {a.plain} first appear?",
+                [a],
+                {"answerType": "date", "answer": [f"{a.year}-05-01"], "mention": f"1-May-{a.year % 100:02d}"},
+                "history",
+                "generic",
+            ),
+            _mintaka(
+                next(ids),
+                f"In what year did the oldest {noun} linked to {s.plain} appear?",
+                [s],
+                {
+                    "answerType": "numerical",
+                    "answer": [min(o.year for o in t.objects)],
+                    "mention": str(min(o.year for o in t.objects)),
+                    "supportingNum": [min(o.year for o in t.objects)],
+                },
+                "history",
+                "superlative",
+            ),
+        ]
+
+    train = [simple(t, o) for t, o in pairs[:10]]
+    train.append(listing(world.topics[0]))
+    t, o = pairs[10]
+    q = _MINTAKA_Q[t.kind][0].format(o=o.plain)  # label missing in English: the mention is the answer
+    train.append(
+        _mintaka(
+            next(ids),
+            q,
+            [o],
+            _entity_answer([t.subject], mention=t.subject.plain, english=False),
+            _MINTAKA_Q[t.kind][1],
+            "generic",
+        )
+    )
+    t, o = pairs[11]
+    q = _MINTAKA_Q[t.kind][0].format(o=o.plain)  # unlinked answer: only the annotator's text
+    train.append(
+        _mintaka(
+            next(ids),
+            q,
+            [o],
+            {"answerType": "entity", "answer": None, "mention": t.subject.plain},
+            _MINTAKA_Q[t.kind][1],
+            "generic",
+        )
+    )
+    train += edge_cases(world.topics[2])
+    dev = [simple(t, o) for t, o in pairs[12:16]]
+    test = (
+        [simple(t, o) for t, o in pairs[16:23]] + [listing(world.topics[3])] + edge_cases(world.topics[4])[:2]
+    )
+    return {"train": train, "dev": dev, "test": test}
+
+
+# ------------------------------------------------------------------------------------------------
+# WebQSP (WebQSP/data/WebQSP.<split>.json)
+# ------------------------------------------------------------------------------------------------
+def _parse(
+    qid: str, k: int, t: Topic, answers: list[dict], quality: str = "Complete", qquality: str = "Good"
+) -> dict:
+    chain = [f"demo.{t.kind}.{KINDS[t.kind][0].replace(' ', '_')}", f"demo.{t.kind}.{KINDS[t.kind][1]}"]
+    return {
+        "ParseId": f"{qid}.P{k}",
+        "AnnotatorId": k % 2,
+        "AnnotatorComment": {
+            "ParseQuality": quality,
+            "QuestionQuality": qquality,
+            "Confidence": "Normal",
+            "FreeFormComment": "First-round parse verification",
+        },
+        "Sparql": (
+            "PREFIX ns: <http://rdf.freebase.com/ns/>\nSELECT DISTINCT ?x\nWHERE {\n"
+            f"ns:{t.subject.mid} ns:{chain[0]} ?x .\n}}\n"
+        ),
+        "PotentialTopicEntityMention": t.subject.plain.lower(),
+        "TopicEntityName": t.subject.plain,
+        "TopicEntityMid": t.subject.mid,
+        "InferentialChain": chain,
+        "Constraints": [],
+        "Time": None,
+        "Order": None,
+        "Answers": answers,
+    }
+
+
+def _entity_answers(entities: list[Entity]) -> list[dict]:
+    return [{"AnswerType": "Entity", "AnswerArgument": e.mid, "EntityName": e.plain} for e in entities]
+
+
+def _webqsp(qid: str, t: Topic, parses: list[dict] | None = None, question: str | None = None) -> dict:
+    text = question or KINDS[t.kind][3].format(s=t.subject.plain)
+    processed, raw = text.lower(), text + "?"
+    return {
+        "QuestionId": qid,
+        "RawQuestion": raw,
+        "ProcessedQuestion": processed,
+        "Parses": parses if parses is not None else [_parse(qid, 0, t, _entity_answers(t.objects))],
+    }
+
+
+def webqsp_splits(world: World) -> dict[str, dict]:
+    t = world.topics
+
+    def split(prefix: str, topics: list[Topic], start: int) -> list[dict]:
+        out = []
+        for i, topic in enumerate(topics):
+            qid = f"{prefix}-{start + i}"
+            if i % 3 == 1:  # two valid parses (answers united) and a partial parse (ignored)
+                parses = [
+                    _parse(qid, 0, topic, _entity_answers(topic.objects[:2])),
+                    _parse(qid, 1, topic, _entity_answers(topic.objects[1:])),
+                    _parse(qid, 2, topic, _entity_answers(world.topics[0].objects), quality="Partial"),
+                ]
+                out.append(_webqsp(qid, topic, parses))
+            else:
+                out.append(_webqsp(qid, topic))
+        return out
+
+    train = split("WebQTrn", t[8:18], 10)
+    a = t[3]
+    train.append(
+        _webqsp(
+            "WebQTrn-90",
+            a,
+            [_parse("WebQTrn-90", 0, a, _entity_answers(a.objects), qquality="Poor")],
+            question=f"which {KINDS[a.kind][1]}s does {a.subject.plain} have",
+        )
+    )  # drop: no_valid_parse
+    train.append(
+        _webqsp(
+            "WebQTrn-91",
+            a,
+            [
+                _parse(
+                    "WebQTrn-91",
+                    0,
+                    a,
+                    [{"AnswerType": "Value", "AnswerArgument": f"{a.objects[0].year}", "EntityName": None}],
+                )
+            ],
+            question=f"when did {a.objects[0].plain} appear",
+        )
+    )  # drop: no_entity_answers
+    test = split("WebQTest", t[30:37], 10)
+    b = t[5]
+    test.append(
+        _webqsp(
+            "WebQTest-90",
+            b,
+            [_parse("WebQTest-90", 0, b, _entity_answers(b.objects), quality="Incomplete")],
+            question=f"what did {b.subject.plain} make",
+        )
+    )  # drop: no_valid_parse
+    return {
+        s: {"Version": "1.0", "FreeBaseVersion": "2015-08-09", "Questions": q}
+        for s, q in (("train", train), ("test", test))
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# QUEST (<split>.jsonl; docs are Wikipedia-style titles with disambiguators)
+# ------------------------------------------------------------------------------------------------
+_DOMAIN = {"film": "films", "novel": "books", "plant": "plants"}
+
+
+def _title(t: Topic, o: Entity) -> str:
+    return o.plain + KINDS[t.kind][5].format(year=o.year)
+
+
+def _quest(topics: list[Topic], annotated: bool) -> dict:
+    phrase = " or ".join(KINDS[x.kind][4].format(s=x.subject.plain) for x in topics)
+    docs = [_title(x, o) for x in topics for o in x.objects]
+    domain = _DOMAIN[topics[0].kind]
+    marked = " or ".join(f"<mark>{KINDS[x.kind][4].format(s=x.subject.plain)}</mark>" for x in topics)
+    rated = annotated and domain != "plants"
+    return {
+        "query": phrase.lower()[0] + phrase[1:] if len(topics) > 1 else phrase,
+        "docs": docs,
+        "original_query": marked if annotated else None,
+        "scores": None,
+        "metadata": {
+            "template": " or ".join("_" for _ in topics),
+            "domain": domain,
+            "fluency": ["Fluent: It is clear, and grammatically correct."] if rated else None,
+            "meaning": ["Same Meaning"] if rated else None,
+            "naturalness": ["Yes - A user could plausibly issue this query."] if rated else None,
+            "relevance_ratings": {d: ["Definitely relevant"] for d in docs} if rated else None,
+            "evidence_ratings": {d: ["Complete"] for d in docs} if rated else None,
+            "attributions": {d: [None] for d in docs} if rated else None,
+        },
+    }
+
+
+def quest_splits(world: World) -> dict[str, list[dict]]:
+    eligible = [t for t in world.topics if t.kind in _DOMAIN]
+    queries = [_quest([t], annotated=i % 2 == 0) for i, t in enumerate(eligible)]
+    queries.insert(1, _quest([world.topics[4], world.topics[5]], annotated=True))  # two films titled "Heat"
+    queries.append(_quest([eligible[6], eligible[12]], annotated=False))
+    queries.append(_quest([eligible[7], eligible[13]], annotated=True))
+    empty = {
+        "query": "Films directed by nobody",
+        "docs": [],
+        "original_query": None,
+        "scores": None,
+        "metadata": {
+            "template": "_",
+            "domain": "films",
+            "relevance_ratings": None,
+            "evidence_ratings": None,
+            "attributions": None,
+        },
+    }  # drop: empty_answer_list
+    return {"train_aug": queries[:11] + [empty], "val": queries[11:14], "test": queries[14:22]}

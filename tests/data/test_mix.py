@@ -1,0 +1,224 @@
+"""The training mix (data.md 7.4): the seeded recipe, de-duplication, eval-overlap removal, answer
+count filters, the validation split, and the errors that name the dataset."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from spader.data import (
+    MIX_SCHEMA,
+    MixConfig,
+    MixError,
+    build_entities,
+    build_mix,
+    mix_metrics,
+    mix_training_set,
+    read_records,
+)
+from spader.data.records import META_FIELDS, record_schema, records_frame, write_frame
+from spader.text import normalize
+
+
+def rec(dataset: str, n: int, question: str, n_answers: int = 2, split: str = "train") -> dict:
+    answers, answers_norm = build_entities([[f"Entity {n}-{i}"] for i in range(n_answers)])
+    meta = {k: None for k in META_FIELDS[dataset]}
+    meta.update(source_file="x", source_id=str(n))
+    return {
+        "id": f"{dataset}:{n:05d}",
+        "dataset": dataset,
+        "split": split,
+        "question": question,
+        "answers": answers,
+        "answers_norm": answers_norm,
+        "meta": meta,
+    }
+
+
+def frame(records, dataset):
+    return records_frame(records, record_schema(dataset))
+
+
+def pool_of(dataset: str, n: int, start: int = 0, **kw):
+    return frame(
+        [rec(dataset, start + i, f"Question {start + i} of {dataset}?", **kw) for i in range(n)], dataset
+    )
+
+
+def reference_sample(
+    records: list[dict], eval_questions: list[str], k: int, seed: int, min_answers: int = 1
+) -> list[str]:
+    """data.md 7.4 written out in plain Python, independently of the polars implementation."""
+    evals = {normalize(q) for q in eval_questions}
+    pool, seen_ids, seen_q = [], set(), set()
+    for r in sorted(records, key=lambda r: r["id"]):
+        if r["id"] in seen_ids:
+            continue
+        seen_ids.add(r["id"])
+        q = normalize(r["question"])
+        if len(r["answers"]) < min_answers or q in evals or q in seen_q:
+            continue
+        seen_q.add(q)
+        pool.append(r)
+    return [r["id"] for r in random.Random(seed).sample(pool, k)]
+
+
+def test_matches_the_recipe_written_out():
+    rng = random.Random(7)
+    records = [
+        rec("qampari", n, f"Which things number {n % 40}?", n_answers=1 + n % 4)
+        for n in rng.sample(range(500), 120)
+    ]
+    records += records[:5]  # duplicate ids
+    evals = [f"which things number {i}" for i in range(3)]  # same questions up to case and punctuation
+    cfg = MixConfig(seed=11, counts={"qampari": 20}, min_answers=2)
+    train, _, stats = build_mix(
+        {"qampari": frame(records, "qampari")},
+        {
+            "qampari": frame(
+                [rec("qampari", 9000 + i, q, split="test") for i, q in enumerate(evals)], "qampari"
+            )
+        },
+        cfg,
+    )
+    expected = reference_sample(records, evals, 20, seed=11, min_answers=2)
+    assert sorted(train["id"].to_list()) == sorted(expected)
+    assert stats["datasets"]["qampari"]["removed"]["duplicate_id"] == 5
+
+
+def test_counts_shuffle_val_and_disjointness():
+    pools = {
+        d: pool_of(d, 30, start=100 * i) for i, d in enumerate(["qampari", "mintaka", "webqsp", "quest"])
+    }
+    evals = {"quest": frame([rec("quest", 1, "QUESTION 301 OF QUEST", split="test")], "quest")}
+    cfg = MixConfig(seed=3, counts={"qampari": 12, "mintaka": 6, "webqsp": 6, "quest": 6}, val_per_dataset=2)
+    train, val, stats = build_mix(pools, evals, cfg)
+    assert train.schema == MIX_SCHEMA and val.schema == MIX_SCHEMA
+    assert train["dataset"].value_counts().sort("dataset").rows() == [
+        ("mintaka", 6),
+        ("qampari", 12),
+        ("quest", 6),
+        ("webqsp", 6),
+    ]
+    assert val["dataset"].value_counts().sort("dataset").rows() == [
+        (d, 2) for d in ["mintaka", "qampari", "quest", "webqsp"]
+    ]
+    assert not set(train["id"]) & set(val["id"])
+    assert "quest:00301" not in set(train["id"]) | set(val["id"])  # its question is in quest's eval split
+    assert stats["datasets"]["quest"]["removed"]["eval_overlap"] == 1
+    assert stats["train_total"] == 30 and stats["val_total"] == 8
+    metrics = mix_metrics(stats)
+    assert metrics["quest/removed/eval_overlap"] == 1.0 and metrics["qampari/train"] == 12.0
+    assert metrics["train_total"] == 30.0 and all(isinstance(v, float) for v in metrics.values())
+    # the datasets are interleaved by the final shuffle, not in blocks
+    first_block = train["dataset"].head(12).to_list()
+    assert len(set(first_block)) > 1
+
+
+def test_same_inputs_same_mix_other_seed_other_mix():
+    pools = {"webqsp": pool_of("webqsp", 50)}
+    a = build_mix(pools, {}, MixConfig(seed=1, counts={"webqsp": 10}))[0]
+    b = build_mix(pools, {}, MixConfig(seed=1, counts={"webqsp": 10}))[0]
+    c = build_mix(pools, {}, MixConfig(seed=2, counts={"webqsp": 10}))[0]
+    assert a["id"].to_list() == b["id"].to_list()
+    assert set(a["id"]) != set(c["id"])
+    # a dataset's sample does not depend on the other datasets' counts
+    both = {"webqsp": pools["webqsp"], "quest": pool_of("quest", 20)}
+    d = build_mix(both, {}, MixConfig(seed=1, counts={"webqsp": 10, "quest": 5}))[0]
+    assert set(d.filter(d["dataset"] == "webqsp")["id"]) == set(a["id"])
+
+
+def test_question_duplicates_keep_the_smallest_id():
+    records = [
+        rec("mintaka", 3, "Who directed The Salt Orchard?"),
+        rec("mintaka", 1, "who directed the salt orchard"),
+        rec("mintaka", 2, "Who  directed the Salt-Orchard?"),
+        rec("mintaka", 4, "Who wrote it?"),
+    ]
+    train, _, stats = build_mix(
+        {"mintaka": frame(records, "mintaka")}, {}, MixConfig(seed=0, counts={"mintaka": 3})
+    )
+    # "Salt-Orchard" normalizes to "saltorchard": a different question, kept
+    assert sorted(train["id"]) == ["mintaka:00001", "mintaka:00002", "mintaka:00004"]
+    assert stats["datasets"]["mintaka"]["removed"]["duplicate_question"] == 1
+
+
+def test_answer_count_filters():
+    records = [rec("quest", i, f"Q{i}", n_answers=i) for i in range(1, 7)]
+    cfg = MixConfig(seed=0, counts={"quest": 3}, min_answers=2, max_answers=4)
+    train, _, stats = build_mix({"quest": frame(records, "quest")}, {}, cfg)
+    assert sorted(len(a) for a in train["answers"].to_list()) == [2, 3, 4]
+    assert stats["datasets"]["quest"]["removed"]["answer_count"] == 3
+
+
+def test_too_small_pool_names_the_dataset_and_never_upsamples():
+    pools = {"qampari": pool_of("qampari", 10), "webqsp": pool_of("webqsp", 4)}
+    with pytest.raises(
+        MixError, match=r"dataset 'webqsp': the pool has 4 usable .* mix.counts.webqsp asks for 5"
+    ):
+        build_mix(pools, {}, MixConfig(counts={"qampari": 5, "webqsp": 5}))
+    with pytest.raises(
+        MixError, match=r"dataset 'qampari': 2 training questions are left .*val_per_dataset asks for 3"
+    ):
+        build_mix(pools, {}, MixConfig(counts={"qampari": 8}, val_per_dataset=3))
+    with pytest.raises(MixError, match=r"dataset 'quest': mix.counts.quest = 1 but no train records"):
+        build_mix(pools, {}, MixConfig(counts={"quest": 1}))
+    # a count of zero leaves the dataset out entirely (no pool needed)
+    train, val, stats = build_mix(pools, {}, MixConfig(counts={"qampari": 10, "quest": 0}))
+    assert len(train) == 10 and len(val) == 0 and set(stats["datasets"]) == {"qampari"}
+
+
+def test_wrong_dataset_in_pool():
+    with pytest.raises(MixError, match="dataset 'quest': train records of other datasets \\['mintaka'\\]"):
+        build_mix({"quest": pool_of("mintaka", 3)}, {}, MixConfig(counts={"quest": 1}))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"counts": {"nq": 3}}, "unknown dataset"),
+        ({"counts": {"quest": -1}}, "mix.counts.quest must be a non-negative integer"),
+        ({"min_answers": 0}, "min_answers must be >= 1"),
+        ({"min_answers": 3, "max_answers": 2}, "below mix.min_answers"),
+        ({"val_per_dataset": -1}, "val_per_dataset must be >= 0"),
+    ],
+)
+def test_config_errors(kwargs, message):
+    with pytest.raises(MixError, match=message):
+        MixConfig(**kwargs)
+
+
+def test_files_round_trip(tmp_path):
+    train, test = {}, {}
+    for d in ["mintaka", "quest"]:
+        train[d] = write_frame(pool_of(d, 12), tmp_path / f"{d}_train.jsonl", record_schema(d))
+        test[d] = write_frame(
+            pool_of(d, 3, start=50, split="test"), tmp_path / f"{d}_test.jsonl", record_schema(d)
+        )
+    kwargs = dict(
+        seed=5, counts={"mintaka": 4, "quest": 4}, min_answers=1, max_answers=None, val_per_dataset=1
+    )
+    out = [tmp_path / "a" / n for n in ("train.jsonl", "val.jsonl", "stats.json")]
+    stats = mix_training_set(train, test, *out, **kwargs)
+    again = [tmp_path / "b" / n for n in ("train.jsonl", "val.jsonl", "stats.json")]
+    mix_training_set(train, test, *again, **kwargs)
+    assert [p.read_bytes() for p in out] == [p.read_bytes() for p in again]  # byte-identical reruns
+    assert json.loads(out[2].read_text()) == stats
+    rows = read_records(out[0], MIX_SCHEMA)
+    assert len(rows) == 8 and rows.schema == MIX_SCHEMA
+    first = json.loads(out[0].read_text().splitlines()[0])
+    assert list(first) == ["id", "dataset", "split", "question", "answers", "answers_norm", "meta"]
+    assert set(first["meta"]) == set(MIX_SCHEMA["meta"].to_schema())
+
+
+def test_records_frame_refuses_unknown_fields():
+    good = rec("quest", 1, "Q?")
+    unknown = r"record 'quest:00001' does not fit the schema \(fields \['colour'\]\)"
+    with pytest.raises(ValueError, match=unknown):
+        frame([{**good, "meta": {**good["meta"], "colour": "red"}}], "quest")
+    with pytest.raises(ValueError, match=r"fields \['answers_norm'\]"):
+        frame([{k: v for k, v in good.items() if k != "answers_norm"}], "quest")
+    with pytest.raises(ValueError, match="has an empty question"):
+        frame([{**good, "question": ""}], "quest")
