@@ -1,5 +1,6 @@
 # Evaluation: every method (trained variants and prompting baselines) on every dataset, then the
-# paper's tables, plots and report (issue #7).
+# paper's tables, plots and report (issue #7). An unchanged checkpoint on an unchanged set is not
+# re-evaluated: the model, index and set are inputs, everything that changes a score is a param.
 
 
 rule evaluate_policy:
@@ -15,6 +16,7 @@ rule evaluate_policy:
         method=lambda wc: wc.method,
         evaluation=config["evaluation"],
         retrieval=retrieval_params(),
+        prompt_version=PROMPT_VERSION,
         suite=SUITE,
         version=VERSION,
     threads: lambda wc: get_gpu_job_threads() if config["evaluation"]["gpus"] > 0 else 2
@@ -23,7 +25,8 @@ rule evaluate_policy:
         mem_mb=32000,
         runtime=720,
     log:
-        "logs/evaluate_policy/{backbone}/{method}/{dataset}.log",
+        job="logs/evaluate_policy/{backbone}/{method}/{dataset}.log",
+        service="logs/evaluate_policy/{backbone}/{method}/{dataset}.service.log",
     script:
         "../scripts/evaluate_policy.py"
 
@@ -53,8 +56,9 @@ rule aggregate_results:
         temporal_plot=report("results/{backbone}/temporal.png", caption="../report/temporal.rst", category="Plots", labels={"figure": "temporal dynamics"}),
     params:
         methods=lambda wc: methods_of(wc.backbone),
-        variants=lambda wc: config["backbones"][wc.backbone]["variants"],
+        variants=config["variants"],
         datasets=list(DATASETS),
+        tiny_model=lambda wc: config["backbones"][wc.backbone]["model"].startswith("tiny:"),
         version=VERSION,
     log:
         "logs/aggregate_results/{backbone}.log",

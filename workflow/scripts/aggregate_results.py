@@ -1,3 +1,15 @@
-"""Glue for rule aggregate_results. Logic: spader.evaluation (issue #7)."""
+"""Glue for rule aggregate_results. Logic: spader.evaluation.aggregate."""
 
-raise SystemExit("rule aggregate_results: not built yet (issue #7); it writes no output until spader.evaluation lands")
+from spader.evaluation import aggregate_results
+from spader.glue import job
+
+with job(snakemake):
+    aggregate_results(
+        list(snakemake.input.summaries),
+        list(snakemake.input.records),
+        dict(snakemake.output.items()),
+        methods=snakemake.params.methods,
+        variants=snakemake.params.variants,
+        datasets=snakemake.params.datasets,
+        backbone=snakemake.wildcards.backbone,
+    )

@@ -1,3 +1,20 @@
-"""Glue for rule evaluate_policy. Logic: spader.evaluation (issue #7)."""
+"""Glue for rule evaluate_policy. Logic: spader.evaluation.evaluate."""
 
-raise SystemExit("rule evaluate_policy: not built yet (issue #7); it writes no output until spader.evaluation lands")
+from spader.evaluation import evaluate_policy
+from spader.glue import job
+
+# sglang's engine starts worker processes that import the main module again: run only as __main__.
+if __name__ == "__main__":
+    with job(snakemake):
+        evaluate_policy(
+            snakemake.input.records[0],
+            snakemake.input.index,
+            snakemake.input.model,
+            snakemake.output.records,
+            snakemake.output.summary,
+            method=snakemake.params.method,
+            evaluation=snakemake.params.evaluation,
+            retrieval=snakemake.params.retrieval,
+            threads=snakemake.threads,
+            service_log=snakemake.log.service,
+        )

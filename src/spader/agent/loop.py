@@ -1,0 +1,337 @@
+"""The agent's search/answer loop used for evaluation (method.md, "Episode", "Prompt and format").
+
+One loop serves every method. ``react`` and the trained variants run up to ``max_turns``
+assistant turns: a turn with ``<tool_call>`` runs its queries and the observation comes back as a
+tool message; a turn with ``<answer>`` ends the episode; a turn with neither ends it too (invalid
+format). ``rag`` starts with one retrieval for the question itself, shown to the model exactly as
+a search step of its own, and then gives the model one turn, which must answer.
+
+Episodes are advanced turn by turn in lock-step: the prompts of all running episodes go to the
+engine together and all queries of a turn go to the search service in one call. The prompt, the
+observation format and the parser are the project's single ones (``spader.prompt``,
+``spader.parsing``), also used by training. Discovery of ground-truth entities per turn uses
+``spader.rewards.find_hits`` on the returned passages (never on the queries).
+
+Nothing here raises on model output: malformed calls become error observations, a missing or
+malformed answer becomes an invalid-format episode, and a generation failure is recorded on the
+episode (``status == "generation_error"``) while the other episodes go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from spader.agent.engines import Engine, Sampling
+from spader.parsing import AnswerParse, parse_turn
+from spader.prompt import build_messages, format_observation
+from spader.rewards import find_hits
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "METHODS_PROMPTING",
+    "AgentSettings",
+    "Episode",
+    "Question",
+    "SearchFn",
+    "Step",
+    "fit_observation",
+    "render_prompt",
+    "run_episodes",
+]
+
+#: ``search(queries) -> passages per query``; each passage a dict with ``id``, ``title``, ``text``.
+SearchFn = Callable[[list[str]], list[list[dict]]]
+
+METHODS_PROMPTING = ("rag", "react")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Budgets and decoding of the loop (``config["evaluation"]``; keys documented in the schema)."""
+
+    max_turns: int = 16
+    max_new_tokens: int = 1024
+    max_context_tokens: int = 16384
+    max_queries_per_call: int = 10
+    max_query_chars: int = 1000  # the search service's limit (retrieval.service.max_query_chars)
+    max_tool_response_chars: int = 11000
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ("</tool_call>", "</answer>")
+    seed: int = 0
+
+    def __post_init__(self):
+        positive = (
+            "max_turns",
+            "max_new_tokens",
+            "max_context_tokens",
+            "max_queries_per_call",
+            "max_query_chars",
+        )
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"evaluation.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                "evaluation.temperature must be >= 0 and top_p in (0, 1], "
+                f"got {self.temperature}, {self.top_p}"
+            )
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> AgentSettings:
+        """Take the loop's keys from ``config["evaluation"]`` (engine/GPU keys are ignored here)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in cfg.items() if k in names})
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(temperature=self.temperature, top_p=self.top_p, stop=self.stop, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One instance to run: ``gold`` (entities as alias lists) is used only to record discovery."""
+
+    id: str
+    question: str
+    gold: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """One assistant turn (``kind`` ``retrieval`` is rag's retrieval for the question)."""
+
+    text: str
+    kind: str
+    queries: list[str] = field(default_factory=list)  # queries run at this step
+    skipped_queries: int = 0  # beyond max_queries_per_call, or not run because the budget ended
+    tool_error: str | None = None
+    passage_ids: list[list[str]] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)  # gold entities in this step's passages
+    new_entities: list[int] = field(default_factory=list)  # hits not seen at an earlier step
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish: str = ""
+
+
+@dataclass
+class Episode:
+    """State and outcome of one question.
+
+    ``status``: ``running`` while active, then ``answered`` (an ``<answer>`` turn, valid or not),
+    ``no_action`` (a turn with neither tool call nor answer), ``turn_budget``, ``context_budget``
+    or ``generation_error`` (``error`` says why).
+    """
+
+    question: Question
+    messages: list[dict]
+    steps: list[Step] = field(default_factory=list)
+    status: str = "running"
+    answer: AnswerParse | None = None
+    error: str | None = None
+    _seen: set[int] = field(default_factory=set, repr=False)
+
+    @property
+    def format_valid(self) -> bool:
+        return self.status == "answered" and self.answer is not None and self.answer.valid
+
+    @property
+    def invalid_reason(self) -> str | None:
+        if self.format_valid:
+            return None
+        if self.status == "answered" and self.answer is not None:
+            return self.answer.reason
+        return self.status
+
+    @property
+    def predictions(self) -> list[str]:
+        return list(self.answer.answers) if self.format_valid else []
+
+
+def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of the conversation so far plus the assistant header (the model's chat template)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def fit_observation(
+    queries: Sequence[str], passages: Sequence[Sequence[dict]], max_chars: int
+) -> tuple[str, list[list[dict]]]:
+    """Observation text within ``max_chars`` and the passages it shows.
+
+    Same rule as training's search tool (``spader.integrations.verl.search_tool.fit_observation``,
+    kept identical by tests/agent/test_loop.py): passages are dropped lowest rank first, from the
+    query showing the most (the later one on ties); if even the bare headers do not fit, the
+    text is cut and shows no passage.
+    """
+    keep = [len(p) for p in passages]
+    while True:
+        shown = [list(p[:k]) for p, k in zip(passages, keep, strict=True)]
+        text = format_observation(list(zip(queries, shown, strict=True)))
+        if len(text) <= max_chars or not any(keep):
+            break
+        most = max(keep)
+        keep[max(i for i, k in enumerate(keep) if k == most)] -= 1
+    if len(text) > max_chars:
+        return text[:max_chars], [[] for _ in queries]
+    return text, shown
+
+
+def _record_passages(
+    ep: Episode, step: Step, queries: list[str], passages: list[list[dict]], settings
+) -> None:
+    """Observation of one search step; discovery counts only the passages it shows (as in
+    training), matched on titles and texts, never on the queries."""
+    text, shown = fit_observation(queries, passages, settings.max_tool_response_chars)
+    step.passage_ids = [[str(p.get("id", "")) for p in ps] for ps in shown]
+    texts = [s for ps in shown for p in ps for s in (p.get("title", ""), p.get("text", ""))]
+    hits = find_hits(texts, ep.question.gold) if ep.question.gold and texts else set()
+    step.hits = sorted(hits)
+    step.new_entities = sorted(hits - ep._seen)
+    ep._seen |= hits
+    ep.messages.append({"role": "tool", "content": text})
+
+
+def _run_searches(pending: list[tuple[Episode, Step]], search: SearchFn, settings: AgentSettings) -> None:
+    """All queries of one turn in one call to the search service."""
+    flat = [q for _, step in pending for q in step.queries]
+    if not flat:
+        return
+    results = search(flat)
+    if len(results) != len(flat):
+        raise RuntimeError(f"search returned {len(results)} result lists for {len(flat)} queries")
+    at = 0
+    for ep, step in pending:
+        n = len(step.queries)
+        _record_passages(ep, step, step.queries, results[at : at + n], settings)
+        at += n
+
+
+def _rag_retrieval(episodes: list[Episode], search: SearchFn, settings: AgentSettings) -> None:
+    pending = []
+    for ep in episodes:
+        query = ep.question.question.strip()[: settings.max_query_chars]
+        text = format_tool_call([query])
+        ep.messages.append({"role": "assistant", "content": text})
+        step = Step(text=text, kind="retrieval", queries=[query], finish="forced")
+        ep.steps.append(step)
+        pending.append((ep, step))
+    _run_searches(pending, search, settings)
+
+
+def format_tool_call(queries: Sequence[str]) -> str:
+    """The text of a search step in the agent's protocol (used for rag's retrieval turn)."""
+    return f"<tool_call>{json.dumps(list(queries), ensure_ascii=False)}</tool_call>"
+
+
+def _apply_turn(ep: Episode, step: Step, last_turn: bool, settings: AgentSettings) -> bool:
+    """Classify the generated turn; returns True when its queries must be run now."""
+    turn = parse_turn(step.text)
+    step.kind = turn.kind
+    ep.messages.append({"role": "assistant", "content": step.text})
+    if turn.kind in ("answer", "none"):
+        ep.answer = turn.answer
+        ep.status = "answered" if turn.kind == "answer" else "no_action"
+        return False
+    call = turn.tool_call
+    if last_turn:  # the budget ends here: the call is not run (as in training's tool loop)
+        ep.status = "turn_budget"
+        step.skipped_queries = len(call.queries) if call and call.queries else 0
+        return False
+    if call.error is not None:
+        step.tool_error = call.error
+        ep.messages.append({"role": "tool", "content": format_observation([], error=call.error)})
+        return False
+    # as training's tool: each query cut to what the service accepts, at most max_queries_per_call
+    step.queries = [q[: settings.max_query_chars] for q in call.queries[: settings.max_queries_per_call]]
+    step.skipped_queries = len(call.queries) - len(step.queries)
+    return True
+
+
+def run_episodes(
+    questions: Sequence[Question],
+    engine: Engine,
+    search: SearchFn,
+    settings: AgentSettings,
+    *,
+    method: str = "react",
+    progress: bool = True,
+) -> list[Episode]:
+    """Run one episode per question to completion.
+
+    Args:
+        questions: the instances (ids, question text, gold aliases for discovery).
+        engine: a generation engine (``spader.agent.engines``).
+        search: batched search function (``spader.agent.search.RetrievalSearch`` in real runs).
+        settings: budgets and decoding.
+        method: ``rag`` (one retrieval with the question, then one answer turn) or anything else
+            (``react`` / a trained variant: the search loop up to ``settings.max_turns``).
+    Returns:
+        The finished episodes, in the order of ``questions``.
+    """
+    episodes = [Episode(question=q, messages=build_messages(q.question)) for q in questions]
+    if method == "rag":
+        _rag_retrieval(episodes, search, settings)
+        turns = 1
+    else:
+        turns = settings.max_turns
+    bar = tqdm(total=len(episodes), desc=f"{method} episodes", unit="ep", disable=not progress)
+    for turn in range(turns):
+        running = [ep for ep in episodes if ep.status == "running"]
+        if not running:
+            break
+        live, prompts, budgets = [], [], []
+        for ep in running:
+            try:
+                ids = render_prompt(engine.tokenizer, ep.messages)
+            except Exception as exc:  # noqa: BLE001 (a template error is this episode's failure)
+                ep.status, ep.error = "generation_error", f"chat template failed: {type(exc).__name__}: {exc}"
+                continue
+            room = settings.max_context_tokens - len(ids)
+            if room <= 0:
+                ep.status = "context_budget"
+                continue
+            live.append(ep)
+            prompts.append(ids)
+            budgets.append(min(settings.max_new_tokens, room))
+        gens = engine.generate(prompts, budgets, settings.sampling) if prompts else []
+        pending = []
+        for ep, ids, gen in zip(live, prompts, gens, strict=True):
+            step = Step(
+                text=gen.text,
+                kind="none",
+                prompt_tokens=len(ids),
+                completion_tokens=gen.completion_tokens,
+                finish=gen.finish,
+            )
+            ep.steps.append(step)
+            if gen.error is not None:
+                ep.status, ep.error, step.kind = "generation_error", gen.error, "error"
+                continue
+            if _apply_turn(ep, step, last_turn=turn == turns - 1, settings=settings):
+                pending.append((ep, step))
+        _run_searches(pending, search, settings)
+        done = sum(ep.status != "running" for ep in episodes)
+        bar.update(done - bar.n)
+        log.info(
+            "turn %d: %d episodes generated, %d searched, %d/%d finished",
+            turn + 1,
+            len(live),
+            len(pending),
+            done,
+            len(episodes),
+        )
+    for ep in episodes:  # only reachable when the loop ran out of turns with nothing generated
+        if ep.status == "running":
+            ep.status = "turn_budget"
+    bar.update(len(episodes) - bar.n)
+    bar.close()
+    return episodes

@@ -1,0 +1,18 @@
+"""Evaluation: one method on one dataset (``evaluate``), per-instance records and macro averages
+(``records``), the paper's tables (``tables``), plots (``plots``) and the per-backbone aggregation
+(``aggregate``)."""
+
+from spader.evaluation.aggregate import aggregate_results
+from spader.evaluation.evaluate import TINY_NOTE, evaluate_method, evaluate_policy
+from spader.evaluation.records import EvalSetError, episode_record, load_eval_set, summarize
+
+__all__ = [
+    "EvalSetError",
+    "TINY_NOTE",
+    "aggregate_results",
+    "episode_record",
+    "evaluate_method",
+    "evaluate_policy",
+    "load_eval_set",
+    "summarize",
+]

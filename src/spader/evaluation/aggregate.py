@@ -1,0 +1,121 @@
+"""Rule ``aggregate_results``: every method x dataset evaluation of one backbone -> the paper's
+tables (TSV) and the two analysis plots (PNG). See ``tables`` for what each table holds."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from spader.evaluation.evaluate import TINY_NOTE
+from spader.evaluation.plots import plot_efficiency, plot_temporal
+from spader.evaluation.records import read_jsonl
+from spader.evaluation.tables import (
+    ablation_table,
+    beta_sweep_table,
+    efficiency_table,
+    f1_table,
+    prf_table,
+    temporal_table,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["aggregate_results", "load_runs", "TABLES"]
+
+TABLES = ("f1", "prf", "ablation", "beta_sweep", "efficiency", "temporal")
+PLOTS = ("efficiency_plot", "temporal_plot")
+
+
+def load_runs(
+    summaries: Sequence[str | os.PathLike], records: Sequence[str | os.PathLike]
+) -> tuple[dict[tuple[str, str], list[dict[str, Any]]], bool]:
+    """Read each summary and its per-instance records (same path, ``.jsonl``).
+
+    Returns:
+        ``{(method, dataset): records}`` and whether any run used a tiny random model.
+    Raises:
+        ValueError: a summary without its records file, or counts that disagree (stale files).
+    """
+    record_paths = {Path(p).resolve() for p in records}
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    tiny = False
+    for s in summaries:
+        summary = json.loads(Path(s).read_text(encoding="utf-8"))
+        rec_path = Path(s).with_suffix(".jsonl")
+        if rec_path.resolve() not in record_paths:
+            raise ValueError(f"{s}: its per-instance records {rec_path} are not among the inputs")
+        recs = read_jsonl(rec_path)
+        if len(recs) != summary.get("n"):
+            raise ValueError(
+                f"{s}: summary says n={summary.get('n')} but {rec_path} holds {len(recs)} records"
+            )
+        key = (str(summary["method"]), str(summary["dataset"]))
+        if key in runs:
+            raise ValueError(f"{s}: a second evaluation of method {key[0]!r} on dataset {key[1]!r}")
+        runs[key] = recs
+        tiny = tiny or bool(summary.get("tiny_model"))
+    return runs, tiny
+
+
+def _write_tsv(df, path: str | os.PathLike) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    df.write_csv(path, separator="\t", float_precision=4)
+
+
+def aggregate_results(
+    summaries: Sequence[str | os.PathLike],
+    records: Sequence[str | os.PathLike],
+    outputs: Mapping[str, str | os.PathLike],
+    *,
+    methods: Sequence[str],
+    variants: Mapping[str, Any],
+    datasets: Sequence[str],
+    backbone: str = "",
+) -> dict[str, Any]:
+    """Write the tables and plots of one backbone.
+
+    Args:
+        summaries, records: ``results/{backbone}/eval/{method}/{dataset}.json`` / ``.jsonl``.
+        outputs: paths by name: ``f1, prf, ablation, beta_sweep, efficiency, temporal`` (TSV) and
+            ``efficiency_plot, temporal_plot`` (PNG).
+        methods: the backbone's methods (trained variants and baselines).
+        variants: ``config["variants"]`` (ablation and beta-sweep rows, beta values).
+        datasets: column order (``qampari, mintaka, webqsp, quest``).
+    Returns:
+        The F1 table as ``{method: {dataset: f1, "avg": f1}}``.
+    """
+    missing = [k for k in (*TABLES, *PLOTS) if k not in outputs]
+    if missing:
+        raise ValueError(f"aggregate_results: no output path for {missing}")
+    runs, tiny = load_runs(summaries, records)
+    expected = {(m, d) for m in methods for d in datasets}
+    extra = sorted(set(runs) - expected)
+    if extra:
+        log.warning("ignoring evaluations not in this backbone's methods x datasets: %s", extra)
+    note = TINY_NOTE if tiny else ""
+    if tiny:
+        log.warning("%s", TINY_NOTE)
+    tables = {
+        "f1": f1_table(runs, methods, datasets),
+        "prf": prf_table(runs, methods, datasets),
+        "ablation": ablation_table(runs, methods, variants, datasets),
+        "beta_sweep": beta_sweep_table(runs, methods, variants, datasets),
+        "efficiency": efficiency_table(runs, methods, datasets),
+        "temporal": temporal_table(runs, methods, datasets),
+    }
+    for name, df in tables.items():
+        _write_tsv(df, outputs[name])
+        log.info("%s: %d rows -> %s", name, df.height, outputs[name])
+    label = f" ({backbone})" if backbone else ""
+    plot_efficiency(
+        tables["efficiency"], outputs["efficiency_plot"], title=f"Search efficiency{label}", note=note
+    )
+    plot_temporal(
+        tables["temporal"], outputs["temporal_plot"], datasets=[*datasets, "all"],
+        title=f"Temporal dynamics of entity discovery{label}", note=note,
+    )  # fmt: skip
+    return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in tables["f1"].to_dicts()}

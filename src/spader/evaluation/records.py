@@ -1,0 +1,148 @@
+"""Evaluation sets in, per-instance records and per-run summaries out (method.md, "Evaluation").
+
+Per instance: set precision / recall / F1 of the unique predicted answers against the gold
+entities (``spader.metrics.prf``: alias-aware, norm_v1, each entity at most once). An instance whose
+generation failed, or whose final step is not a valid answer, has no predictions and scores
+P = R = F1 = 0; it is always kept. Run aggregates are macro averages over all instances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from spader.agent.loop import Episode, Question
+from spader.metrics import macro_average, prf
+
+__all__ = ["EvalSetError", "load_eval_set", "episode_record", "summarize", "read_jsonl", "write_jsonl"]
+
+
+class EvalSetError(ValueError):
+    """An evaluation-set line is malformed; the message names the file, line and field."""
+
+
+def _check_gold(value: Any, where: str) -> list[list[str]]:
+    if not isinstance(value, list) or not value:
+        raise EvalSetError(f"{where}: field 'ground_truth' must be a non-empty list of alias lists")
+    for i, aliases in enumerate(value):
+        if not isinstance(aliases, list) or not aliases or not all(isinstance(a, str) for a in aliases):
+            raise EvalSetError(
+                f"{where}: field 'ground_truth[{i}]' must be a non-empty list of strings, got {aliases!r}"
+            )
+    return value
+
+
+def load_eval_set(path: str | os.PathLike) -> list[tuple[Question, str]]:
+    """Read ``results/{suite}/data/eval/{dataset}.jsonl`` (lines ``{"id", "question_text",
+    "ground_truth": [[aliases...]], "data_source"}``).
+
+    Returns:
+        ``(question, data_source)`` pairs in file order.
+    Raises:
+        EvalSetError: naming the file, line and field of the first malformed line, a repeated id,
+            or an empty set.
+    """
+    out: list[tuple[Question, str]] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise EvalSetError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise EvalSetError(f"{where}: expected a JSON object")
+            for key in ("id", "question_text"):
+                if not isinstance(row.get(key), str) or not row[key].strip():
+                    raise EvalSetError(f"{where}: field '{key}' must be a non-empty string")
+            if row["id"] in seen:
+                raise EvalSetError(f"{where}: field 'id': {row['id']!r} appears twice")
+            seen.add(row["id"])
+            gold = _check_gold(row.get("ground_truth"), where)
+            out.append((Question(row["id"], row["question_text"], gold), str(row.get("data_source", ""))))
+    if not out:
+        raise EvalSetError(f"{path}: the evaluation set has no instances")
+    return out
+
+
+def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
+    """The per-instance JSONL record of one finished episode.
+
+    Fields: question, predictions, gold, precision/recall/f1, format validity (and why not),
+    searches issued (search steps that ran queries, and queries run), new valid entities per
+    turn (counts; entity indices per step in ``steps``), the episode's status and error.
+    """
+    preds = ep.predictions
+    p, r, f = prf(preds, ep.question.gold)
+    new_per_turn = [len(s.new_entities) for s in ep.steps]
+    return {
+        "id": ep.question.id,
+        "data_source": data_source,
+        "question": ep.question.question,
+        "gold": ep.question.gold,
+        "predictions": preds,
+        "precision": p,
+        "recall": r,
+        "f1": f,
+        "format_valid": ep.format_valid,
+        "invalid_reason": ep.invalid_reason,
+        "status": ep.status,
+        "error": ep.error,
+        "turns": len(ep.steps),
+        "search_calls": sum(1 for s in ep.steps if s.queries),
+        "queries_issued": sum(len(s.queries) for s in ep.steps),
+        "new_entities_per_turn": new_per_turn,
+        "entities_found": sum(new_per_turn),
+        "steps": [asdict(s) for s in ep.steps],
+    }
+
+
+def summarize(records: Sequence[Mapping[str, Any]], **meta: Any) -> dict[str, Any]:
+    """Macro-averaged P/R/F1 and counts of one method on one dataset, plus ``meta``."""
+    p, r, f, n = macro_average((rec["precision"], rec["recall"], rec["f1"]) for rec in records)
+    return {
+        **meta,
+        "n": n,
+        "precision": p,
+        "recall": r,
+        "f1": f,
+        "format_valid_rate": (sum(bool(rec["format_valid"]) for rec in records) / n) if n else 0.0,
+        "failed": sum(rec["status"] == "generation_error" for rec in records),
+        "statuses": dict(sorted(Counter(rec["status"] for rec in records).items())),
+        "search_calls": sum(rec["search_calls"] for rec in records),
+        "queries_issued": sum(rec["queries_issued"] for rec in records),
+        "entities_found": sum(rec["entities_found"] for rec in records),
+        "mean_turns": (sum(rec["turns"] for rec in records) / n) if n else 0.0,
+    }
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write rows atomically (a crash never leaves a half-written file under the final name)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read a JSONL file; a malformed line raises naming the file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    return rows

@@ -1,0 +1,116 @@
+"""Fixtures for the agent loop tests.
+
+Fakes, named as such: ``ScriptedEngine`` stands in for a trained model (a real one cannot run
+here), returning scripted turns so each protocol case (including hostile output) is exercised
+deterministically; ``FakeSearch`` stands in for the retrieval service with a word-overlap ranking
+over a handful of passages (the real service is exercised in tests/evaluation/test_rules.py).
+The tokenizer and its chat template are the real tiny Qwen3's.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from spader.agent.engines import Generation
+from spader.models.tiny import build_tiny_qwen3
+
+PASSAGES = [
+    {
+        "id": "p1",
+        "title": "The Salt Orchard",
+        "text": "The Salt Orchard is a 1961 drama film directed by Ilse Varga.",
+    },
+    {
+        "id": "p2",
+        "title": "Winter Quay",
+        "text": "Winter Quay (1964) was the second film directed by Ilse Varga.",
+    },
+    {
+        "id": "p3",
+        "title": "Ilse Varga",
+        "text": "Ilse Varga directed The Salt Orchard, Winter Quay and Glass Harbour.",
+    },
+    {"id": "p4", "title": "Lake Morrow", "text": "The rivers Tam and Oure flow into Lake Morrow."},
+    {"id": "p5", "title": "Glass Harbour", "text": "Glass Harbour is a 1970 film."},
+]
+
+
+class FakeSearch:
+    """Fake retrieval: top-k passages by word overlap with the query; records every call."""
+
+    def __init__(self, topk: int = 2):
+        self.topk = topk
+        self.calls: list[list[str]] = []
+
+    def __call__(self, queries):
+        self.calls.append(list(queries))
+        out = []
+        for q in queries:
+            words = set(re.findall(r"\w+", q.lower()))
+            scored = sorted(
+                PASSAGES,
+                key=lambda p: -len(words & set(re.findall(r"\w+", (p["title"] + " " + p["text"]).lower()))),
+            )
+            out.append([dict(p, score=1.0) for p in scored[: self.topk]])
+        return out
+
+
+class ScriptedEngine:
+    """Fake engine: the n-th assistant turn of the episode whose question is in the prompt gets
+    ``scripts[question][n]`` (``Exception`` instances become generation errors)."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, scripts: dict[str, list]):
+        self.tokenizer = tokenizer
+        self.scripts = scripts
+        self.calls: list[int] = []  # prompts per generate call
+        self.turns: dict[str, int] = {}  # turns generated so far per question
+
+    def generate(self, prompts, max_new_tokens, sampling):
+        self.calls.append(len(prompts))
+        out = []
+        for ids in prompts:
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            question = next(q for q in self.scripts if f"Question: {q}" in text)
+            turn = self.turns.get(question, 0)
+            self.turns[question] = turn + 1
+            item = self.scripts[question][turn]
+            if isinstance(item, Exception):
+                out.append(Generation("", finish="error", error=str(item)))
+            else:
+                out.append(Generation(item, completion_tokens=len(self.tokenizer(item)["input_ids"])))
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory) -> Path:
+    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_qwen3_dir):
+    from spader.agent.engines import load_tokenizer
+
+    return load_tokenizer(tiny_qwen3_dir)
+
+
+@pytest.fixture
+def passages() -> list[dict]:
+    return [dict(p) for p in PASSAGES]
+
+
+@pytest.fixture
+def fake_search():
+    return FakeSearch()
+
+
+@pytest.fixture
+def scripted(tokenizer):
+    return lambda scripts: ScriptedEngine(tokenizer, scripts)

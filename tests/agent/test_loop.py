@@ -1,0 +1,211 @@
+"""The agent loop on scripted turns (ScriptedEngine and FakeSearch are fakes, see conftest.py):
+protocol, budgets, discovery per turn and every hostile output of issue #7 point 6."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spader.agent.loop import AgentSettings, Question, run_episodes
+from spader.evaluation.records import episode_record
+
+FILMS = "Which films were directed by Ilse Varga?"
+FILMS_GOLD = [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"], ["Glass Harbour"]]
+LAKE = "Which rivers flow into Lake Morrow?"
+LAKE_GOLD = [["Tam", "River Tam"], ["Oure"]]
+
+SETTINGS = AgentSettings(max_turns=4, max_new_tokens=64, max_context_tokens=100_000, max_queries_per_call=10)
+
+
+def run(scripted, search, scripts, gold=None, settings=SETTINGS, method="react"):
+    gold = gold or {FILMS: FILMS_GOLD, LAKE: LAKE_GOLD}
+    questions = [Question(f"q{i}", q, gold[q]) for i, q in enumerate(scripts)]
+    episodes = run_episodes(questions, scripted(scripts), search, settings, method=method, progress=False)
+    return episodes, [episode_record(ep, "test") for ep in episodes]
+
+
+def test_search_then_answer_records_turns_discovery_and_scores(scripted, fake_search):
+    scripts = {
+        FILMS: [
+            '<think>search</think><tool_call>["Ilse Varga films"]</tool_call>',
+            '<tool_call>["Glass Harbour", "Salt Orchard"]</tool_call>',
+            '<think>done</think><answer>["Salt Orchard", "the salt orchard", "Winter Quay", "Lake Morrow"]</answer>',
+        ]
+    }
+    (ep,), (rec,) = run(scripted, fake_search, scripts)
+    assert ep.status == "answered" and rec["format_valid"]
+    # one search call per turn; turn 2 sends both queries together
+    assert fake_search.calls == [["Ilse Varga films"], ["Glass Harbour", "Salt Orchard"]]
+    # p1+p2 name Salt Orchard and Winter Quay; turn 2 adds Glass Harbour (p3, p5)
+    assert [s.new_entities for s in ep.steps] == [[0, 1], [2], []]
+    assert rec["new_entities_per_turn"] == [2, 1, 0] and rec["entities_found"] == 3
+    assert (rec["search_calls"], rec["queries_issued"], rec["turns"]) == (2, 3, 3)
+    # predictions: 3 unique after normalization, 2 correct of 3 gold -> P = R = F1 = 2/3
+    assert rec["precision"] == pytest.approx(2 / 3) and rec["recall"] == pytest.approx(2 / 3)
+    assert rec["f1"] == pytest.approx(2 / 3)
+    tool_msgs = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert len(tool_msgs) == 2 and tool_msgs[0].startswith(
+        'Results for "Ilse Varga films":\nDoc 1 (Title: The Salt Orchard)'
+    )
+    assert rec["steps"][0]["passage_ids"] == [["p1", "p2"]]
+    json.dumps(rec)  # the record is JSON-serialisable
+
+
+def test_episodes_advance_in_lock_step_with_one_engine_call_per_turn(scripted, fake_search):
+    scripts = {
+        FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>'],
+        LAKE: ['<answer>["Tam"]</answer>'],
+    }
+    engine = scripted(scripts)
+    questions = [Question("a", FILMS, FILMS_GOLD), Question("b", LAKE, LAKE_GOLD)]
+    eps = run_episodes(questions, engine, fake_search, SETTINGS, progress=False)
+    assert engine.calls == [2, 1]  # turn 1: both episodes; turn 2: the one still running
+    assert [e.question.id for e in eps] == ["a", "b"] and [e.predictions for e in eps] == [
+        ["Winter Quay"],
+        ["Tam"],
+    ]
+
+
+def test_rag_retrieves_with_the_question_then_must_answer_in_one_turn(scripted, fake_search):
+    scripts = {FILMS: ['<answer>["Glass Harbour"]</answer>'], LAKE: ['<tool_call>["more"]</tool_call>']}
+    eps, recs = run(scripted, fake_search, scripts, method="rag")
+    assert fake_search.calls == [[FILMS, LAKE]]  # the retrieval only; the second call is never run
+    films, lake = recs
+    assert films["steps"][0]["kind"] == "retrieval" and films["steps"][0]["queries"] == [FILMS]
+    assert films["format_valid"] and films["f1"] == pytest.approx(0.5)  # P 1, R 1/3
+    assert films["search_calls"] == 1 and films["turns"] == 2
+    assert lake["status"] == "turn_budget" and lake["f1"] == 0.0 and not lake["format_valid"]
+    assert eps[0].messages[1] == {
+        "role": "assistant",
+        "content": json.dumps([FILMS]).join(["<tool_call>", "</tool_call>"]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('<think>unclosed <answer>["Winter Quay"]</answer>', "unbalanced_think"),  # unbalanced tags
+        (
+            '<think>a</think><think><think>b</think></think><answer>["x"]</answer>',
+            "unbalanced_think",
+        ),  # nested
+        ('<answer>["Winter Quay"]', "unclosed_answer"),  # unclosed answer
+        ("<answer>Winter Quay, Glass Harbour</answer>", "answer_not_json_list"),  # not JSON
+        ('<answer>{"a": 1}</answer>', "answer_not_json_list"),  # JSON, not a list
+        ("<answer>[1, 2]</answer>", "answer_not_json_list"),  # list of non-strings
+        ("", "no_action"),  # empty output
+        ("I think the answer is Winter Quay.", "no_action"),  # neither tool call nor answer
+        ('<tool_call>["unclosed"]', "no_action"),  # unclosed tool call is not a call
+    ],
+)
+def test_hostile_final_turns_score_zero_and_never_raise(scripted, fake_search, text, reason):
+    (ep,), (rec,) = run(scripted, fake_search, {FILMS: [text]})
+    assert not rec["format_valid"] and rec["invalid_reason"] == reason
+    assert (rec["precision"], rec["recall"], rec["f1"]) == (0.0, 0.0, 0.0) and rec["predictions"] == []
+    assert fake_search.calls == []
+
+
+def test_malformed_tool_call_returns_an_error_observation_and_the_episode_goes_on(scripted, fake_search):
+    scripts = {
+        FILMS: [
+            "<tool_call>Ilse Varga films</tool_call>",
+            '<tool_call>["", "  "]</tool_call>',
+            '<answer>["Winter Quay"]</answer>',
+        ]
+    }
+    (ep,), (rec,) = run(scripted, fake_search, scripts)
+    assert fake_search.calls == []
+    tool = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert tool == [
+        "Error: the tool call must be a JSON list of query strings",
+        "Error: the tool call contains no non-empty query",
+    ]
+    assert [s.tool_error is not None for s in ep.steps] == [True, True, False]
+    assert rec["format_valid"] and rec["search_calls"] == 0 and rec["recall"] == pytest.approx(1 / 3)
+
+
+def test_ten_thousand_item_answer_is_scored(scripted, fake_search):
+    answer = ["Winter Quay", "Glass Harbour"] + [f"Film number {i}" for i in range(9998)]
+    (ep,), (rec,) = run(scripted, fake_search, {FILMS: ["<answer>" + json.dumps(answer) + "</answer>"]})
+    assert rec["format_valid"] and len(rec["predictions"]) == 10_000
+    assert rec["precision"] == pytest.approx(2 / 10_000) and rec["recall"] == pytest.approx(2 / 3)
+
+
+def test_endless_search_loop_is_stopped_by_the_turn_budget(scripted, fake_search):
+    settings = AgentSettings(max_turns=3, max_new_tokens=64, max_context_tokens=100_000)
+    (ep,), (rec,) = run(
+        scripted, fake_search, {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>'] * 50}, settings=settings
+    )
+    assert ep.status == "turn_budget" and rec["invalid_reason"] == "turn_budget" and rec["f1"] == 0.0
+    assert rec["turns"] == 3 and len(fake_search.calls) == 2  # the call of the last turn is never run
+    assert ep.steps[-1].queries == [] and ep.steps[-1].skipped_queries == 1
+
+
+def test_queries_beyond_the_per_call_limit_are_not_run(scripted, fake_search):
+    settings = AgentSettings(max_turns=2, max_queries_per_call=3, max_context_tokens=100_000)
+    queries = [f"query {i}" for i in range(7)]
+    scripts = {FILMS: [f"<tool_call>{json.dumps(queries)}</tool_call>", "<answer>[]</answer>"]}
+    (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
+    assert fake_search.calls == [queries[:3]] and ep.steps[0].skipped_queries == 4
+    assert rec["format_valid"] and rec["f1"] == 0.0  # [] is a valid, empty answer
+
+
+def test_context_budget_ends_the_episode(scripted, fake_search, tokenizer):
+    from spader.agent.loop import render_prompt
+    from spader.prompt import build_messages
+
+    first = len(render_prompt(tokenizer, build_messages(FILMS)))
+    settings = AgentSettings(max_turns=4, max_new_tokens=64, max_context_tokens=first + 40)
+    scripts = {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>']}
+    (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
+    assert ep.steps[0].prompt_tokens == first
+    assert ep.status == "context_budget" and rec["turns"] == 1 and rec["f1"] == 0.0
+
+
+def test_long_observations_drop_low_ranked_passages_and_discovery_counts_only_shown_ones(
+    scripted, fake_search, passages
+):
+    # FakeSearch returns p1 (Salt Orchard) then p2 (Winter Quay); the budget fits only p1
+    header = 'Results for "Ilse Varga":\n'
+    one = header + "Doc 1 (Title: The Salt Orchard) " + passages[0]["text"]
+    settings = AgentSettings(max_turns=2, max_tool_response_chars=len(one) + 5, max_context_tokens=100_000)
+    scripts = {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>']}
+    (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
+    tool = next(m["content"] for m in ep.messages if m["role"] == "tool")
+    assert tool == one and rec["steps"][0]["passage_ids"] == [["p1"]]
+    assert rec["new_entities_per_turn"] == [1, 0]  # Winter Quay was returned but not shown
+
+
+@pytest.mark.parametrize("budget", [10, 60, 200, 400, 10_000])
+def test_observation_fitting_is_the_training_tool_s(budget, passages):
+    from spader.agent.loop import fit_observation
+    from spader.integrations.verl.search_tool import fit_observation as training_fit
+
+    queries = ["Ilse Varga", "Lake Morrow", "films"]
+    ranked = [passages[:3], passages[3:4], passages[1:5]]
+    assert fit_observation(queries, ranked, budget) == training_fit(queries, ranked, budget)
+
+
+def test_hostile_long_queries_are_cut_as_in_training(scripted, fake_search):
+    settings = AgentSettings(max_turns=2, max_query_chars=12, max_context_tokens=100_000)
+    long = "Ilse Varga " + "x" * 10_000
+    scripts = {FILMS: [f"<tool_call>{json.dumps([long])}</tool_call>", "<answer>[]</answer>"]}
+    (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
+    assert fake_search.calls == [["Ilse Varga x"]] and rec["steps"][0]["queries"] == ["Ilse Varga x"]
+
+
+def test_a_generation_failure_is_kept_as_zero_and_the_others_continue(scripted, fake_search):
+    scripts = {FILMS: [RuntimeError("CUDA out of memory")], LAKE: ['<answer>["Tam", "Oure"]</answer>']}
+    eps, (films, lake) = run(scripted, fake_search, scripts)
+    assert films["status"] == "generation_error" and "out of memory" in films["error"] and films["f1"] == 0.0
+    assert lake["f1"] == 1.0
+
+
+def test_settings_come_from_the_evaluation_config_and_are_checked():
+    s = AgentSettings.from_config(
+        {"engine": "transformers", "max_turns": 3, "stop": ["</answer>"], "gpus": 0}
+    )
+    assert s.max_turns == 3 and s.stop == ("</answer>",) and s.sampling.stop == ("</answer>",)
+    with pytest.raises(ValueError, match="evaluation.max_turns"):
+        AgentSettings(max_turns=0)
