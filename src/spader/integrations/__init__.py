@@ -1,0 +1,1 @@
+"""Framework glue: the only place that imports verl, ray or sglang-side APIs."""

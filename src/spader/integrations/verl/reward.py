@@ -1,0 +1,94 @@
+"""Terminal reward for verl: ``reward.custom_reward_function.path=pkg://spader.integrations.verl.reward``.
+
+verl's ``naive`` reward manager calls :func:`compute_score` once per rollout with the decoded
+response, the row's ``reward_model.ground_truth`` and ``extra_info`` merged with the agent loop's
+extra fields. The answer is parsed from the *last assistant turn* only (recorded by the
+``spader_tool_agent`` loop under :data:`spader.densify.FINAL_TURN_KEY`), never from the decoded
+response, which also holds the tool observations. The score is the F1 of the answer
+(``spader.metrics.prf``) or ``invalid_format_reward`` (paper -1, authors' code 0); the search-step
+rewards are added later by the ``spader_sync`` trainer mode.
+
+This module imports no verl: it only unpacks arguments for the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from spader.densify import FINAL_TURN_KEY
+from spader.metrics import gold_alias_sets, prf
+from spader.parsing import parse_answer
+from spader.rewards import terminal_reward
+
+__all__ = ["compute_score", "gold_entities"]
+
+
+def _alias_lists(entities: Any) -> list[list[str]]:
+    return [[aliases] if isinstance(aliases, str) else [str(a) for a in aliases] for aliases in entities]
+
+
+def gold_entities(ground_truth: Any) -> list[list[str]]:
+    """Gold entities (alias lists) of a row's ``reward_model.ground_truth``.
+
+    Accepts the export format ``{"target": [primary, ...], "entities": [[alias, ...], ...]}``
+    (``entities`` wins; ``target`` alone means one alias per entity), or a bare list of alias lists.
+    Numpy arrays from a parquet read-back are accepted wherever lists are.
+    """
+    if isinstance(ground_truth, Mapping):
+        if ground_truth.get("entities") is not None:
+            return _alias_lists(ground_truth["entities"])
+        if ground_truth.get("target") is not None:
+            return [[str(t)] for t in ground_truth["target"]]
+        raise ValueError(
+            f"reward_model.ground_truth has neither 'entities' nor 'target': keys {sorted(ground_truth)}"
+        )
+    if ground_truth is None or isinstance(ground_truth, str):
+        raise ValueError(
+            f"reward_model.ground_truth must be a mapping or a list of alias lists, got {ground_truth!r}"
+        )
+    return _alias_lists(ground_truth)
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    invalid_format_reward: float = -1.0,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """verl reward function: the terminal reward of one rollout.
+
+    Args:
+        data_source: dataset name (unused; one reward for all datasets).
+        solution_str: decoded response (unused: it also holds the observations).
+        ground_truth: the row's ``reward_model.ground_truth`` (see :func:`gold_entities`).
+        extra_info: the row's ``extra_info`` merged with the agent loop's extra fields; must hold
+            :data:`spader.densify.FINAL_TURN_KEY`.
+        invalid_format_reward: reward of an invalid final turn (``reward_kwargs``).
+    Returns:
+        ``{"score", "f1", "precision", "recall", "format_valid", "num_predicted"}`` (plain floats:
+        verl turns the extra keys into validation metrics).
+    """
+    extra_info = extra_info or {}
+    if FINAL_TURN_KEY not in extra_info:
+        raise KeyError(
+            f"extra_info has no '{FINAL_TURN_KEY}': the SPADER reward needs the 'spader_tool_agent' "
+            "agent loop (actor_rollout_ref.rollout.agent.default_agent_loop=spader_tool_agent)"
+        )
+    parsed = parse_answer(str(extra_info[FINAL_TURN_KEY] or ""))
+    gold = gold_entities(ground_truth)
+    if not gold_alias_sets(gold):
+        raise ValueError(f"ground truth of a {data_source!r} row has no usable entity: {ground_truth!r}")
+    precision, recall, f1 = prf(parsed.answers, gold) if parsed.valid else (0.0, 0.0, 0.0)
+    score = terminal_reward(f1 if parsed.valid else None, invalid_format_reward=invalid_format_reward)
+    return {
+        "score": score,
+        "f1": f1,
+        "precision": precision,
+        "recall": recall,
+        "format_valid": 1.0 if parsed.valid else 0.0,
+        "num_predicted": float(len(parsed.answers)),
+    }

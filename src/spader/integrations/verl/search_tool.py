@@ -1,0 +1,180 @@
+"""The search tool of training: a verl ``BaseTool`` over the retrieval service.
+
+One call = one search step of a trajectory. The tool runs the step's queries in one batched
+request (``spader.retrieval.client.RetrievalClient``), renders the observation with
+``spader.prompt.format_observation`` (the text evaluation shows too), keeps it within the
+character budget by dropping the lowest-ranked passages first, and records what the *shown*
+passages contain: a :class:`spader.densify.StepRecord` (turn, number of queries, ground-truth
+entities hit by :func:`spader.rewards.find_hits`) appended to the trajectory's
+``agent_data.extra_fields`` under :data:`spader.densify.STEPS_KEY`. Matching runs on passage titles
+and texts only, never on the queries the agent wrote.
+
+The ground-truth entities come in ``create_kwargs["entities"]`` (the ``spader_tool_agent`` loop
+fills it from the row's ``reward_model.ground_truth``). verl's ``ToolAgentLoop`` calls
+``create -> execute -> release`` for every call.
+
+Tool YAML ``config`` keys (see :mod:`.tool_config`): ``retrieval_service_url``, ``topk``,
+``initial_k``, ``timeout``, ``retries``, ``max_queries_per_call``, ``max_query_chars``,
+``max_chars``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+from uuid import uuid4
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from spader.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
+from spader.integrations.verl.tool_config import TOOL_SCHEMA
+from spader.prompt import format_observation
+from spader.rewards import find_hits
+
+__all__ = ["SearchTool", "as_alias_lists", "fit_observation"]
+
+log = logging.getLogger(__name__)
+
+
+def as_alias_lists(entities: Any) -> list[list[str]]:
+    """Ground-truth entities as ``list[list[str]]`` (parquet read-back gives numpy arrays)."""
+    if entities is None:
+        raise ValueError(
+            "the search tool needs the question's ground-truth entities (create_kwargs['entities'])"
+        )
+    out = []
+    for aliases in entities:
+        if isinstance(aliases, str):
+            out.append([aliases])
+        else:
+            out.append([str(a) for a in aliases])
+    return out
+
+
+def fit_observation(
+    queries: Sequence[str], passages: Sequence[Sequence[dict]], max_chars: int
+) -> tuple[str, list[list[dict]]]:
+    """Observation text within ``max_chars`` and the passages it shows.
+
+    Passages are dropped lowest rank first, taking from the query that shows the most passages
+    (the later query on ties), until the text fits; if even the bare query headers do not fit,
+    the text is cut and shows no passage.
+
+    Args:
+        queries: the step's queries, in order.
+        passages: ``passages[q]`` ranked passages (dicts with ``title``, ``text``) of query q.
+        max_chars: character budget of the observation.
+    Returns:
+        ``(text, shown)`` with ``shown[q]`` the passages of query q present in ``text``.
+    """
+    keep = [len(p) for p in passages]
+    while True:
+        shown = [list(p[:k]) for p, k in zip(passages, keep)]
+        text = format_observation(list(zip(queries, shown)))
+        if len(text) <= max_chars or not any(keep):
+            break
+        most = max(keep)
+        q = max(i for i, k in enumerate(keep) if k == most)
+        keep[q] -= 1
+    if len(text) > max_chars:
+        return text[:max_chars], [[] for _ in queries]
+    return text, shown
+
+
+class SearchTool(BaseTool):
+    """verl ``BaseTool``: runs one search step and records its ground-truth hits."""
+
+    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
+        from spader.retrieval.client import RetrievalClient
+
+        if tool_schema is None:
+            tool_schema = OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA)
+        super().__init__(config, tool_schema)
+
+        def setting(key, kind, default=...):
+            value = config.get(key, default)
+            if value is ...:
+                raise ValueError(f"search tool config: missing key '{key}'")
+            try:
+                return None if value is None and default is None else kind(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"search tool config: '{key}' must be {kind.__name__}, got {value!r}"
+                ) from exc
+
+        url = setting("retrieval_service_url", str)
+        self.topk = setting("topk", int, 5)
+        self.initial_k = setting("initial_k", int, None)
+        self.max_queries = setting("max_queries_per_call", int, 10)
+        self.max_query_chars = setting("max_query_chars", int, 1000)
+        self.max_chars = setting("max_chars", int)
+        self.client = RetrievalClient(
+            url, timeout=setting("timeout", float, 120.0), retries=setting("retries", int, 3)
+        )
+        self._instances: dict[str, list[list[str]]] = {}
+
+    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
+        """Start a call; the entities come from ``kwargs['create_kwargs']['entities']``."""
+        instance_id = instance_id or str(uuid4())
+        create_kwargs = kwargs.get("create_kwargs") or {}
+        self._instances[instance_id] = as_alias_lists(create_kwargs.get("entities"))
+        return instance_id, ToolResponse()
+
+    async def release(self, instance_id: str, **kwargs) -> None:
+        """End a call (verl releases after every call)."""
+        self._instances.pop(instance_id, None)
+
+    def _search(self, queries: list[str]) -> list[list[dict]]:
+        unique = list(dict.fromkeys(queries))
+        results = self.client.retrieve(unique, topk=self.topk, initial_k=self.initial_k)
+        if len(results) != len(unique):
+            raise RuntimeError(
+                f"retrieval service returned {len(results)} result lists for {len(unique)} queries"
+            )
+        by_query = dict(zip(unique, results))
+        return [by_query[q] for q in queries]
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs
+    ) -> tuple[ToolResponse, float, dict]:
+        """Run the step's queries; returns the observation, reward 0 (rewards are densified later)
+        and metrics. ``parameters`` is ``{"queries": [...]}`` or ``{"queries": [], "error": why}``
+        from the ``spader`` tool parser; ``kwargs['agent_data']`` is the trajectory's state."""
+        agent_data = kwargs.get("agent_data")
+        entities = self._instances.get(instance_id)
+        if entities is None:
+            raise KeyError(f"search tool instance {instance_id!r} was not created")
+        turn = int(getattr(agent_data, "assistant_turns", 0) or 0) if agent_data is not None else 0
+        raw = parameters.get("queries") or []
+        queries = [str(q).strip()[: self.max_query_chars] for q in raw if str(q).strip()][: self.max_queries]
+        error = parameters.get("error") or (None if queries else "the tool call contains no non-empty query")
+        hits: set[int] = set()
+        if error is None:
+            try:
+                passages = await asyncio.to_thread(self._search, queries)
+            except Exception as exc:  # noqa: BLE001 (the step becomes an error observation, counted)
+                log.warning("search failed for %d queries: %s: %s", len(queries), type(exc).__name__, exc)
+                error = f"search service unavailable ({type(exc).__name__})"
+            else:
+                text, shown = fit_observation(queries, passages, self.max_chars)
+                texts = [s for ps in shown for p in ps for s in (p.get("title", ""), p.get("text", ""))]
+                hits = find_hits(texts, entities) if texts else set()
+        if error is not None:
+            text = format_observation([], error=error)[: self.max_chars]
+        record = StepRecord(
+            turn=max(turn, 1),
+            queries=len(queries) if error is None else 0,
+            hits=tuple(sorted(hits)),
+            error=error,
+        )
+        if agent_data is not None:
+            agent_data.extra_fields.setdefault(STEPS_KEY, []).append(record.as_dict())
+            agent_data.extra_fields[N_GOLD_KEY] = len(entities)
+        return (
+            ToolResponse(text=text),
+            0.0,
+            {"queries": record.queries, "hits": len(hits), "error": error is not None},
+        )

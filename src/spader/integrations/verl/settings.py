@@ -1,0 +1,73 @@
+"""The SPADER settings carried by a verl config (``algorithm.gamma`` and ``algorithm.spader``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spader.rewards import NOVELTY, cost_warmup_scale
+
+__all__ = ["SpaderSettings"]
+
+
+@dataclass(frozen=True)
+class SpaderSettings:
+    """Reward and advantage settings of a SPADER variant.
+
+    Attributes:
+        gamma: discount per decision step (``algorithm.gamma``).
+        alpha, beta, cost: entity-reward weights and tool cost per query.
+        novelty: ``inverse`` (paper) or ``exp_decay`` (authors' code).
+        free_steps, ramp_steps: tool-cost warm-up (authors' code); None when off.
+    """
+
+    gamma: float = 0.9
+    alpha: float = 1.0
+    beta: float = 4.0
+    cost: float = 0.01
+    novelty: str = "inverse"
+    free_steps: int | None = None
+    ramp_steps: int | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"algorithm.gamma must lie in [0, 1], got {self.gamma}")
+        for name in ("alpha", "beta", "cost"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"algorithm.spader.{name} must be >= 0, got {getattr(self, name)}")
+        if self.novelty not in NOVELTY:
+            raise ValueError(f"algorithm.spader.novelty must be one of {NOVELTY}, got {self.novelty!r}")
+        if (self.free_steps is None) != (self.ramp_steps is None):
+            raise ValueError("algorithm.spader.cost_warmup needs both free_steps and ramp_steps")
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> SpaderSettings:
+        """Read from a full verl config (DictConfig or nested mapping); errors name the key."""
+        algorithm = cfg["algorithm"]
+        block = algorithm.get("spader")
+        if block is None:
+            raise ValueError("algorithm.spader is missing: the SPADER trainer mode and estimators need it")
+        warmup = block.get("cost_warmup")
+        if warmup is not None and not isinstance(warmup, Mapping) and not hasattr(warmup, "keys"):
+            raise ValueError(f"algorithm.spader.cost_warmup must be null or a mapping, got {warmup!r}")
+        try:
+            return cls(
+                gamma=float(algorithm.get("gamma", 1.0)),
+                alpha=float(block["alpha"]),
+                beta=float(block["beta"]),
+                cost=float(block["cost"]),
+                novelty=str(block.get("novelty", "inverse")),
+                free_steps=None if warmup is None else int(warmup["free_steps"]),
+                ramp_steps=None if warmup is None else int(warmup["ramp_steps"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ValueError) and str(exc).startswith("algorithm."):
+                raise
+            raise ValueError(f"algorithm.spader is malformed ({type(exc).__name__}: {exc})") from exc
+
+    def cost_scale(self, global_step: int) -> float:
+        """Tool-cost multiplier at training step ``global_step`` (1 without a warm-up)."""
+        if self.free_steps is None:
+            return 1.0
+        return cost_warmup_scale(global_step, free_steps=self.free_steps, ramp_steps=self.ramp_steps)

@@ -1,0 +1,81 @@
+"""The ``multi_turn.tool_config_path`` YAML naming the SPADER search tool."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["TOOL_CLASS", "TOOL_NAME", "TOOL_SCHEMA", "write_tool_config"]
+
+TOOL_CLASS = "spader.integrations.verl.search_tool.SearchTool"
+TOOL_NAME = "search"
+
+#: OpenAI function schema of the tool. The chat template never sees it (the ``spader_tool_agent``
+#: loop hides tool schemas: the user prompt describes the protocol); verl uses the name.
+TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "Search Wikipedia; returns the top passages of every query.",
+        "parameters": {
+            "type": "object",
+            "properties": {"queries": {"type": "array", "description": "search queries (strings)"}},
+            "required": ["queries"],
+        },
+    },
+}
+
+
+def write_tool_config(
+    path: str | os.PathLike,
+    *,
+    service_url: str,
+    retrieval: Mapping[str, Any],
+    max_queries_per_call: int = 10,
+    max_chars: int,
+) -> Path:
+    """Write verl's tool YAML for :class:`spader.integrations.verl.search_tool.SearchTool`.
+
+    Args:
+        path: where to write the YAML (parent directories are created).
+        service_url: base URL of the retrieval service (``http://127.0.0.1:<port>``).
+        retrieval: the workflow's ``config["retrieval"]`` (``topk``, ``initial_k``,
+            ``service.request_timeout_s``, ``service.retries``, ``service.max_query_chars``).
+        max_queries_per_call: queries of one tool call beyond this are not run.
+        max_chars: observation budget in characters (``training.max_tool_response_chars``; give
+            verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
+    Returns:
+        The written path.
+    """
+    if not isinstance(service_url, str) or not service_url.startswith(("http://", "https://")):
+        raise ValueError(f"service_url must be an http(s) URL, got {service_url!r}")
+    if int(max_chars) < 1 or int(max_queries_per_call) < 1:
+        raise ValueError(
+            f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
+        )
+    service = retrieval.get("service") or {}
+    try:
+        config = {
+            "type": "native",
+            "retrieval_service_url": service_url,
+            "topk": int(retrieval["topk"]),
+            "initial_k": int(retrieval["initial_k"]),
+            "timeout": float(service.get("request_timeout_s", 120)),
+            "retries": int(service.get("retries", 3)),
+            "max_query_chars": int(service.get("max_query_chars", 1000)),
+            "max_queries_per_call": int(max_queries_per_call),
+            "max_chars": int(max_chars),
+        }
+    except KeyError as exc:
+        raise ValueError(
+            f"retrieval settings lack the key {exc.args[0]!r} (config key 'retrieval.{exc.args[0]}')"
+        ) from exc
+    doc = {"tools": [{"class_name": TOOL_CLASS, "config": config, "tool_schema": TOOL_SCHEMA}]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path

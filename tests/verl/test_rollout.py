@@ -1,0 +1,348 @@
+"""Search tool, tool parser and agent loop on CPU: a real verl ``ToolAgentLoop`` episode.
+
+The LLM server is replaced by a scripted generator (sglang needs a GPU); everything else is the
+real code: verl's agent loop and continuous-token tokenization with the tiny Qwen3 tokenizer, our
+parser, our ``BaseTool`` over the real ``RetrievalClient`` and a local retrieval service stand-in.
+"""
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("verl")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # noqa: E402
+from verl.tools.schemas import OpenAIFunctionToolSchema  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from spader.densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY  # noqa: E402
+from spader.integrations.verl.agent_loop import SpaderToolAgentLoop, SpaderToolParser  # noqa: E402
+from spader.integrations.verl.compose import compose  # noqa: E402
+from spader.integrations.verl.reward import compute_score  # noqa: E402
+from spader.integrations.verl.search_tool import SearchTool, fit_observation  # noqa: E402
+from spader.integrations.verl.tool_config import TOOL_SCHEMA, write_tool_config  # noqa: E402
+from spader.prompt import build_messages  # noqa: E402
+
+GOLD = {
+    "target": ["The Salt Orchard", "Winter Quay", "Harbour Lights", "Quiet Meadow"],
+    "entities": [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"], ["Harbour Lights"], ["Quiet Meadow"]],
+}
+
+
+def _tool(url, **overrides):
+    config = {
+        "type": "native",
+        "retrieval_service_url": url,
+        "topk": 2,
+        "initial_k": 10,
+        "timeout": 5,
+        "retries": 0,
+        "max_queries_per_call": 3,
+        "max_query_chars": 1000,
+        "max_chars": 2000,
+        **overrides,
+    }
+    return SearchTool(config, OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA))
+
+
+class _AgentData:
+    """The two attributes of verl's AgentData the tool uses."""
+
+    def __init__(self, turns):
+        self.assistant_turns = turns
+        self.extra_fields = {}
+
+
+async def _call(tool, parameters, agent_data, entities=GOLD["entities"]):
+    instance, _ = await tool.create(create_kwargs={"entities": entities})
+    try:
+        return await tool.execute(instance, parameters, agent_data=agent_data)
+    finally:
+        await tool.release(instance)
+
+
+def test_tool_records_hits_on_passages_never_on_queries(retrieval_service):
+    tool = _tool(retrieval_service.url)
+    data = _AgentData(turns=2)
+    # "Quiet Meadow" is a gold entity named in the query, but no passage contains it
+    response, reward, metrics = asyncio.run(_call(tool, {"queries": ["Quiet Meadow", "Salt Orchard"]}, data))
+    assert reward == 0.0
+    assert data.extra_fields[STEPS_KEY] == [{"turn": 2, "queries": 2, "hits": [0], "error": None}]
+    assert data.extra_fields[N_GOLD_KEY] == 4
+    assert 'Results for "Quiet Meadow":\n(no results)' in response.text
+    assert "Ilse Varga directed The Salt Orchard" in response.text
+    assert retrieval_service.requests[-1] == {
+        "queries": ["Quiet Meadow", "Salt Orchard"],
+        "return_scores": True,
+        "topk": 2,
+        "initial_k": 10,
+    }
+    assert metrics == {"queries": 2, "hits": 1, "error": False}
+
+
+def test_tool_caps_queries_and_sends_repeats_once(retrieval_service):
+    tool = _tool(retrieval_service.url, max_queries_per_call=3)
+    data = _AgentData(turns=1)
+    asyncio.run(
+        _call(tool, {"queries": ["winter quay", "winter quay", " ", "harbour", "salt", "extra"]}, data)
+    )
+    assert retrieval_service.requests[-1]["queries"] == ["winter quay", "harbour"]
+    assert data.extra_fields[STEPS_KEY][0]["queries"] == 3  # the cap counts the queries run
+    assert data.extra_fields[STEPS_KEY][0]["hits"] == [1, 2]
+
+
+def test_tool_budget_drops_low_ranked_passages_and_their_hits(retrieval_service):
+    full = _tool(retrieval_service.url, max_chars=100000)
+    data = _AgentData(turns=1)
+    text_full, _, _ = asyncio.run(_call(full, {"queries": ["ilse varga film"]}, data))
+    assert data.extra_fields[STEPS_KEY][0]["hits"] == [1, 2]  # Winter Quay, then Harbour Lights
+    # a budget that only fits the first passage: the second one (Harbour Lights) is neither shown nor hit
+    budget = len('Results for "ilse varga film":\n') + len("Doc 1 (Title: Winter Quay) ") + 60
+    small = _tool(retrieval_service.url, max_chars=budget)
+    data = _AgentData(turns=1)
+    text, _, _ = asyncio.run(_call(small, {"queries": ["ilse varga film"]}, data))
+    assert len(text.text) <= budget and "Harbour Lights" not in text.text
+    assert data.extra_fields[STEPS_KEY][0]["hits"] == [1]
+
+
+def test_fit_observation_takes_from_the_longest_list_first():
+    p = [{"title": f"T{i}", "text": "x" * 20} for i in range(3)]
+    text, shown = fit_observation(
+        ["a", "b"], [p, p[:1]], max_chars=len(fit_observation(["a", "b"], [p[:2], p[:1]], 10**6)[0])
+    )
+    assert [len(s) for s in shown] == [2, 1]
+    text, shown = fit_observation(["a"], [p], max_chars=5)
+    assert shown == [[]] and len(text) == 5
+
+
+def test_tool_error_observation_for_malformed_call_and_dead_service(retrieval_service):
+    tool = _tool(retrieval_service.url)
+    data = _AgentData(turns=1)
+    response, _, _ = asyncio.run(
+        _call(tool, {"queries": [], "error": "the tool call must be a JSON list"}, data)
+    )
+    assert response.text == "Error: the tool call must be a JSON list"
+    retrieval_service.fail_next = 1  # 503 with retries=0: the client gives up
+    response, _, metrics = asyncio.run(_call(tool, {"queries": ["salt"]}, data))
+    assert response.text.startswith("Error: search service unavailable")
+    assert [r["error"] is not None for r in data.extra_fields[STEPS_KEY]] == [True, True]
+    assert [r["queries"] for r in data.extra_fields[STEPS_KEY]] == [0, 0]
+    assert metrics["error"] is True
+
+
+def test_tool_requires_entities_and_config(retrieval_service):
+    with pytest.raises(ValueError, match="max_chars"):
+        _tool(retrieval_service.url, max_chars=None)
+    tool = _tool(retrieval_service.url)
+    with pytest.raises(ValueError, match="ground-truth entities"):
+        asyncio.run(tool.create(create_kwargs={}))
+
+
+def test_write_tool_config_is_loaded_by_verl(tmp_path, retrieval_service):
+    from verl.tools.tool_registry import initialize_tools_from_config
+
+    retrieval = {
+        "topk": 5,
+        "initial_k": 50,
+        "service": {"request_timeout_s": 30, "retries": 2, "max_query_chars": 500},
+    }
+    path = write_tool_config(
+        tmp_path / "tools" / "search.yaml",
+        service_url=retrieval_service.url,
+        retrieval=retrieval,
+        max_chars=11000,
+    )
+    (tool,) = initialize_tools_from_config(str(path))
+    assert isinstance(tool, SearchTool) and tool.name == "search"
+    assert (tool.topk, tool.initial_k, tool.max_chars, tool.max_queries, tool.max_query_chars) == (
+        5,
+        50,
+        11000,
+        10,
+        500,
+    )
+    with pytest.raises(ValueError, match="retrieval.topk"):
+        write_tool_config(
+            tmp_path / "x.yaml", service_url=retrieval_service.url, retrieval={"initial_k": 5}, max_chars=10
+        )
+
+
+@pytest.mark.parametrize(
+    "text, calls",
+    [
+        ('<think>x</think><tool_call>["a", "b"]</tool_call><|im_end|>', [{"queries": ["a", "b"]}]),
+        (
+            "<tool_call>not json</tool_call>",
+            [{"queries": [], "error": "the tool call must be a JSON list of query strings"}],
+        ),
+        ('<tool_call>["a"]</tool_call><answer>["A"]</answer>', []),  # an answer ends the episode
+        ("<think>only thinking</think>", []),
+    ],
+)
+def test_tool_parser(tokenizer, text, calls):
+    parser = SpaderToolParser(tokenizer)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    tools = [OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA)]
+    content, got = asyncio.run(parser.extract_tool_calls(ids, tools))
+    assert [json.loads(c.arguments) for c in got] == calls
+    assert all(c.name == "search" for c in got)
+    assert "<tool_call>" not in content or not got
+
+
+class ScriptedServer:
+    """Stand-in for the sglang server: returns the next scripted assistant turn as token ids."""
+
+    def __init__(self, tokenizer, turns):
+        self.tokenizer, self.turns, self.prompts = tokenizer, list(turns), []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.prompts.append(list(prompt_ids))
+        ids = self.tokenizer.encode(self.turns.pop(0) + "<|im_end|>", add_special_tokens=False)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
+
+
+def run_episode(tokenizer, url, turns, question="Which films did Ilse Varga direct?", response_length=4096):
+    """One real SpaderToolAgentLoop episode; returns (output, server)."""
+    cfg = compose(
+        "spader",
+        [
+            "actor_rollout_ref.model.path=/unused",
+            "actor_rollout_ref.rollout.prompt_length=1024",
+            f"actor_rollout_ref.rollout.response_length={response_length}",
+        ],
+    )
+    server = ScriptedServer(tokenizer, turns)
+
+    async def episode():
+        # built inside the running event loop, as verl's AgentLoopWorker does
+        loop = SpaderToolAgentLoop(
+            trainer_config=DictConfigWrap(cfg),
+            server_manager=server,
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data),
+            tools=ToolListWrap([_tool(url)]),
+            hf_model_type="qwen3",
+        )
+        return await loop.run(
+            {"temperature": 1.0},
+            raw_prompt=build_messages(question),
+            reward_model={"ground_truth": GOLD},
+            extra_info={},
+            tools_kwargs={},
+        )
+
+    return asyncio.run(episode()), server
+
+
+SEARCH_THEN_ANSWER = [
+    '<think>look up the meadow</think><tool_call>["Quiet Meadow"]</tool_call>',
+    '<tool_call>["Salt Orchard", "Winter Quay"]</tool_call>',
+    '<think>done</think><answer>["The Salt Orchard", "Winter Quay", "Nonsense"]</answer>',
+]
+
+
+def _runs(mask):
+    runs, prev = 0, 0
+    for m in mask:
+        runs += int(m == 1 and prev == 0)
+        prev = m
+    return runs
+
+
+def test_agent_loop_episode_records_steps_and_final_turn(tokenizer, retrieval_service):
+    output, server = run_episode(tokenizer, retrieval_service.url, SEARCH_THEN_ANSWER)
+    steps = output.extra_fields[STEPS_KEY]
+    assert [(s["turn"], s["queries"], s["hits"]) for s in steps] == [(1, 1, []), (2, 2, [0, 1])]
+    assert output.extra_fields[N_GOLD_KEY] == 4
+    assert (
+        '<answer>["The Salt Orchard", "Winter Quay", "Nonsense"]</answer>'
+        in output.extra_fields[FINAL_TURN_KEY]
+    )
+    # three assistant runs in the response mask, separated by the two observations
+    assert _runs(output.response_mask) == 3
+    text = tokenizer.decode(output.response_ids)
+    assert "<tool_response>" in text and "Ilse Varga directed The Salt Orchard" in text
+    # the chat template got no tool schemas: the prompt is the user message only
+    prompt = tokenizer.decode(server.prompts[0])
+    assert (
+        prompt.startswith("<|im_start|>user\n") and "Question: Which films did Ilse Varga direct?" in prompt
+    )
+    # the terminal reward reads the final turn only: P 2/3, R 2/4 -> F1 4/7
+    score = compute_score("qampari", tokenizer.decode(output.response_ids), GOLD, dict(output.extra_fields))
+    assert score["score"] == pytest.approx(4 / 7) and score["format_valid"] == 1.0
+
+
+def test_agent_loop_cut_by_the_turn_cap_is_an_invalid_format(tokenizer, retrieval_service):
+    turns = ['<tool_call>["salt"]</tool_call>'] * 16 + ['<answer>["never reached"]</answer>']
+    output, _ = run_episode(tokenizer, retrieval_service.url, turns)
+    assert _runs(output.response_mask) == 16 and len(output.extra_fields[STEPS_KEY]) == 15
+    score = compute_score("qampari", "", GOLD, dict(output.extra_fields))
+    assert (score["score"], score["format_valid"]) == (-1.0, 0.0)
+    code = compute_score("qampari", "", GOLD, dict(output.extra_fields), invalid_format_reward=0.0)
+    assert code["score"] == 0.0
+
+
+def test_reward_needs_the_spader_agent_loop_and_ground_truth():
+    with pytest.raises(KeyError, match="spader_tool_agent"):
+        compute_score("qampari", '<answer>["A"]</answer>', GOLD, {})
+    with pytest.raises(ValueError, match="neither 'entities' nor 'target'"):
+        compute_score("qampari", "", {"answers": []}, {FINAL_TURN_KEY: '<answer>["A"]</answer>'})
+    # target only: one alias per entity; numpy arrays from a parquet read-back work too
+    np = pytest.importorskip("numpy")
+    gt = {"target": np.array(["Xu", "Yi"], dtype=object), "entities": None}
+    assert compute_score("x", "", gt, {FINAL_TURN_KEY: '<answer>["xu"]</answer>'})["score"] == pytest.approx(
+        2 / 3
+    )
+
+
+def test_composed_agent_settings_name_the_registered_pieces():
+    cfg = compose("spader", [])
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    assert (multi_turn.format, cfg.actor_rollout_ref.rollout.agent.default_agent_loop) == (
+        "spader",
+        "spader_tool_agent",
+    )
+    assert OmegaConf.select(cfg, "data.return_raw_chat") is True
+
+
+def test_real_episodes_through_the_trainer_mode(tokenizer, retrieval_service, fake_tq):
+    """Two real episodes of one prompt -> terminal reward -> TransferQueue fields as the agent-loop
+    worker writes them -> spader_sync densification -> verl's advantage dispatch."""
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from spader.reference import reference_token_advantages
+
+    searcher, _ = run_episode(tokenizer, retrieval_service.url, SEARCH_THEN_ANSWER)
+    direct, _ = run_episode(tokenizer, retrieval_service.url, ['<answer>["Winter Quay"]</answer>'])
+    keys = []
+    for i, out in enumerate([searcher, direct]):
+        out.reward_score = compute_score("qampari", "", GOLD, dict(out.extra_fields))["score"]
+        keys.append(f"uid0_{i}_0")
+        fields = out.as_dict()
+        # written by the actor's old-log-prob pass, which runs before the advantage (GPU)
+        fields["old_log_probs"] = fields["rollout_log_probs"].clone()
+        fake_tq.put_samples([keys[-1]], [{**fields, "uid": "uid0"}])
+    trainer = get_trainer_cls("spader_sync")(compose("spader", ["actor_rollout_ref.model.path=/unused"]))
+    trainer.global_steps = 1
+    batch = KVBatchMeta(keys=keys, tags=[{}, {}], partition_id="train")
+    metrics = {}
+    trainer._compute_advantage(batch, metrics)
+    rewards = [fake_tq.store[("train", k)]["rm_scores"].tolist() for k in keys]
+    masks = [fake_tq.store[("train", k)]["response_mask"].tolist() for k in keys]
+    # searcher: turn 1 finds nothing with 1 query, turn 2 finds entities 0 and 1 (unique in the
+    # group: alpha + beta each) with 2 queries, answers F1 4/7; direct answer: P 1, R 1/4 -> F1 0.4
+    assert sorted(v for v in rewards[0] if v) == pytest.approx(sorted([-0.01 / 4, (10 - 0.02) / 4, 4 / 7]))
+    assert [v for v in rewards[1] if v] == [pytest.approx(0.4)]
+    assert metrics["spader/new_entities/mean"] == 1.0 and metrics["spader/missing_step_records"] == 0.0
+    width = max(len(r) for r in rewards)
+    pad = lambda rows: [r + [0] * (width - len(r)) for r in rows]  # noqa: E731
+    expected = reference_token_advantages(pad(rewards), pad(masks), ["uid0", "uid0"], gamma=0.9)
+    got = [fake_tq.store[("train", k)]["advantages"].tolist() for k in keys]
+    for row, exp in zip(got, expected):
+        assert row == pytest.approx(exp[: len(row)], abs=1e-5)
