@@ -18,6 +18,7 @@ __all__ = [
     "build_messages",
     "format_passages",
     "format_observation",
+    "fit_observation",
 ]
 
 PROMPT_TEMPLATE = (
@@ -71,3 +72,33 @@ def format_observation(results: Sequence[tuple[str, Sequence[dict]]], error: str
         body = format_passages(passages) if passages else "(no results)"
         blocks.append(f"Results for {json.dumps(query, ensure_ascii=False)}:\n{body}")
     return "\n\n".join(blocks)
+
+
+def fit_observation(
+    queries: Sequence[str], passages: Sequence[Sequence[dict]], max_chars: int
+) -> tuple[str, list[list[dict]]]:
+    """Observation text of one search step within ``max_chars``, and the passages it shows.
+
+    Used by the training search tool and by evaluation, so the model sees the same text and the
+    discovery reward counts the same passages in both. Passages are dropped lowest rank first,
+    from the query showing the most (the later one on ties), until the text fits; if even the
+    bare query headers do not fit, the text is cut and shows no passage.
+
+    Args:
+        queries: the step's queries, in order.
+        passages: ``passages[q]`` ranked passages (dicts with ``title``, ``text``) of query q.
+        max_chars: character budget of the observation.
+    Returns:
+        ``(text, shown)`` with ``shown[q]`` the passages of query q present in ``text``.
+    """
+    keep = [len(p) for p in passages]
+    while True:
+        shown = [list(p[:k]) for p, k in zip(passages, keep, strict=True)]
+        text = format_observation(list(zip(queries, shown, strict=True)))
+        if len(text) <= max_chars or not any(keep):
+            break
+        most = max(keep)
+        keep[max(i for i, k in enumerate(keep) if k == most)] -= 1
+    if len(text) > max_chars:
+        return text[:max_chars], [[] for _ in queries]
+    return text, shown

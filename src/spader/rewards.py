@@ -29,6 +29,7 @@ __all__ = [
     "NOVELTY",
     "cost_warmup_scale",
     "find_hits",
+    "passage_hits",
     "group_step_rewards",
     "novelty_premium",
     "search_step_rewards",
@@ -67,6 +68,17 @@ def find_hits(passages: Iterable[str], entities: Sequence[Sequence[str]]) -> set
         if any(f" {a} " in text for a in aliases):
             hits.add(i)
     return hits
+
+
+def passage_hits(shown: Sequence[Sequence[dict]], entities: Sequence[Sequence[str]]) -> set[int]:
+    """Entities hit by the passages one search step showed (``shown[q]``: passages of query q).
+
+    Titles and texts are matched separately, so no alias spans the two; queries are never
+    searched. Training's search tool and evaluation both call this on the passages that
+    :func:`spader.prompt.fit_observation` kept in the observation.
+    """
+    texts = [s for passages in shown for p in passages for s in (p.get("title", ""), p.get("text", ""))]
+    return find_hits(texts, entities) if texts and entities else set()
 
 
 def novelty_premium(n_found: int, *, novelty: str = "inverse") -> float:

@@ -143,3 +143,14 @@ def test_bad_inputs_raise_clear_errors(hits, queries, n_gt, message):
 def test_terminal_reward_rejects_out_of_range_f1():
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         terminal_reward(1.5)
+
+
+def test_passage_hits_matches_titles_and_texts_separately():
+    from spader.rewards import passage_hits
+
+    shown = [[{"title": "Salt Orchard", "text": "a film by Ilse Varga"}], [{"title": "Winter", "text": "Quay of the port"}]]
+    entities = [["The Salt Orchard"], ["Ilse Varga"], ["Winter Quay"], ["port"]]
+    # "Winter" + "Quay" only span title and text: no hit; queries are not part of the input at all
+    assert passage_hits(shown, entities) == {0, 1, 3}
+    assert passage_hits([[]], entities) == set()
+    assert passage_hits(shown, []) == set()

@@ -22,7 +22,8 @@ from spader.densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY  # noqa: E402
 from spader.integrations.verl.agent_loop import SpaderToolAgentLoop, SpaderToolParser  # noqa: E402
 from spader.integrations.verl.compose import compose  # noqa: E402
 from spader.integrations.verl.reward import compute_score  # noqa: E402
-from spader.integrations.verl.search_tool import SearchTool, fit_observation  # noqa: E402
+from spader.integrations.verl.search_tool import SearchTool  # noqa: E402
+from spader.prompt import fit_observation  # noqa: E402
 from spader.integrations.verl.tool_config import TOOL_SCHEMA, write_tool_config  # noqa: E402
 from spader.prompt import build_messages  # noqa: E402
 

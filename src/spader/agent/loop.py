@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 
 from spader.agent.engines import Engine, Sampling
 from spader.parsing import AnswerParse, parse_turn
-from spader.prompt import build_messages, format_observation
-from spader.rewards import find_hits
+from spader.prompt import build_messages, fit_observation, format_observation
+from spader.rewards import passage_hits
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,6 @@ __all__ = [
     "Question",
     "SearchFn",
     "Step",
-    "fit_observation",
     "render_prompt",
     "run_episodes",
 ]
@@ -162,29 +161,6 @@ def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def fit_observation(
-    queries: Sequence[str], passages: Sequence[Sequence[dict]], max_chars: int
-) -> tuple[str, list[list[dict]]]:
-    """Observation text within ``max_chars`` and the passages it shows.
-
-    Same rule as training's search tool (``spader.integrations.verl.search_tool.fit_observation``,
-    kept identical by tests/agent/test_loop.py): passages are dropped lowest rank first, from the
-    query showing the most (the later one on ties); if even the bare headers do not fit, the
-    text is cut and shows no passage.
-    """
-    keep = [len(p) for p in passages]
-    while True:
-        shown = [list(p[:k]) for p, k in zip(passages, keep, strict=True)]
-        text = format_observation(list(zip(queries, shown, strict=True)))
-        if len(text) <= max_chars or not any(keep):
-            break
-        most = max(keep)
-        keep[max(i for i, k in enumerate(keep) if k == most)] -= 1
-    if len(text) > max_chars:
-        return text[:max_chars], [[] for _ in queries]
-    return text, shown
-
-
 def _record_passages(
     ep: Episode, step: Step, queries: list[str], passages: list[list[dict]], settings
 ) -> None:
@@ -192,8 +168,7 @@ def _record_passages(
     training), matched on titles and texts, never on the queries."""
     text, shown = fit_observation(queries, passages, settings.max_tool_response_chars)
     step.passage_ids = [[str(p.get("id", "")) for p in ps] for ps in shown]
-    texts = [s for ps in shown for p in ps for s in (p.get("title", ""), p.get("text", ""))]
-    hits = find_hits(texts, ep.question.gold) if ep.question.gold and texts else set()
+    hits = passage_hits(shown, ep.question.gold)
     step.hits = sorted(hits)
     step.new_entities = sorted(hits - ep._seen)
     ep._seen |= hits

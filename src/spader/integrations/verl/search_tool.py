@@ -31,10 +31,10 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from spader.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
-from spader.prompt import format_observation
-from spader.rewards import find_hits
+from spader.prompt import fit_observation, format_observation
+from spader.rewards import passage_hits
 
-__all__ = ["SearchTool", "as_alias_lists", "fit_observation"]
+__all__ = ["SearchTool", "as_alias_lists"]
 
 log = logging.getLogger(__name__)
 
@@ -52,36 +52,6 @@ def as_alias_lists(entities: Any) -> list[list[str]]:
         else:
             out.append([str(a) for a in aliases])
     return out
-
-
-def fit_observation(
-    queries: Sequence[str], passages: Sequence[Sequence[dict]], max_chars: int
-) -> tuple[str, list[list[dict]]]:
-    """Observation text within ``max_chars`` and the passages it shows.
-
-    Passages are dropped lowest rank first, taking from the query that shows the most passages
-    (the later query on ties), until the text fits; if even the bare query headers do not fit,
-    the text is cut and shows no passage.
-
-    Args:
-        queries: the step's queries, in order.
-        passages: ``passages[q]`` ranked passages (dicts with ``title``, ``text``) of query q.
-        max_chars: character budget of the observation.
-    Returns:
-        ``(text, shown)`` with ``shown[q]`` the passages of query q present in ``text``.
-    """
-    keep = [len(p) for p in passages]
-    while True:
-        shown = [list(p[:k]) for p, k in zip(passages, keep)]
-        text = format_observation(list(zip(queries, shown)))
-        if len(text) <= max_chars or not any(keep):
-            break
-        most = max(keep)
-        q = max(i for i, k in enumerate(keep) if k == most)
-        keep[q] -= 1
-    if len(text) > max_chars:
-        return text[:max_chars], [[] for _ in queries]
-    return text, shown
 
 
 class SearchTool(BaseTool):
@@ -160,8 +130,7 @@ class SearchTool(BaseTool):
                 error = f"search service unavailable ({type(exc).__name__})"
             else:
                 text, shown = fit_observation(queries, passages, self.max_chars)
-                texts = [s for ps in shown for p in ps for s in (p.get("title", ""), p.get("text", ""))]
-                hits = find_hits(texts, entities) if texts else set()
+                hits = passage_hits(shown, entities)
         if error is not None:
             text = format_observation([], error=error)[: self.max_chars]
         record = StepRecord(
