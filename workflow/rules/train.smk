@@ -1,12 +1,15 @@
-# Training: verl per backbone x variant (issues #5, #6). Checkpoints are written to
-# results/{backbone}/train/{variant}/work/, which is deliberately not a declared output:
-# Snakemake deletes the outputs of a failed job, and a rerun must resume from the checkpoints.
+# Training: verl per backbone x variant (issues #5, #6; logic in spader.training). Checkpoints
+# are written to results/{backbone}/train/{variant}/work/, which is deliberately not a declared
+# output: Snakemake deletes the outputs of a failed job, and a rerun resumes from the newest
+# complete checkpoint there. The job starts its own retrieval service on the node, and its MLflow
+# run receives verl's per-step metrics. Cluster requests (CPUs, one task, partition) live in
+# profiles/slurm, never here.
 
 
 rule train_policy:
     input:
-        train=expand("results/{suite}/data/verl/train.parquet", suite=SUITE),
-        val=expand("results/{suite}/data/verl/val.parquet", suite=SUITE),
+        train=f"results/{SUITE}/data/verl/train.parquet",
+        val=f"results/{SUITE}/data/verl/val.parquet",
         index=get_index(),
         model=get_backbone_model,
         reranker=get_reranker,

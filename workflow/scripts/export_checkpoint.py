@@ -1,3 +1,6 @@
-"""Glue for rule export_checkpoint. Logic: spader.training (issue #6)."""
+"""Glue for rule export_checkpoint. Logic: spader.training.export (issue #6)."""
+from spader.glue import job
+from spader.training.export import export_checkpoint
 
-raise SystemExit("rule export_checkpoint: not built yet (issue #6); it writes no output until spader.training lands")
+with job(snakemake):
+    export_checkpoint(snakemake.input.final, snakemake.output.model, snakemake.output.meta)

@@ -1,3 +1,6 @@
-"""Glue for rule train_policy. Logic: spader.training (issue #6)."""
+"""Glue for rule train_policy. Logic: spader.training.run (issue #6)."""
+from spader.glue import job
+from spader.training.run import TrainJob, run_training
 
-raise SystemExit("rule train_policy: not built yet (issue #6); it writes no output until spader.training lands")
+with job(snakemake) as run:
+    run_training(TrainJob.from_snakemake(snakemake), run=run)

@@ -1,0 +1,200 @@
+"""verl checkpoints in a training work directory: which one a rerun resumes from, and the
+per-step metrics of every attempt.
+
+Layout written by verl 0.9.1 under ``trainer.default_local_dir`` (``PPOTrainer._save_checkpoint``)::
+
+    latest_checkpointed_iteration.txt      # "N", written last, after a complete save
+    global_step_N/actor/model_world_size_W_rank_R.pt  (one per rank), optim_..., extra_state_...,
+                 actor/fsdp_config.json, actor/huggingface/ (config + tokenizer)
+    global_step_N/critic/...               # PPO only
+    global_step_N/data.pt                  # dataloader state, saved after actor and critic
+
+verl's own ``resume_mode=auto`` trusts the tracker file blindly: a tracker that names a
+directory which is gone makes it train from scratch, and a save interrupted by a kill leaves
+a ``global_step_N`` that it would never consider. :func:`latest_checkpoint` instead returns the
+newest *complete* checkpoint and the job passes it to verl explicitly
+(``trainer.resume_mode=resume_path``), so the step a run resumes from is decided and logged here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from spader.training.launch import hydra_value
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "TRACKER_FILE",
+    "Checkpoint",
+    "complete_checkpoints",
+    "latest_checkpoint",
+    "new_metrics_file",
+    "read_step_metrics",
+    "resume_overrides",
+]
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_MODEL_SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One complete verl checkpoint: ``step`` and its ``global_step_<step>`` directory."""
+
+    step: int
+    path: Path
+
+    @property
+    def actor_dir(self) -> Path:
+        """The FSDP actor shards that ``export_checkpoint`` merges into a Hugging Face model."""
+        return self.path / "actor"
+
+
+def _incomplete_reason(step_dir: Path) -> str | None:
+    """Why ``step_dir`` cannot be resumed from, or None when it is complete."""
+    if not (step_dir / "data.pt").is_file():
+        return "no data.pt (verl writes it after the actor and critic shards)"
+    actor = step_dir / "actor"
+    config = actor / "fsdp_config.json"
+    if not config.is_file():
+        return "no actor/fsdp_config.json"
+    try:
+        world_size = int(json.loads(config.read_text())["world_size"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"unreadable actor/fsdp_config.json ({exc})"
+    ranks = set()
+    for f in actor.iterdir():
+        m = _MODEL_SHARD.match(f.name)
+        if m and int(m.group(1)) == world_size:
+            ranks.add(int(m.group(2)))
+    missing = sorted(set(range(world_size)) - ranks)
+    if missing:
+        return f"actor model shards missing for ranks {missing} of world size {world_size}"
+    return None
+
+
+def complete_checkpoints(ckpt_dir: str | os.PathLike) -> list[Checkpoint]:
+    """Every complete ``global_step_N`` under ``ckpt_dir``, oldest first.
+
+    Incomplete ones (a save interrupted by a kill) are skipped with a warning naming what is
+    missing.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for d in ckpt_dir.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if not (m and d.is_dir()):
+            continue
+        reason = _incomplete_reason(d)
+        if reason:
+            log.warning("ignoring incomplete checkpoint %s: %s", d, reason)
+            continue
+        found.append(Checkpoint(int(m.group(1)), d))
+    return sorted(found, key=lambda c: c.step)
+
+
+def _tracked_step(ckpt_dir: Path) -> int | None:
+    tracker = ckpt_dir / TRACKER_FILE
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        log.warning("%s holds %r, not a step number; ignoring it", tracker, text)
+        return None
+    return int(text)
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Checkpoint | None:
+    """The checkpoint a rerun should resume from: the newest complete one, or None.
+
+    verl writes the tracker file after a save completes, so normally the tracker names the
+    newest complete checkpoint. When they disagree (tracker missing, naming a deleted or
+    incomplete directory, or an older step than a complete newer save) the newest complete
+    checkpoint wins and the disagreement is logged.
+
+    Args:
+        ckpt_dir: verl's ``trainer.default_local_dir``.
+
+    Returns:
+        The checkpoint, or None when there is nothing to resume from.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    complete = complete_checkpoints(ckpt_dir)
+    tracked = _tracked_step(ckpt_dir)
+    if not complete:
+        if tracked is not None:
+            log.warning("%s names step %d but no complete checkpoint exists", ckpt_dir / TRACKER_FILE, tracked)
+        return None
+    latest = complete[-1]
+    if tracked != latest.step:
+        log.warning(
+            "%s names step %s; resuming from the newest complete checkpoint, step %d",
+            ckpt_dir / TRACKER_FILE,
+            tracked,
+            latest.step,
+        )
+    return latest
+
+
+def resume_overrides(checkpoint: Checkpoint | None) -> list[str]:
+    """verl overrides that resume from ``checkpoint`` (absolute path), or start from scratch.
+
+    Starting from scratch uses ``resume_mode=disable`` rather than ``auto``, so that a stray
+    tracker file can never make verl load a checkpoint this module rejected.
+    """
+    if checkpoint is None:
+        return ["trainer.resume_mode=disable"]
+    return [
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={hydra_value(os.path.abspath(checkpoint.path))}",
+    ]
+
+
+def new_metrics_file(metrics_dir: str | os.PathLike) -> Path:
+    """Path for the next attempt's verl ``file`` logger output (``attempt_001.jsonl``, ...).
+
+    verl's FileLogger truncates its file when it starts, so every attempt of a job (a rerun
+    after a failure resumes from a checkpoint) writes its own file.
+    """
+    metrics_dir = Path(metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    n = len(list(metrics_dir.glob("attempt_*.jsonl"))) + 1
+    return metrics_dir / f"attempt_{n:03d}.jsonl"
+
+
+def read_step_metrics(metrics_dir: str | os.PathLike) -> dict[int, dict]:
+    """Per-step metrics of all attempts, ``{step: {name: value}}``.
+
+    A later attempt re-runs the steps after the checkpoint it resumed from, so for a step that
+    several attempts logged, the last attempt's record wins. Lines that are not JSON (a process
+    killed mid-write) are skipped and counted in a warning.
+    """
+    steps: dict[int, dict] = {}
+    for f in sorted(Path(metrics_dir).glob("attempt_*.jsonl")):
+        bad = 0
+        attempt: dict[int, dict] = {}
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    step = int(record["step"])
+                    data = dict(record["data"])
+                except (ValueError, KeyError, TypeError):
+                    bad += 1
+                    continue
+                attempt.setdefault(step, {}).update(data)  # verl may log one step in parts
+        steps.update(attempt)
+        if bad:
+            log.warning("%s: skipped %d unreadable line(s)", f, bad)
+    return dict(sorted(steps.items()))

@@ -1,0 +1,370 @@
+"""The verl command line of one training job, composed from the workflow config.
+
+A launch is ``python -m spader.integrations.verl.main --config-path <config/verl> --config-name
+<variant's YAML> <overrides...>``. The overrides come in three layers, later ones replacing
+earlier ones key by key:
+
+1. the method's: :func:`spader.integrations.verl.overrides.method_overrides` turns the variant
+   (advantage, reward, alpha, beta, cost) into verl keys, and :func:`training_overrides` every
+   number of ``config["training"]`` (config.yaml is the single source of them at launch; the
+   verl YAMLs carry the paper's values only so that they compose on their own);
+2. the job's (:func:`job_overrides`): data files, base model, GPUs, CPUs for Ray, checkpoint
+   directory, loggers, tool config; then the resume point
+   (:func:`spader.training.checkpoints.resume_overrides`);
+3. extra ones (the GPU smoke test shrinks the run with them).
+
+The composed command is checked in-process with Hydra before anything starts
+(:func:`compose_config`), and :func:`run_command` runs it as its own process group so that a
+failure or a SIGTERM from the scheduler takes the whole Ray tree down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spader.training import ENTRY_MODULE
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "LaunchPlan",
+    "build_plan",
+    "compose_config",
+    "hydra_value",
+    "job_overrides",
+    "log_stream",
+    "merge_overrides",
+    "override_key",
+    "run_command",
+    "training_overrides",
+    "write_plan",
+]
+
+# Unquoted Hydra values may use these characters (hydra/grammar/OverrideLexer.g4, ID and
+# UNQUOTED_CHAR, minus the ones that start interpolations or escapes).
+_PLAIN = re.compile(r"^[A-Za-z0-9_\-+./:@%*?|]+$")
+# Strings Hydra would read as another type unless quoted.
+_TYPED = re.compile(
+    r"^([+-]?(\d[\d_]*)?(\.\d*)?([eE][+-]?\d+)?|[+-]?(inf|nan)|true|false|null)$", re.IGNORECASE
+)
+# Environment variables that verl reads inside Ray actors (its Tracking runs in the TaskRunner).
+_RAY_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "VERL_FILE_LOGGER_PATH")
+
+
+def hydra_value(value: Any) -> str:
+    """Render ``value`` as a Hydra command-line override value that parses back to itself.
+
+    Strings that are not plain identifiers/paths, or that would read as a number, bool or null,
+    are single-quoted (with ``\\`` and ``'`` escaped); lists become ``[a,b]``. A string containing
+    ``${`` is refused (OmegaConf would resolve it as an interpolation).
+
+    >>> hydra_value("/data/train.parquet"), hydra_value("1e-5"), hydra_value(["console", "mlflow"])
+    ('/data/train.parquet', "'1e-5'", '[console,mlflow]')
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise ValueError(f"cannot pass {value!r} to verl")
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError(f"cannot render {type(value).__name__} {value!r} as a Hydra override value")
+    if value and _PLAIN.match(value) and not _TYPED.match(value):
+        return value
+    if "${" in value:
+        # OmegaConf would resolve it as an interpolation inside verl; no path or name needs one.
+        raise ValueError(f"refusing to pass {value!r} to verl: '${{' starts an OmegaConf interpolation")
+    # Inside quotes Hydra unescapes backslashes only where they precede a quote or end the string.
+    escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def override_key(override: str) -> str:
+    """The config key an override sets (``+a.b=1`` -> ``a.b``; ``~a.b`` -> ``a.b``)."""
+    key = override.split("=", 1)[0]
+    return key.lstrip("+~")
+
+
+def merge_overrides(*layers: Iterable[str]) -> list[str]:
+    """Concatenate override layers; a key set again in a later layer replaces the earlier one.
+
+    Hydra applies a key given twice in list order and refuses to add a ``+key`` twice, so which
+    layer wins is decided here, once, and logged.
+    """
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for ov in layer:
+            key = override_key(ov)
+            if key in merged and merged[key] != ov:
+                log.info("override %r replaces %r", ov, merged[key])
+                del merged[key]  # keep layer order: the replacement goes where its layer puts it
+            merged[key] = ov
+    return list(merged.values())
+
+
+def job_overrides(
+    *,
+    train_file: str | os.PathLike,
+    val_file: str | os.PathLike,
+    model_dir: str | os.PathLike,
+    gpus: int,
+    ray_cpus: int,
+    ckpt_dir: str | os.PathLike,
+    tool_config: str | os.PathLike,
+    project: str,
+    run_name: str,
+    loggers: Sequence[str],
+    env: Mapping[str, str],
+) -> list[str]:
+    """The overrides that tie a verl run to this job (all paths made absolute).
+
+    Args:
+        train_file, val_file: the job's verl parquet inputs.
+        model_dir: local directory of the base model.
+        gpus: GPUs of the (single) node; ``trainer.n_gpus_per_node``.
+        ray_cpus: CPUs Ray may use (the job's threads; verl's YAML asks for a fixed number on SLURM).
+        ckpt_dir: ``trainer.default_local_dir``, inside the work directory Snakemake never deletes.
+        tool_config: the search tool YAML written once the retrieval service is up.
+        project, run_name: verl's ``trainer.project_name``/``experiment_name``.
+        loggers: verl tracking backends, e.g. ``["console", "file", "mlflow"]``.
+        env: variables verl's tracking reads; forwarded to the Ray runtime env as well.
+
+    Returns:
+        Override strings.
+    """
+
+    def path(p: str | os.PathLike) -> str:
+        return hydra_value(os.path.abspath(p))
+
+    overrides = [
+        f"data.train_files={path(train_file)}",
+        f"data.val_files={path(val_file)}",
+        f"actor_rollout_ref.model.path={path(model_dir)}",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={int(gpus)}",
+        f"trainer.default_local_dir={path(ckpt_dir)}",
+        f"trainer.project_name={hydra_value(project)}",
+        f"trainer.experiment_name={hydra_value(run_name)}",
+        f"trainer.logger={hydra_value(list(loggers))}",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path(tool_config)}",
+        f"ray_kwargs.ray_init.num_cpus={int(ray_cpus)}",
+        # A private Ray instance per job, even on a node where someone ran `ray start`.
+        "+ray_kwargs.ray_init.address=local",
+    ]
+    for name in _RAY_ENV:
+        if name in env:
+            overrides.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={hydra_value(env[name])}")
+    return overrides
+
+
+def training_overrides(training: Mapping[str, Any]) -> list[str]:
+    """``config["training"]`` as verl overrides, through the mapping of issue #5
+    (:data:`spader.integrations.verl.overrides.TRAINING_KEYS`).
+
+    Raises:
+        KeyError: a mapped training key is missing (the message names ``training.<key>``).
+    """
+    from spader.integrations.verl.overrides import TRAINING_KEYS
+
+    out = []
+    for name, key in TRAINING_KEYS.items():
+        if name not in training:
+            raise KeyError(f"config key 'training.{name}' is missing (verl's {key})")
+        out.append(f"{key}={hydra_value(training[name])}")
+    return out
+
+
+@dataclass
+class LaunchPlan:
+    """A composed verl launch: what runs, with which overrides and environment."""
+
+    config_dir: Path
+    config_name: str
+    overrides: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    entry: tuple[str, ...] = (sys.executable, "-m", ENTRY_MODULE)
+
+    @property
+    def argv(self) -> list[str]:
+        """The full command line."""
+        return [
+            *self.entry,
+            "--config-path",
+            os.path.abspath(self.config_dir),
+            "--config-name",
+            self.config_name,
+            *self.overrides,
+        ]
+
+    @property
+    def config_overrides(self) -> list[str]:
+        """The overrides that shape the training config (Hydra's own ``hydra.*`` left out)."""
+        return [ov for ov in self.overrides if not override_key(ov).startswith("hydra.")]
+
+    def get(self, key: str) -> str | None:
+        """The raw value an override sets for ``key`` (None when no override sets it)."""
+        for ov in self.overrides:
+            if override_key(ov) == key and "=" in ov:
+                return ov.split("=", 1)[1]
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"argv": self.argv, "env": dict(sorted(self.env.items()))}
+
+
+def build_plan(
+    *,
+    variant: Mapping[str, Any],
+    training: Mapping[str, Any],
+    config_dir: str | os.PathLike,
+    job: Sequence[str],
+    resume: Sequence[str],
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    entry: Sequence[str] | None = None,
+) -> LaunchPlan:
+    """Compose the launch of one variant: method overrides, then job, resume and extra ones.
+
+    Args:
+        variant: ``config["variants"][v]`` (its ``verl_config`` names the YAML in ``config_dir``).
+        training: ``config["training"]``.
+        config_dir: the project's verl YAML directory (``config/verl``).
+        job: :func:`job_overrides`.
+        resume: :func:`spader.training.checkpoints.resume_overrides`.
+        extra: overrides applied last (the GPU smoke test).
+        env: environment variables for the verl process.
+        entry: the command before ``--config-path`` (default: ``python -m`` the verl entry point).
+
+    Returns:
+        The plan.
+    """
+    from spader.integrations.verl.overrides import method_overrides
+
+    method = [*method_overrides(dict(variant), dict(training)), *training_overrides(training)]
+    plan = LaunchPlan(
+        config_dir=Path(config_dir),
+        config_name=str(variant["verl_config"]),
+        overrides=merge_overrides(method, job, resume, extra),
+        env=dict(env or {}),
+    )
+    if entry is not None:
+        plan.entry = tuple(entry)
+    return plan
+
+
+def compose_config(plan: LaunchPlan):
+    """Compose and validate the plan's training config in-process (a dry run of the launch).
+
+    Uses the same Hydra composition as the entry point, so an unknown key, a bad value or a
+    missing variant YAML fails here, before a retrieval service or GPU is touched.
+
+    Returns:
+        The composed ``DictConfig``.
+    """
+    from spader.integrations.verl.compose import compose, validate
+
+    cfg = compose(plan.config_name, plan.config_overrides, config_dir=os.path.abspath(plan.config_dir))
+    validate(cfg)
+    return cfg
+
+
+class Terminated(Exception):
+    """The job received SIGTERM (scheduler time limit, ``scancel``, Snakemake shutting down)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(f"received signal {signal.Signals(signum).name}")
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the process group of ``proc`` (verl, Ray and its workers), then SIGKILL."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        log.warning("verl did not stop within %.0f s of SIGTERM; killing its process group", grace_s)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_command(argv: Sequence[str], *, env: Mapping[str, str], output=None, grace_s: float = 60.0) -> int:
+    """Run ``argv`` in its own process group and return its exit code.
+
+    Args:
+        argv: the command.
+        env: variables added to this process's environment.
+        output: an open file (with a descriptor) that receives stdout and stderr, typically the
+            job's log, shared with this process so the two never overwrite each other; None
+            inherits this process's streams.
+        grace_s: seconds between SIGTERM and SIGKILL when stopping the group.
+
+    SIGTERM received while waiting (and any exception) stops the whole group - verl, Ray and its
+    workers - before propagating as :class:`Terminated`.
+    """
+    if output is not None:
+        output.write("$ " + " ".join(argv) + "\n")
+        output.flush()
+    proc = subprocess.Popen(
+        list(argv),
+        env={**os.environ, **env},
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+        start_new_session=True,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _in_main_thread() else None
+    try:
+        return proc.wait()
+    except BaseException:
+        _stop_group(proc, grace_s)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def log_stream():
+    """This process's stderr when it is a real file (``spader.glue`` points it at the job's
+    log), for :func:`run_command`'s ``output``; None otherwise (pytest capture and the like)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return sys.stderr
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def write_plan(plan: LaunchPlan, path: str | os.PathLike) -> Path:
+    """Record the exact launch (argv and added environment) as JSON."""
+    path = Path(path)
+    path.write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+    return path

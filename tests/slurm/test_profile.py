@@ -1,0 +1,111 @@
+"""The SLURM profile, without SLURM: `snakemake -n --profile slurm` over the paper DAG, the
+resources each job ends up with, and the sbatch line the pinned plugin (2.6.1) builds from them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def _parse_value(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _dry_run_jobs(target: str) -> dict[str, list[dict]]:
+    """{rule: [resources of each job]} from the dry run's job listing."""
+    proc = subprocess.run(
+        [*SNAKEMAKE, "-n", "--profile", "slurm", target], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs: dict[str, list[dict]] = defaultdict(list)
+    rule = None
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):$", line)
+        if m:
+            rule = m.group(1)
+        elif rule and line.strip().startswith("resources:"):
+            items = line.split("resources:", 1)[1].split(", ")
+            jobs[rule].append({k: _parse_value(v) for k, v in (i.split("=", 1) for i in items)})
+            rule = None
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def paper_jobs():
+    return _dry_run_jobs("results/qwen3_8b/f1.tsv")
+
+
+def test_profile_is_found_as_typed():
+    """`--profile NAME` searches ./NAME, so the repository root links slurm -> profiles/slurm."""
+    assert (REPO / "slurm").resolve() == (REPO / "profiles" / "slurm").resolve()
+    assert (REPO / "slurm" / "profile.yaml").is_file()
+
+
+def test_paper_dag_dry_runs_with_the_profile(paper_jobs):
+    assert len(paper_jobs["train_policy"]) == 10  # qwen3_8b: 10 trained variants
+    assert len(paper_jobs["export_checkpoint"]) == 10
+    assert len(paper_jobs["build_bm25_index"]) == 1
+    assert paper_jobs["evaluate_policy"]
+
+
+def test_training_asks_for_one_node_with_its_gpus(paper_jobs, sbatch_line):
+    for res in paper_jobs["train_policy"]:
+        assert res["gpu"] == 8  # backbones.qwen3_8b.gpus, from the rule
+        assert res["nodes"] == 1
+        assert res["cpus_per_task"] == 64
+        assert res["tasks_per_gpu"] == 0
+        assert res["mem_mb"] == 480000
+        assert res["runtime"] == 2880
+        assert "slurm_partition" not in res and "slurm_account" not in res  # set by users in the profile
+    line = sbatch_line(paper_jobs["train_policy"][0])
+    assert " --gpus=8" in line
+    assert " --nodes=1" in line
+    assert " --cpus-per-task=64" in line
+    assert " --mem 480000" in line
+    assert " -t 2880" in line
+    # one task: the training command starts once (plugin issue #459)
+    assert "--ntasks" not in line
+
+
+def test_without_tasks_per_gpu_the_plugin_would_start_one_task_per_gpu(paper_jobs, sbatch_line):
+    """Why the profile sets tasks_per_gpu: 0: 2.6.1's default for a GPU job."""
+    res = {k: v for k, v in paper_jobs["train_policy"][0].items() if k != "tasks_per_gpu"}
+    assert "--ntasks-per-gpu=1" in sbatch_line(res)
+
+
+def test_indexing_asks_for_many_cpus(paper_jobs, sbatch_line):
+    (res,) = paper_jobs["build_bm25_index"]
+    assert res["cpus_per_task"] == 16 and res["mem_mb"] == 64000 and "gpu" not in res
+    line = sbatch_line(res)
+    assert " --cpus-per-task=16" in line and " --ntasks=1" in line and "--gpus" not in line
+
+
+def test_evaluation_asks_for_one_gpu_and_one_task(paper_jobs, sbatch_line):
+    for res in paper_jobs["evaluate_policy"]:
+        assert res["gpu"] == 1 and res["tasks_per_gpu"] == 0
+    line = sbatch_line(paper_jobs["evaluate_policy"][0])
+    assert " --gpus=1" in line and "--ntasks" not in line
+
+
+def test_everything_else_is_small(paper_jobs, sbatch_line):
+    big = {"train_policy", "export_checkpoint", "build_bm25_index", "evaluate_policy"}
+    small = {rule: jobs for rule, jobs in paper_jobs.items() if rule not in big}
+    assert {"download_dump", "normalize_dataset", "mix_training_set", "aggregate_results"} <= set(small)
+    for rule, jobs in small.items():
+        for res in jobs:
+            assert "gpu" not in res, rule
+            assert res["mem_mb"] <= 16000, rule
+            assert res.get("cpus_per_task", 1) <= 4, rule
+            line = sbatch_line(res)
+            assert "--gpus" not in line and " --ntasks=1" in line, rule

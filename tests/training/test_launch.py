@@ -1,0 +1,231 @@
+"""The verl command of a training job, composed from the workflow config: override rendering and
+layering, and a dry run of the launch for every variant (Hydra composition + verl's validation,
+and once through the real entry point's --validate-only)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from spader.training.checkpoints import Checkpoint
+from spader.training.launch import (
+    compose_config,
+    hydra_value,
+    job_overrides,
+    merge_overrides,
+    override_key,
+    training_overrides,
+)
+from spader.training.lineage import RunLink
+from spader.training.run import TrainJob, plan_launch
+
+REPO = Path(__file__).resolve().parents[2]
+VARIANTS = list(yaml.safe_load((REPO / "config" / "config.yaml").read_text())["variants"])
+_PARSER = OverridesParser.create()
+
+
+def _round_trip(text: str):
+    value = _PARSER.parse_override(f"k={hydra_value(text)}").value()
+    return OmegaConf.create({"k": value}).k
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=24))
+def test_hydra_value_round_trips_any_string(text):
+    assume("${" not in text)
+    assert _round_trip(text) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/work/results/qwen3_8b/train/spader/work/checkpoints",
+        "sqlite:////abs/results/mlflow/mlflow.db",
+        "/data/my models/it's here",  # space and quote
+        "C:\\path\\ends\\",  # backslashes, one before the closing quote
+        "1e-5",  # would read as a float
+        "null",
+        "a,b=[c]",
+        "",
+    ],
+)
+def test_hydra_value_round_trips_paths_and_lookalikes(text):
+    assert _round_trip(text) == text
+
+
+def test_hydra_value_types_and_refusals():
+    assert [hydra_value(v) for v in (True, None, 3, 1e-05, ["console", "mlflow"])] == [
+        "true",
+        "null",
+        "3",
+        "1e-05",
+        "[console,mlflow]",
+    ]
+    with pytest.raises(ValueError, match="interpolation"):
+        hydra_value("/x/${oc.env:HOME}")
+    with pytest.raises(ValueError):
+        hydra_value(float("nan"))
+
+
+def test_later_layers_replace_keys():
+    merged = merge_overrides(
+        ["trainer.save_freq=100", "++algorithm.spader.beta=4.0", "data.train_batch_size=32"],
+        ["trainer.save_freq=1", "algorithm.spader.beta=0.0"],
+        ["+trainer.total_training_steps=2"],
+    )
+    assert merged == [
+        "data.train_batch_size=32",
+        "trainer.save_freq=1",
+        "algorithm.spader.beta=0.0",
+        "+trainer.total_training_steps=2",
+    ]
+    assert override_key("++a.b=1") == "a.b" and override_key("~a.b") == "a.b"
+
+
+def test_training_overrides_cover_every_mapped_key(paper_config):
+    from spader.integrations.verl.overrides import TRAINING_KEYS
+
+    ov = dict(o.split("=", 1) for o in training_overrides(paper_config["training"]))
+    assert set(ov) == set(TRAINING_KEYS.values())
+    assert ov["actor_rollout_ref.actor.optim.lr"] == "1e-05"
+    assert ov["actor_rollout_ref.rollout.n"] == "16"
+    broken = {k: v for k, v in paper_config["training"].items() if k != "rollout_n"}
+    with pytest.raises(KeyError, match="training.rollout_n"):
+        training_overrides(broken)
+
+
+def test_job_overrides_are_absolute_and_forward_tracking_env(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {"MLFLOW_TRACKING_URI": "sqlite:////x/mlflow.db", "MLFLOW_RUN_ID": "r1", "VERL_FILE_LOGGER_PATH": "/x/m.jsonl"}
+    ov = job_overrides(
+        train_file="d/train.parquet",
+        val_file="d/val.parquet",
+        model_dir="m",
+        gpus=8,
+        ray_cpus=64,
+        ckpt_dir="w/checkpoints",
+        tool_config="w/tool.yaml",
+        project="spader",
+        run_name="qwen3_8b-spader",
+        loggers=["console", "file", "mlflow"],
+        env={**env, "PYTHONUNBUFFERED": "1"},
+    )
+    values = {override_key(o): o.split("=", 1)[1] for o in ov}
+    assert values["data.train_files"] == str(tmp_path / "d" / "train.parquet")
+    assert values["trainer.default_local_dir"] == str(tmp_path / "w" / "checkpoints")
+    assert values["trainer.n_gpus_per_node"] == "8" and values["trainer.nnodes"] == "1"
+    assert values["ray_kwargs.ray_init.num_cpus"] == "64"
+    assert values["ray_kwargs.ray_init.address"] == "local"
+    for name, value in env.items():
+        assert values[f"ray_kwargs.ray_init.runtime_env.env_vars.{name}"] == value
+    assert "ray_kwargs.ray_init.runtime_env.env_vars.PYTHONUNBUFFERED" not in values
+
+
+def _job(config: dict, variant: str, tmp_path: Path, model_dir: Path) -> TrainJob:
+    return TrainJob(
+        backbone="qwen3_8b",
+        variant=variant,
+        backbone_spec=config["backbones"]["qwen3_8b"],
+        variant_spec=config["variants"][variant],
+        training=config["training"],
+        retrieval=config["retrieval"],
+        train_file=tmp_path / "results/paper/data/verl/train.parquet",
+        val_file=tmp_path / "results/paper/data/verl/val.parquet",
+        index_dir=tmp_path / "results/paper/index/bm25",
+        model_dir=model_dir,  # the tiny model stands in for Qwen3-8B: verl reads its config.json
+        verl_config_dir=REPO / "config" / "verl",
+        workdir=tmp_path / f"results/qwen3_8b/train/{variant}/work",
+        final_json=tmp_path / f"results/qwen3_8b/train/{variant}/final.json",
+        threads=64,
+        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_composed_command_of_each_variant(variant, paper_config, tiny_model, tmp_path):
+    from spader.integrations.verl.overrides import ESTIMATORS
+
+    job = _job(paper_config, variant, tmp_path, tiny_model)
+    spec, training = paper_config["variants"][variant], paper_config["training"]
+    metrics = job.metrics_dir / "attempt_001.jsonl"
+    plan = plan_launch(job, resume_from=None, metrics_file=metrics, link=RunLink("run123", job.tracking_uri))
+    assert plan.argv[:7] == [
+        sys.executable,
+        "-m",
+        "spader.integrations.verl.main",
+        "--config-path",
+        str(REPO / "config" / "verl"),
+        "--config-name",
+        spec["verl_config"],
+    ]
+    assert plan.env["MLFLOW_RUN_ID"] == "run123" and plan.env["VERL_FILE_LOGGER_PATH"] == str(metrics)
+
+    cfg = compose_config(plan)  # Hydra composition + verl's validate_config + the plug-in registries
+    assert cfg.algorithm.adv_estimator == ESTIMATORS[spec["advantage"]]
+    if spec["advantage"] in ("spa", "grpo_return"):
+        assert (cfg.algorithm.spader.alpha, cfg.algorithm.spader.beta, cfg.algorithm.spader.cost) == (
+            spec["alpha"],
+            spec["beta"],
+            spec["cost"],
+        )
+        assert cfg.algorithm.gamma == training["gamma"]
+    assert cfg.data.train_files == str(job.train_file) and cfg.data.val_files == str(job.val_file)
+    assert cfg.actor_rollout_ref.model.path == str(tiny_model)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
+    assert list(cfg.trainer.logger) == ["console", "file", "mlflow"]
+    assert cfg.trainer.default_local_dir == str(job.ckpt_dir)
+    assert cfg.trainer.resume_mode == "disable"
+    assert (cfg.trainer.save_freq, cfg.trainer.test_freq, cfg.trainer.total_epochs) == (
+        training["save_freq"],
+        training["test_freq"],
+        training["epochs"],
+    )
+    assert cfg.trainer.experiment_name == f"qwen3_8b-{variant}"
+    assert cfg.actor_rollout_ref.actor.optim.lr == training["lr"]
+    assert cfg.actor_rollout_ref.rollout.n == training["rollout_n"]
+    assert cfg.data.train_batch_size == training["train_batch_size"]
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == str(job.tool_config)
+    assert cfg.ray_kwargs.ray_init.num_cpus == 64
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.MLFLOW_RUN_ID == "run123" and env_vars.MLFLOW_TRACKING_URI == job.tracking_uri
+
+
+@pytest.mark.slow
+def test_resume_and_extra_overrides_compose(paper_config, tiny_model, tmp_path):
+    job = _job(paper_config, "grpo", tmp_path, tiny_model)
+    job.extra_overrides = ("trainer.total_training_steps=2", "trainer.save_freq=1")
+    ckpt = Checkpoint(200, job.ckpt_dir / "global_step_200")
+    plan = plan_launch(job, resume_from=ckpt, metrics_file=job.metrics_dir / "a.jsonl", link=RunLink(None, None))
+    cfg = compose_config(plan)
+    assert cfg.trainer.resume_mode == "resume_path"
+    assert cfg.trainer.resume_from_path == str(ckpt.path)
+    assert cfg.trainer.total_training_steps == 2 and cfg.trainer.save_freq == 1
+    assert list(cfg.trainer.logger) == ["console", "file"]  # no MLflow run: verl gets no mlflow logger
+    assert "MLFLOW_RUN_ID" not in plan.env
+    assert sum(1 for o in plan.overrides if override_key(o) == "trainer.save_freq") == 1
+
+
+@pytest.mark.slow
+def test_entry_point_accepts_the_composed_command(paper_config, tiny_model, tmp_path):
+    """The exact argv, run through the real entry point up to verl's config validation."""
+    job = _job(paper_config, "spader", tmp_path, tiny_model)
+    plan = plan_launch(job, resume_from=None, metrics_file=job.metrics_dir / "a.jsonl", link=RunLink(None, None))
+    argv = [*plan.argv[:3], "--validate-only", *plan.argv[3:]]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()  # verl prints a line or two before the YAML
+    start = next(i for i, line in enumerate(lines) if re.match(r"^\w+:( |$)", line))
+    resolved = yaml.safe_load("\n".join(lines[start:]))
+    assert resolved["algorithm"]["adv_estimator"] == "spader_spa"
+    assert resolved["trainer"]["default_local_dir"] == str(job.ckpt_dir)
+    assert resolved["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_USE_EXTERNAL_MODULES"]

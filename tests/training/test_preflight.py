@@ -1,0 +1,175 @@
+"""Every preflight error of a training job, raised before any GPU work, with a message that names
+the problem and the config key or path to fix."""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spader.training import VERL_VERSION
+from spader.training.preflight import (
+    PreflightError,
+    check_gpus,
+    check_model_dir,
+    check_retrieval,
+    check_verl_version,
+    select,
+    static_checks,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_backbone_not_in_config(paper_config):
+    with pytest.raises(PreflightError, match=r"backbone 'qwen3_14b' is not in the config .*qwen3_8b, llama3_1_8b"):
+        select(paper_config, "qwen3_14b", "spader")
+
+
+def test_variant_not_in_config(paper_config):
+    with pytest.raises(PreflightError, match=r"variant 'dapo' is not in the config \(config key 'variants' has: spader"):
+        select(paper_config, "qwen3_8b", "dapo")
+
+
+def test_variant_not_trained_by_backbone(paper_config):
+    with pytest.raises(PreflightError, match=r"backbone 'llama3_1_8b' does not train variant 'no_np'"):
+        select(paper_config, "llama3_1_8b", "no_np")
+    backbone, variant = select(paper_config, "llama3_1_8b", "grpo")
+    assert backbone["gpus"] == 8 and variant["advantage"] == "grpo"
+
+
+def test_base_model_path_missing(tmp_path):
+    with pytest.raises(PreflightError, match=r"base model path .*missing does not exist \(config key 'backbones.b.model' is 'Org/M'\)"):
+        check_model_dir(tmp_path / "missing", backbone="b", model="Org/M")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PreflightError, match="not a Hugging Face model directory: no config.json"):
+        check_model_dir(tmp_path / "empty", backbone="b", model="Org/M")
+
+
+def test_base_model_dir_ok(tiny_model):
+    check_model_dir(tiny_model, backbone="demo", model="tiny:qwen3")
+
+
+def test_gpus_requested_vs_available(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(PreflightError, match=r"8 GPU\(s\) requested \(config key 'backbones.qwen3_8b.gpus'\) but 2 available .*CUDA_VISIBLE_DEVICES=0,1"):
+        check_gpus(8, backbone="qwen3_8b", available=2)
+    with pytest.raises(PreflightError, match="'backbones.demo.gpus' is 0: verl trains only on GPUs"):
+        check_gpus(0, backbone="demo", available=4)
+    check_gpus(2, backbone="b", available=2)
+    check_gpus(1, backbone="b", available=8)
+
+
+def test_gpus_counted_by_torch_on_this_machine():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(PreflightError, match=r"1 GPU\(s\) requested .* but 0 available"):
+        check_gpus(1, backbone="b")
+
+
+def test_verl_version_pinned():
+    assert check_verl_version() == VERL_VERSION
+    with pytest.raises(PreflightError, match=rf"verl {re.escape(VERL_VERSION)} is installed but this project is pinned to verl==9\.9\.9"):
+        check_verl_version("9.9.9")
+
+
+def test_pin_constant_matches_pyproject():
+    text = (REPO / "pyproject.toml").read_text()
+    pins = re.findall(r'"verl(?:\[[^\]]*\])?==([^"]+)"', text)
+    assert len(pins) >= 2, "pyproject.toml pins verl in the dependencies and the gpu extra"
+    assert set(pins) == {VERL_VERSION}
+
+
+def test_static_checks_report_every_problem(tmp_path):
+    with pytest.raises(PreflightError) as err:
+        static_checks(backbone="b", model="Org/M", model_dir=tmp_path / "m", gpus=4, available_gpus=1, verl_version="0.0.1")
+    lines = str(err.value).splitlines()
+    assert lines[0] == "training cannot start:"
+    assert len(lines) == 4
+    assert "pinned to verl==0.0.1" in lines[1]
+    assert "base model path" in lines[2]
+    assert "4 GPU(s) requested" in lines[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """A real HTTP server (FastAPI under uvicorn, on 127.0.0.1) whose /health says what we tell it."""
+
+    def __init__(self, status_code: int, body: dict):
+        import uvicorn
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI()
+
+        @app.get("/health")
+        def health():
+            return JSONResponse(body, status_code=status_code)
+
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "test server did not start"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_retrieval_service_not_healthy():
+    with _Server(503, {"status": "loading"}) as url:
+        with pytest.raises(PreflightError, match=rf"retrieval service at {re.escape(url)} is not healthy"):
+            check_retrieval(url, timeout=5)
+
+
+def test_retrieval_service_not_running():
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(PreflightError, match=rf"retrieval service at {re.escape(url)} is not healthy"):
+        check_retrieval(url, timeout=2)
+
+
+def test_run_training_stops_before_launching_anything(tmp_path, paper_config):
+    """A job whose model is missing fails in preflight: no work directory, no process started."""
+    from spader.training.run import TrainJob, run_training
+
+    marker = tmp_path / "launched"
+    job = TrainJob(
+        backbone="qwen3_8b",
+        variant="spader",
+        backbone_spec=paper_config["backbones"]["qwen3_8b"],
+        variant_spec=paper_config["variants"]["spader"],
+        training=paper_config["training"],
+        retrieval=paper_config["retrieval"],
+        train_file=tmp_path / "train.parquet",
+        val_file=tmp_path / "val.parquet",
+        index_dir=tmp_path / "index",
+        model_dir=tmp_path / "resources/models/hub/Qwen--Qwen3-8B",
+        verl_config_dir=REPO / "config" / "verl",
+        workdir=tmp_path / "work",
+        final_json=tmp_path / "final.json",
+        entry=(sys.executable, "-c", f"open({str(marker)!r}, 'w')"),
+    )
+    with pytest.raises(PreflightError) as err:
+        run_training(job, available_gpus=0)
+    assert "Qwen--Qwen3-8B does not exist (config key 'backbones.qwen3_8b.model' is 'Qwen/Qwen3-8B')" in str(err.value)
+    assert "8 GPU(s) requested" in str(err.value)
+    assert not marker.exists() and not (tmp_path / "work").exists()

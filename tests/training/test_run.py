@@ -1,0 +1,223 @@
+"""The train_policy job end to end on CPU, with a FAKE trainer in place of verl's GPU training
+(tests/training/fake_verl_trainer.py) and everything else real: the job's MLflow run nested
+under the pipeline run in a local SQLite store, verl's own Tracking attached to it, the retrieval
+service started for the job on a real BM25 index, checkpoints in verl's layout, a failed attempt
+and its resumed rerun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from spader.training.launch import Terminated, run_command
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+CHUNKS = [
+    ("1001__0", "The Salt Orchard", "The Salt Orchard is a 1961 drama film directed by Ilse Varga."),
+    ("1002__0", "Winter Quay", "Winter Quay is a 1964 film directed by Ilse Varga about dock workers."),
+    ("2001__0", "Lake Ornes", "Lake Ornes is a glacial lake in Norway fed by the river Kvitelva."),
+]
+
+
+@pytest.fixture(scope="module")
+def bm25_index(tmp_path_factory) -> Path:
+    """A real Lucene index of three passages in the QAMPARI chunk format."""
+    from spader.retrieval.index import build_bm25_index
+
+    root = tmp_path_factory.mktemp("corpus")
+    src = root / "wikipedia_chunks"
+    src.mkdir()
+    with open(src / "wikipedia_chunks_0.jsonl", "w") as f:
+        for cid, title, text in CHUNKS:
+            meta = {"title": title, "content": text, "chunk_id": cid, "page_id": cid.split("__")[0]}
+            f.write(json.dumps({"id": cid, "contents": f"{title} {text}", "meta": meta}) + "\n")
+    out = root / "index" / "bm25"
+    build_bm25_index(src, out, threads=1)
+    return out
+
+
+def _namedlist(items: dict):
+    """A Snakemake Namedlist as the job sees it (list values flattened under one name)."""
+    from snakemake.iocontainers import Namedlist
+
+    nl = Namedlist()
+    for name, value in items.items():
+        start = len(nl)
+        if isinstance(value, list):
+            nl.extend(value)
+            nl._set_name(name, start, len(nl))
+        else:
+            nl.append(value)
+            nl._set_name(name, start)
+    return nl
+
+
+def _git_init(path: Path) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    for cmd in (["git", "init", "-q"], ["git", "commit", "-q", "--allow-empty", "-m", "scratch"]):
+        subprocess.run(cmd, cwd=path, env=env, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def workflow_job(tmp_path, monkeypatch, paper_config, tiny_model, bm25_index):
+    """A train_policy job in a scratch project: config, inputs and the snakemake object."""
+    monkeypatch.chdir(tmp_path)
+    commit = _git_init(tmp_path)
+    config = json.loads(json.dumps(paper_config))
+    config["mlflow"] = {
+        "enabled": True,
+        "tracking_uri": "sqlite:///results/mlflow/mlflow.db",
+        "experiment": "spader-test",
+        "artifact_root": "results/mlflow/artifacts",
+        "state_dir": "results/mlflow",
+    }
+    config["backbones"]["tiny"] = {"model": "tiny:qwen3", "gpus": 1, "variants": ["spader"], "baselines": []}
+    config["retrieval"]["reranker"]["model"] = None
+    config["retrieval"]["service"]["startup_timeout_s"] = 120
+    config["training"].update(save_freq=2, test_freq=2, train_batch_size=8, ppo_mini_batch_size=8,
+                              ppo_micro_batch_size_per_gpu=1, rollout_n=2)  # fmt: skip
+    data = Path("results/demo/data/verl")
+    data.mkdir(parents=True)
+    for split in ("train", "val"):
+        pl.DataFrame(
+            {
+                "data_source": ["qampari"],
+                "prompt": [[{"role": "user", "content": "Which films did Ilse Varga direct?"}]],
+                "reward_model": [{"style": "rule", "ground_truth": {"target": ["The Salt Orchard"]}}],
+            }
+        ).write_parquet(data / f"{split}.parquet")
+
+    from spader.tracking import start_pipeline_run
+
+    start_pipeline_run(config, targets=["results/tiny/f1.tsv"], root=tmp_path)
+    verl_configs = [str(REPO / "config" / "verl" / "spader.yaml"), str(REPO / "config" / "verl" / "spader_base.yaml")]
+    params = {
+        "backbone": config["backbones"]["tiny"],
+        "variant": config["variants"]["spader"],
+        "training": config["training"],
+        "retrieval": config["retrieval"],
+        "workdir": "results/tiny/train/spader/work",
+        "suite": "demo",
+        "version": "0.1.0",
+    }
+    smk = type("Snakemake", (), {})()
+    smk.config, smk.rule, smk.threads = config, "train_policy", 2
+    smk.wildcards = _namedlist({"backbone": "tiny", "variant": "spader"})
+    smk.params = _namedlist(params)
+    smk.input = _namedlist(
+        {
+            "train": [str(data / "train.parquet")],  # as expand() gives it: a one-item list
+            "val": str(data / "val.parquet"),
+            "index": str(bm25_index),
+            "model": str(tiny_model),
+            "reranker": [],
+            "verl_configs": verl_configs,
+        }
+    )
+    smk.output = _namedlist({"final": "results/tiny/train/spader/final.json"})
+    smk.log = _namedlist({})
+    return smk, commit
+
+
+def _attempt(smk, fsdp_actor):
+    from spader.tracking import job_run
+    from spader.training.run import TrainJob, run_training
+
+    with job_run(smk) as run:
+        job = TrainJob.from_snakemake(smk)
+        job.entry = (sys.executable, str(HERE / "fake_verl_trainer.py"))
+        job.extra_overrides = ("trainer.total_training_steps=4",)
+        return run.info.run_id, run_training(job, run=run, available_gpus=1)  # fake: no GPU on this machine
+
+
+@pytest.mark.slow
+def test_failed_attempt_then_resumed_rerun(workflow_job, fsdp_actor, monkeypatch, tmp_path):
+    import mlflow
+
+    from spader.training.run import TrainingError
+
+    smk, commit = workflow_job
+    monkeypatch.setenv("FAKE_VERL_ACTOR", str(fsdp_actor))
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/results/mlflow/mlflow.db")
+    pipeline_run = json.loads(Path("results/mlflow/pipeline_run.json").read_text())["run_id"]
+    work = Path("results/tiny/train/spader/work")
+
+    # attempt 1 crashes at step 4: the checkpoint of step 2 survives, the run is FAILED
+    monkeypatch.setenv("FAKE_VERL_FAIL_AT_STEP", "4")
+    with pytest.raises(TrainingError, match=r"verl exited with code 3.*rerun resumes from step 2"):
+        _attempt(smk, fsdp_actor)
+    monkeypatch.delenv("FAKE_VERL_FAIL_AT_STEP")
+    assert not Path(smk.output.final).exists()
+    assert (work / "checkpoints" / "global_step_2" / "data.pt").exists()
+    (first,) = client.search_runs([client.get_experiment_by_name("spader-test").experiment_id],
+                                  "tags.`snakemake.rule` = 'train_policy'")  # fmt: skip
+    assert first.info.status == "FAILED"
+    assert first.data.tags["mlflow.parentRunId"] == pipeline_run
+    assert [m.step for m in client.get_metric_history(first.info.run_id, "actor/pg_loss")] == [1, 2, 3]
+
+    # attempt 2 resumes from step 2 and finishes
+    run_id, final = _attempt(smk, fsdp_actor)
+    assert final == json.loads(Path(smk.output.final).read_text())
+    assert (final["steps_done"], final["resumed_from_step"], final["attempt"]) == (4, 2, 2)
+    assert final["checkpoint"] == str((work / "checkpoints" / "global_step_4").resolve())
+    assert final["metrics"]["actor/pg_loss"] == 0.25
+    assert final["val_metrics"] == {"val-core/qampari/f1@1": 0.4, "step": 4}
+    assert final["verl_version"] == "0.9.1" and final["mlflow_run_id"] == run_id
+    assert len(final["config_hash"]) == 64 and final["index_hash"].startswith("dir:")
+
+    second = client.get_run(run_id)
+    assert second.info.status == "FINISHED"
+    tags = second.data.tags
+    assert tags["mlflow.parentRunId"] == pipeline_run
+    assert tags["mlflow.source.git.commit"] == commit
+    assert (tags["backbone"], tags["variant"]) == ("tiny", "spader")
+    assert tags["data_hash"] == final["data_hash"] and tags["index_hash"] == final["index_hash"]
+    assert tags["training.resume_step"] == "2"
+    assert json.loads(tags["training.previous_runs"]) == [first.info.run_id]
+    params = second.data.params
+    assert params["trainer/total_training_steps"] == "4"  # verl's logger: the resolved config
+    assert params["algorithm/spader/beta"] == "4.0"
+    assert params["snakemake/variant"] == "spader" and params["snakemake/resume_step"] == "2"
+    assert [m.step for m in client.get_metric_history(run_id, "actor/pg_loss")] == [3, 4]
+    assert [m.value for m in client.get_metric_history(run_id, "val-core/qampari/f1_at_1")] == [0.4]
+    artifacts = {a.path for a in client.list_artifacts(run_id, "training")}
+    assert {"training/final.json", "training/resolved_config.yaml", "training/launch.json",
+            "training/tool_config.yaml", "training/attempt_002.jsonl"} <= artifacts  # fmt: skip
+
+    history = [json.loads(line) for line in (work / "attempts.jsonl").read_text().splitlines()]
+    assert [(h["event"], h["attempt"]) for h in history] == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert history[1]["status"] == "failed" and history[3]["status"] == "finished"
+
+    # what export_checkpoint merges (tests/training/test_export.py runs the merge)
+    assert (Path(final["actor_dir"]) / "fsdp_config.json").is_file()
+
+
+def test_sigterm_stops_the_whole_process_group(tmp_path):
+    """A scheduler's SIGTERM (time limit, scancel) takes verl's process tree down with the job."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    with pytest.raises(Terminated, match="SIGTERM"):
+        run_command(["sh", "-c", script], env={}, output=None, grace_s=5)
+    assert time.monotonic() - t0 < 10
+    grandchild = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(grandchild, 0)
+            time.sleep(0.1)
+    assert signal.getsignal(signal.SIGTERM) is before  # the job's own handler is back
