@@ -80,9 +80,14 @@ def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
     stats = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+(\d+)", out, re.S)
     counts = dict(line.split() for line in stats.group(1).splitlines())
     counts.pop("all", None)
-    assert len(calls) == sum(int(c) for c in counts.values()), "every job is submitted to SLURM"
-    for rule in counts:
+    # downloads are localrules (compute nodes often have no network); everything else is submitted
+    local = {"download_dump", "download_dataset", "download_model"}
+    assert local & set(counts)
+    submitted = {rule: int(c) for rule, c in counts.items() if rule not in local}
+    assert len(calls) == sum(submitted.values()), "every other job is submitted to SLURM"
+    for rule in submitted:
         assert any(f"--comment rule_{rule}" in c for c in calls), rule
+    assert not any("--comment rule_download" in c for c in calls)
     index_call = next(c for c in calls if "--comment rule_build_bm25_index" in c)
     assert "--cpus-per-task=16" in index_call and "--mem 64000" in index_call
     assert not any("--gpus" in c for c in calls)  # the demo trains nothing and evaluates on CPU

@@ -78,6 +78,12 @@ def test_base_yaml_carries_config_yaml_training_values(composed):
     )
 
 
+def test_every_training_key_reaches_verl():
+    """Each config.yaml training key is either mapped to a verl key or set by method_overrides."""
+    by_method = {"gamma", "divergences"}
+    assert set(TRAINING) - by_method == set(TRAINING_KEYS)
+
+
 def test_method_overrides_set_the_divergence_options():
     spec = dict(VARIANTS["spader"], beta=2.5)
     training = dict(

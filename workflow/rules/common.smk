@@ -2,6 +2,7 @@ import re
 from pathlib import Path
 
 import spader
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from spader.config import BASELINES, DATASETS, check_config, hub_slug, model_kind, verl_config_chain
 from spader.prompt import PROMPT_VERSION
@@ -37,6 +38,14 @@ wildcard_constraints:
     file="[A-Za-z0-9._-]+",
     repo="[A-Za-z0-9._-]+--[A-Za-z0-9._-]+",
     kind="qwen3|reranker",
+
+
+# Downloads run in the main snakemake process, never as cluster jobs: compute nodes often have
+# no network access.
+localrules:
+    download_dump,
+    download_dataset,
+    download_model,
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,5 +135,9 @@ def get_verl_configs(wildcards):
 
 def get_gpu_job_threads():
     """GPU jobs take every core of a workstation run, so Snakemake runs them one at a time
-    (it never assigns GPUs itself); on a cluster the profile sets their CPUs (set-threads)."""
-    return workflow.cores
+    (it never assigns GPUs itself). A cluster run has no core count; its profile sets these
+    jobs' CPUs (set-threads), so the value here is only a placeholder."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1

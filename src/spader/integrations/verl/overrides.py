@@ -39,6 +39,8 @@ TRAINING_KEYS = {
     "gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
     "save_freq": "trainer.save_freq",
     "test_freq": "trainer.test_freq",
+    # the v1 trainer seeds its prompt sampler with this (trainer_base.py, data_loader_seed)
+    "seed": "actor_rollout_ref.actor.data_loader_seed",
 }
 
 
