@@ -1,4 +1,8 @@
-# Corpus: the QAMPARI Wikipedia 2021 chunk dump and its BM25 index (issue #3).
+# Corpus: the QAMPARI Wikipedia 2021 chunk dump and its BM25 index (issue #3). Shortcuts in the
+# config: corpus.archive (an already downloaded dump: no download_dump job) and
+# corpus.prebuilt_index (a Lucene index with raw documents: neither job; the retrieval service
+# checks it when it starts). The service itself runs inside the jobs that search
+# (spader.retrieval.service.running_service), so it is always stopped with them.
 
 
 rule download_dump:

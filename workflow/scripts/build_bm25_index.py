@@ -1,3 +1,14 @@
-"""Glue for rule build_bm25_index. Logic: spader.retrieval (issue #3)."""
+"""Glue for rule build_bm25_index. Logic: spader.retrieval.index.build_bm25_index."""
 
-raise SystemExit("rule build_bm25_index: not built yet (issue #3); it writes no output until spader.retrieval lands")
+from spader.glue import job
+from spader.retrieval.index import build_bm25_index
+
+with job(snakemake):
+    build_bm25_index(
+        snakemake.input.archive,
+        snakemake.output.index,
+        stats_path=snakemake.output.stats,
+        threads=snakemake.threads,
+        expected_documents=snakemake.params.expected_documents,
+        overwrite=True,  # Snakemake owns the output directory
+    )

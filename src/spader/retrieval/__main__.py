@@ -1,0 +1,125 @@
+"""Command line of the retrieval package.
+
+    python -m spader.retrieval index --input <dir of chunk .jsonl files or the .tar.gz> --output <index dir>
+        [--threads N]
+    python -m spader.retrieval serve --index <dir> [--reranker <id|path|none>] [--host 127.0.0.1] [--port N]
+
+Defaults of ``serve`` are those of ``config/config.yaml`` (``retrieval`` section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from spader.retrieval.backend import SearchSettings
+from spader.retrieval.corpus import CorpusFormatError
+from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
+
+_DEFAULTS = SearchSettings()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m spader.retrieval", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ix = sub.add_parser("index", help="build the BM25 index of a chunk corpus")
+    ix.add_argument(
+        "--input", required=True, help="directory of chunk .jsonl files, or chunked_wikipedia.tar.gz"
+    )
+    ix.add_argument("--output", required=True, help="index directory to create")
+    ix.add_argument("--stats", default=None, help="stats JSON (default: stats.json next to the index)")
+    ix.add_argument("--threads", type=int, default=1, help="indexing threads")
+    ix.add_argument("--expected-documents", type=int, default=None, help="fail unless this many were indexed")
+    ix.add_argument("--overwrite", action="store_true", help="replace an existing index directory")
+    ix.add_argument("--heap", default="8g", help="JVM maximum heap (default 8g)")
+
+    sv = sub.add_parser("serve", help="serve BM25 + reranking over HTTP")
+    sv.add_argument("--index", required=True, help="Lucene index directory (raw documents stored)")
+    sv.add_argument("--reranker", default="BAAI/bge-reranker-v2-m3", help="hub id, local path, or 'none'")
+    sv.add_argument("--host", default=_DEFAULTS.host, help="bind address (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one")
+    sv.add_argument("--port-file", default=None, help="write the bound port to this file")
+    sv.add_argument("--threads", type=int, default=1, help="search and CPU reranking threads")
+    sv.add_argument("--device", default=None, help="reranker device (default: cuda:0 if available, else cpu)")
+    sv.add_argument("--k1", type=float, default=_DEFAULTS.k1)
+    sv.add_argument("--b", type=float, default=_DEFAULTS.b)
+    sv.add_argument("--initial-k", type=int, default=_DEFAULTS.initial_k, help="BM25 candidates per query")
+    sv.add_argument("--topk", type=int, default=_DEFAULTS.topk, help="passages per query")
+    sv.add_argument(
+        "--batch-size", type=int, default=_DEFAULTS.rerank_batch_size, help="reranker pairs per pass"
+    )
+    sv.add_argument("--max-length", type=int, default=_DEFAULTS.rerank_max_length, help="tokens per pair")
+    sv.add_argument(
+        "--fp16", action=argparse.BooleanOptionalAction, default=_DEFAULTS.fp16, help="fp16 on GPU"
+    )
+    sv.add_argument("--max-queries", type=int, default=_DEFAULTS.max_queries_per_request)
+    sv.add_argument("--max-query-chars", type=int, default=_DEFAULTS.max_query_chars)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> SearchSettings:
+    """The search settings a parsed ``serve`` command line carries."""
+    return SearchSettings(
+        k1=args.k1,
+        b=args.b,
+        initial_k=args.initial_k,
+        topk=args.topk,
+        reranker=None if args.reranker.lower() == "none" else args.reranker,
+        rerank_batch_size=args.batch_size,
+        rerank_max_length=args.max_length,
+        fp16=args.fp16,
+        host=args.host,
+        max_queries_per_request=args.max_queries,
+        max_query_chars=args.max_query_chars,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (2 for bad input such as a missing index)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        if args.command == "index":
+            from spader.retrieval.index import build_bm25_index
+
+            stats = build_bm25_index(
+                args.input,
+                args.output,
+                stats_path=args.stats,
+                threads=args.threads,
+                expected_documents=args.expected_documents,
+                overwrite=args.overwrite,
+                heap=args.heap,
+            )
+            print(json.dumps(stats, indent=2))
+            return 0
+        # The reranker shares its machine with other torch processes (the policy, evaluation):
+        # OpenMP threads that spin while waiting for a descheduled sibling then burn the CPU the
+        # others need (measured on 2 shared cores: 2-10x slower, erratic). Set before torch loads.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        from spader.retrieval.service import serve
+
+        settings = settings_from_args(args)
+        serve(
+            args.index,
+            settings,
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            threads=args.threads,
+            device=args.device,
+        )
+        return 0
+    except (IndexUnavailableError, IndexBuildError, CorpusFormatError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

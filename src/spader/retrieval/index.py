@@ -1,0 +1,264 @@
+"""Build and check the BM25 (Lucene/Anserini) index of the chunk corpus.
+
+The index is what ``python -m pyserini.index.lucene --collection JsonCollection --generator
+DefaultLuceneDocumentGenerator --storeRaw`` builds (SPADER's ``build_qampari_index.sh`` adds
+``--storePositions --storeDocvectors``, which BM25 never reads and which double the size), but the
+chunk lines are streamed straight out of the ``.tar.gz`` into Anserini's ``SimpleIndexer``: the
+real dump is never extracted (~30 GB of jsonl), every line is counted, and a rejected line is
+reported with its file and line number.
+
+The raw JSON line is stored with each document, so search returns title and text without a
+second lookup (:mod:`spader.retrieval.searcher`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from spader.retrieval.corpus import ChunkReader, CorpusFormatError, check_record_line
+from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
+from spader.retrieval.jvm import anserini_jar, start_jvm
+
+log = logging.getLogger(__name__)
+
+__all__ = ["build_bm25_index", "verify_index"]
+
+_BATCH = 10_000  # lines handed to Java per call: large enough that call overhead vanishes
+_INDEX_HEAP = "8g"
+_MEMORY_BUFFER_MB = (
+    2048  # Lucene's RAM buffer; Anserini's default 4096 does not fit an 8 GB heap with threads
+)
+
+
+def build_bm25_index(
+    source: str | os.PathLike,
+    index_dir: str | os.PathLike,
+    *,
+    stats_path: str | os.PathLike | None = None,
+    threads: int = 1,
+    expected_documents: int | None = None,
+    overwrite: bool = False,
+    heap: str = _INDEX_HEAP,
+) -> dict[str, Any]:
+    """Index every chunk line of ``source`` into a new Lucene index at ``index_dir``.
+
+    Args:
+        source: directory of ``*.jsonl`` chunk files (recursively) or the ``.tar.gz`` dump.
+        index_dir: output directory; built under ``<index_dir>.building`` and renamed when done.
+        stats_path: where the stats JSON goes (default: ``stats.json`` next to ``index_dir``).
+        threads: Anserini indexing threads.
+        expected_documents: fail unless exactly this many documents were indexed.
+        overwrite: replace an existing ``index_dir`` instead of refusing.
+        heap: JVM maximum heap (first JVM start of the process only).
+
+    Returns:
+        The stats written to ``stats_path`` (documents, terms, files, seconds, docs/s, ...).
+
+    Raises:
+        CorpusFormatError: a line is not a chunk record (message: file, line, field).
+        IndexBuildError: the document count is not the expected one, or the output exists.
+    """
+    index_dir = Path(index_dir)
+    stats_path = Path(stats_path) if stats_path is not None else index_dir.parent / "stats.json"
+    if index_dir.exists() and any(index_dir.iterdir()):
+        if not overwrite:
+            raise IndexBuildError(f"index directory {index_dir} exists and is not empty (use overwrite)")
+        shutil.rmtree(index_dir)
+    reader = ChunkReader(source)
+    building = index_dir.with_name(index_dir.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.parent.mkdir(parents=True, exist_ok=True)
+
+    start_jvm(heap)
+    started = time.perf_counter()
+    indexed = _index_lines(reader, building, threads)
+    seconds = time.perf_counter() - started
+
+    info = verify_index(building)
+    if info["documents"] != indexed:
+        shutil.rmtree(building, ignore_errors=True)
+        raise IndexBuildError(
+            f"{source}: {indexed} documents were added but the index at {index_dir} holds {info['documents']}"
+        )
+    if expected_documents is not None and indexed != expected_documents:
+        shutil.rmtree(building, ignore_errors=True)
+        raise IndexBuildError(
+            f"{source}: indexed {indexed} documents, expected {expected_documents} "
+            "(corpus.expected_documents)"
+        )
+    os.replace(building, index_dir)
+    stats = {
+        "index": str(index_dir),
+        "source": str(source),
+        "files": len(reader.members),
+        "documents": indexed,
+        "unique_terms": info["unique_terms"] if info["unique_terms"] >= 0 else None,  # Lucene: -1 = unknown
+        "total_terms": info["total_terms"],
+        "index_bytes": sum(p.stat().st_size for p in index_dir.iterdir() if p.is_file()),
+        "threads": threads,
+        "seconds": round(seconds, 3),
+        "docs_per_s": round(indexed / seconds, 1) if seconds > 0 else None,
+        "stored_fields": ["id", "raw"],
+        "anserini": anserini_jar().name,
+        "bm25_built_with": "JsonCollection + DefaultLuceneDocumentGenerator, raw documents stored",
+    }
+    stats_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stats_path.with_name(stats_path.name + ".tmp")
+    tmp.write_text(json.dumps(stats, indent=2) + "\n")
+    os.replace(tmp, stats_path)
+    files, rate = len(reader.members), indexed / max(seconds, 1e-9)
+    log.info(
+        "indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
+        indexed,
+        files,
+        seconds,
+        rate,
+        index_dir,
+    )
+    return stats
+
+
+def _index_lines(reader: ChunkReader, building: Path, threads: int) -> int:
+    """Hand every line to Anserini's SimpleIndexer in batches; returns the documents indexed.
+
+    A reader thread decompresses and splits the next batch while Java indexes this one (pyjnius
+    releases the GIL during Java calls), so the indexing threads are not left waiting for Python.
+    """
+    from jnius import autoclass
+
+    args = ["-index", str(building), "-collection", "JsonCollection", "-input", "", "-storeRaw",
+            "-threads", str(threads), "-memoryBuffer", str(_MEMORY_BUFFER_MB)]  # fmt: skip
+    indexer = autoclass("io.anserini.index.SimpleIndexer")(args)
+    batches: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    producer = threading.Thread(target=_read_batches, args=(reader, batches, stop), daemon=True)
+    producer.start()
+    indexed = 0
+    try:
+        with tqdm(
+            total=reader.total_bytes, unit="B", unit_scale=True, desc="indexing", mininterval=5.0
+        ) as bar:
+            while (item := batches.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                lines, where, consumed = item
+                indexed += _add_batch(indexer, lines, where)
+                bar.update(consumed - bar.n)
+                bar.set_postfix_str(f"{indexed:,} docs", refresh=False)
+    except BaseException:
+        stop.set()
+        producer.join()
+        indexer.close()
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    producer.join()
+    indexer.close()  # commits
+    return indexed
+
+
+def _read_batches(reader: ChunkReader, out: queue.Queue, stop: threading.Event) -> None:
+    """Put ``(lines, (file, line number) of each, bytes read)`` batches, then ``None`` (or the error)."""
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        lines: list[str] = []
+        where: list[tuple[str, int]] = []
+        for name, number, line in reader:
+            lines.append(line)
+            where.append((name, number))
+            if len(lines) >= _BATCH:
+                if not put((lines, where, reader.bytes_read())):
+                    return
+                lines, where = [], []
+        if lines and not put((lines, where, reader.total_bytes)):
+            return
+        put(None)
+    except BaseException as exc:  # handed to the indexing thread, which raises it
+        put(exc)
+
+
+def _add_batch(indexer, lines: list[str], where: list[tuple[str, int]]) -> int:
+    added = indexer.addRawDocuments(lines)
+    if added == len(lines):
+        return added
+    # Anserini skips lines it cannot index and only logs them: find the first one and name it.
+    for line, (name, number) in zip(lines, where, strict=True):
+        check_record_line(line, f"{name}:{number}")
+    first = f"{where[0][0]}:{where[0][1]}"
+    raise CorpusFormatError(
+        f"Anserini indexed {added} of {len(lines)} lines of the batch starting at {first}"
+    )
+
+
+def _segments_file(path: Path) -> bool:
+    return any(p.name.startswith("segments_") for p in path.iterdir())
+
+
+def verify_index(index_dir: str | os.PathLike) -> dict[str, Any]:
+    """Check that ``index_dir`` is a readable Lucene index with raw chunk documents stored.
+
+    Returns:
+        ``{"index", "documents", "unique_terms", "total_terms"}``.
+
+    Raises:
+        IndexUnavailableError: missing, not a Lucene index, unreadable, empty, or without raw
+            documents; the message names the path.
+    """
+    path = Path(index_dir)
+    if not path.is_dir():
+        raise IndexUnavailableError(f"BM25 index {path} does not exist (or is not a directory)")
+    if not _segments_file(path):
+        raise IndexUnavailableError(f"BM25 index {path} is not a Lucene index (no segments_* file)")
+    start_jvm()
+    from jnius import JavaException, autoclass
+
+    utils = autoclass("io.anserini.index.IndexReaderUtils")
+    try:
+        reader = utils.getReader(str(path))
+    except JavaException as exc:
+        raise IndexUnavailableError(f"BM25 index {path} cannot be opened: {exc}") from None
+    try:
+        stats = {str(e.getKey()): int(e.getValue()) for e in utils.getIndexStats(reader).entrySet().toArray()}
+        if reader.numDocs() == 0:
+            raise IndexUnavailableError(f"BM25 index {path} holds no documents")
+        raw = reader.storedFields().document(0).get("raw")
+        if raw is None:
+            raise IndexUnavailableError(
+                f"BM25 index {path} stores no raw documents; rebuild it with raw documents stored (-storeRaw)"
+            )
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError:
+            record = None
+        if not (isinstance(record, dict) and "id" in record and "contents" in record):
+            raise IndexUnavailableError(
+                f"BM25 index {path}: stored raw documents are not chunk records (JSON with id and contents)"
+            )
+    except JavaException as exc:
+        raise IndexUnavailableError(f"BM25 index {path} is corrupt: {exc}") from None
+    finally:
+        reader.close()
+    return {
+        "index": str(path),
+        "documents": stats.get("documents", 0),
+        "unique_terms": stats.get("unique_terms", 0),
+        "total_terms": stats.get("total_terms", 0),
+    }

@@ -1,0 +1,109 @@
+"""Rules download_dump and build_bm25_index through the real `snakemake` CLI on a copy of the
+repository (demo config, a small chunk corpus fetched through a file: URL), and the two shortcuts
+of the config: an already downloaded archive and a bad checksum."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+pytestmark = pytest.mark.slow
+
+
+def _copy_repo(dest: Path) -> Path:
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def _snakemake(work: Path, overlay: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_CACHE_HOME=str(work / ".cache"))
+    return subprocess.run(
+        [SNAKEMAKE, "--cores", "2", *args, "--configfile", "config/demo.yaml", overlay],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, corpus_tar):
+    work = _copy_repo(tmp_path_factory.mktemp("corpus_rules"))
+    shutil.copy2(corpus_tar, work / "dump.tar.gz")
+    return work
+
+
+def _overlay(tmp_path: Path, **corpus) -> str:
+    path = tmp_path / "corpus.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "corpus": {
+                    "url": "file:dump.tar.gz",
+                    "sha256": None,
+                    "size_bytes": None,
+                    "archive": None,
+                    "prebuilt_index": None,
+                    "expected_documents": None,
+                    **corpus,
+                }
+            }
+        )
+    )
+    return str(path)
+
+
+def test_download_and_index(work, tmp_path):
+    data = (work / "dump.tar.gz").read_bytes()
+    overlay = _overlay(
+        tmp_path, sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), expected_documents=11
+    )
+    proc = _snakemake(work, overlay, "results/demo/index/bm25")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (work / "resources/demo/corpus/chunked_wikipedia.tar.gz").read_bytes() == data
+    stats = json.loads((work / "results/demo/index/stats.json").read_text())
+    assert stats["documents"] == 11 and stats["threads"] == 2 and stats["files"] == 2
+    assert "indexed 11 documents from 2 files" in (work / "logs/build_bm25_index/demo.log").read_text()
+    assert any((work / "results/demo/index/bm25").glob("segments_*"))
+
+
+def test_existing_archive_skips_the_download(work, tmp_path):
+    overlay = _overlay(tmp_path, archive="dump.tar.gz")
+    proc = _snakemake(work, overlay, "-n", "--forceall", "results/demo/index/bm25")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "build_bm25_index" in proc.stdout and "download_dump" not in proc.stdout
+
+
+def test_checksum_mismatch_fails_without_output(work, tmp_path):
+    overlay = _overlay(tmp_path, sha256="0" * 64)
+    target = "resources/demo/corpus/chunked_wikipedia.tar.gz"
+    (work / target).unlink(missing_ok=True)
+    proc = _snakemake(work, overlay, target)
+    assert proc.returncode != 0
+    assert f"expected {'0' * 64}" in (work / "logs/download_dump/demo.log").read_text()
+    assert not (work / target).exists() and not (work / (target + ".part")).exists()

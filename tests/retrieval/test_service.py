@@ -1,0 +1,280 @@
+"""The retrieval service: every bad input of issue #3 gets a 4xx with a message and the service
+keeps serving; concurrent requests are merged; an HTTP round trip on 127.0.0.1 through
+running_service and RetrievalClient; start-up refused for a missing index."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from spader.retrieval.app import create_app
+from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
+from spader.retrieval.client import RetrievalClient, RetrievalRequestError
+from spader.retrieval.errors import ServiceError
+from spader.retrieval.service import running_service
+
+REPO = Path(__file__).resolve().parents[2]
+QUERIES = ["films directed by Ilse Varga", "river flowing into Lake Ørnes", "Saint-Malo Express album"]
+
+
+@pytest.fixture(scope="module")
+def settings(tiny_reranker) -> dict:
+    """config["retrieval"] as the rules pass it, with the tiny reranker and small limits."""
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["retrieval"]
+    cfg["reranker"].update(model="tiny:reranker", path=str(tiny_reranker), batch_size=8, fp16=False)
+    cfg["initial_k"], cfg["topk"] = 6, 3
+    cfg["service"].update(max_queries_per_request=4, max_query_chars=40, startup_timeout_s=120, retries=1)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def backend(bm25_index, settings):
+    return Bm25RerankBackend(bm25_index, SearchSettings.from_config(settings))
+
+
+@pytest.fixture(scope="module")
+def client(backend):
+    with TestClient(create_app(lambda: backend)) as c:
+        yield c
+
+
+def test_settings_from_config_yaml(settings, tiny_reranker):
+    s = SearchSettings.from_config(settings)
+    assert (s.k1, s.b, s.initial_k, s.topk) == (0.9, 0.4, 6, 3)
+    assert s.reranker == str(tiny_reranker)  # the resolved path wins over the model name
+    assert (s.max_queries_per_request, s.max_query_chars, s.host) == (4, 40, "127.0.0.1")
+    off = dict(settings, reranker={"model": None, "batch_size": 8, "max_length": 512, "fp16": True})
+    assert SearchSettings.from_config(off).reranker is None
+    with pytest.raises(ValueError, match=r"topk \(9\) <= initial_k \(6\)"):
+        SearchSettings.from_config(dict(settings, topk=9))
+
+
+def test_retrieve_and_health(client, backend):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["documents"] == 11 and health["reranker"].endswith("reranker")
+    r = client.post("/retrieve", json={"queries": QUERIES, "return_scores": True})
+    assert r.status_code == 200
+    result = r.json()["result"]
+    expected = backend.search(QUERIES, topk=3, initial_k=6)
+    assert [[p["id"] for p in hits] for hits in result] == [[p.id for p in hits] for hits in expected]
+    assert all(set(p) == {"id", "title", "text", "score"} for hits in result for p in hits)
+    plain = client.post("/retrieve", json={"queries": QUERIES[:1], "topk": 1, "initial_k": 2}).json()[
+        "result"
+    ]
+    assert len(plain) == 1 and len(plain[0]) == 1 and set(plain[0][0]) == {"id", "title", "text"}
+
+
+BAD = [
+    # (body, status, message) -- one row per bad input named in the issue
+    (b'{"queries": ["a"', 400, "not valid JSON"),  # invalid JSON
+    (b'["films"]', 400, "must be a JSON object"),  # not an object
+    (b"\xff\xfe", 400, "not valid JSON"),  # not even UTF-8
+    (b'{"topk": 3}', 422, "'queries' must be a non-empty list"),  # missing list
+    (b'{"queries": []}', 422, "'queries' must be a non-empty list"),  # empty list
+    (b'{"queries": "films"}', 422, "'queries' must be a non-empty list"),  # a string, not a list
+    (b'{"queries": ["films", ""]}', 422, "queries[1] is empty"),  # empty query
+    (b'{"queries": ["films", "   "]}', 422, "queries[1] is empty"),  # blank query
+    (b'{"queries": ["films", 42]}', 422, "queries[1] must be a string, got int"),  # non-string query
+    (b'{"queries": [null]}', 422, "queries[0] must be a string, got NoneType"),
+    (
+        json.dumps({"queries": ["x" * 41]}).encode(),
+        413,
+        "queries[0] has 41 characters; the limit is 40",
+    ),  # oversized
+    (
+        json.dumps({"queries": ["a"] * 5}).encode(),
+        413,
+        "5 queries in one request; the limit is 4",
+    ),  # batch too big
+    (b'{"queries": ["films"], "topk": 0}', 422, "'topk' must be between 1 and initial_k (6), got 0"),
+    (b'{"queries": ["films"], "topk": -2}', 422, "'topk' must be between 1 and initial_k (6), got -2"),
+    (
+        b'{"queries": ["films"], "topk": 7}',
+        422,
+        "'topk' must be between 1 and initial_k (6), got 7",
+    ),  # > initial_k
+    (b'{"queries": ["films"], "topk": 3, "initial_k": 2}', 422, "between 1 and initial_k (2), got 3"),
+    (b'{"queries": ["films"], "initial_k": 0}', 422, "'initial_k' must be between 1 and 1000"),
+    (b'{"queries": ["films"], "topk": "5"}', 422, "'topk' must be an integer"),
+    (b'{"queries": ["films"], "topk": true}', 422, "'topk' must be an integer"),
+    (b'{"queries": ["films"], "return_scores": "yes"}', 422, "'return_scores' must be true or false"),
+    (
+        b'{"queries": ["films"], "topk_retrieval": 10}',
+        422,
+        "unknown field(s) topk_retrieval",
+    ),  # Search-R1 key
+]
+
+
+@pytest.mark.parametrize("body, status, message", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_input_gets_4xx_with_message_and_service_keeps_serving(client, body, status, message):
+    r = client.post("/retrieve", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status
+    assert message in r.json()["error"]
+    assert client.get("/health").status_code == 200
+    ok = client.post("/retrieve", json={"queries": ["Lucene index"], "topk": 1})
+    assert ok.status_code == 200 and ok.json()["result"][0][0]["id"] == "5001__0"
+
+
+def test_concurrent_requests_are_merged_into_few_searches(client, backend, monkeypatch):
+    calls = []
+    search = backend.search
+
+    def slow_search(queries, **kw):
+        calls.append(len(queries))
+        time.sleep(0.3 if len(calls) == 1 else 0)  # requests arriving meanwhile queue up
+        return search(queries, **kw)
+
+    monkeypatch.setattr(backend, "search", slow_search)
+    single = [[q] for q in ["Lucene", "Winter Quay", "Kvitelva river", "Halcyon album"] * 3]
+    answers = [None] * len(single)
+
+    def send(i):
+        answers[i] = client.post("/retrieve", json={"queries": single[i], "topk": 1}).json()["result"][0]
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(single))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(calls) == len(single) and len(calls) <= 5  # 12 requests, batches of at most 4 queries
+    monkeypatch.undo()
+    for qs, got in zip(single, answers, strict=True):
+        assert got[0]["id"] == backend.search(qs, topk=1, initial_k=6)[0][0].id
+
+
+@pytest.mark.slow
+def test_http_round_trip_through_running_service(bm25_index, settings, backend, tmp_path):
+    log = tmp_path / "service.log"
+    with running_service(bm25_index, settings, log_path=log, threads=2) as url:
+        assert url.startswith("http://127.0.0.1:")
+        with RetrievalClient(url, timeout=30, retries=1) as c:
+            assert c.health()["documents"] == 11
+            got = c.retrieve(QUERIES)
+            assert (
+                c.retrieve(QUERIES[:1], topk=1, initial_k=2)[0][0]["id"]
+                == backend.search(QUERIES[:1], topk=1, initial_k=2)[0][0].id
+            )
+            with pytest.raises(RetrievalRequestError, match=r"HTTP 422.*queries\[0\] is empty") as err:
+                c.retrieve([""])
+            assert err.value.status == 422
+        port = int(url.rsplit(":", 1)[1])
+    expected = backend.search(QUERIES, topk=3, initial_k=6)
+    assert [[p["id"] for p in hits] for hits in got] == [[p.id for p in hits] for hits in expected]
+    assert [p["score"] for p in got[0]] == pytest.approx([p.score for p in expected[0]], abs=1e-5)
+    with pytest.raises(OSError):  # stopped: nothing listens any more
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    assert "retrieval service ready" in log.read_text()
+
+
+def test_service_refuses_to_start_on_a_missing_index(settings, tmp_path):
+    missing = tmp_path / "no_index"
+    started = time.monotonic()
+    with pytest.raises(
+        ServiceError, match=f"index {missing} exited with code 2(.|\n)*{missing} does not exist"
+    ):
+        with running_service(missing, settings):
+            pass
+    assert time.monotonic() - started < 60
+
+
+def test_service_is_stopped_when_the_job_fails(bm25_index, settings):
+    settings = dict(
+        settings, reranker=dict(settings["reranker"], model=None, path=None)
+    )  # BM25 only: quick start
+    with pytest.raises(RuntimeError, match="job failed"):
+        with running_service(bm25_index, settings) as url:
+            port = int(url.rsplit(":", 1)[1])
+            raise RuntimeError("job failed")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_cli_serve_refuses_missing_index(tmp_path, capsys):
+    from spader.retrieval.__main__ import main
+
+    assert main(["serve", "--index", str(tmp_path / "gone"), "--reranker", "none", "--port", "0"]) == 2
+    assert f"{tmp_path / 'gone'} does not exist" in capsys.readouterr().err
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    script: list[int] = []
+    seen: list[int] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        status = self.script.pop(0) if self.script else 200
+        self.seen.append(status)
+        body = json.dumps({"result": [[]]} if status == 200 else {"error": f"status {status}"}).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def flaky():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    _Flaky.seen = []
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_client_retries_5xx_but_not_4xx(flaky):
+    url = f"http://127.0.0.1:{flaky.server_address[1]}"
+    _Flaky.script = [503, 500]
+    assert RetrievalClient(url, timeout=5, retries=2, backoff=0.01).retrieve(["q"]) == [[]]
+    assert _Flaky.seen == [503, 500, 200]
+    _Flaky.seen, _Flaky.script = [], [503, 503, 503]
+    with pytest.raises(ServiceError, match="failed after 2 attempts: HTTP 503: status 503"):
+        RetrievalClient(url, timeout=5, retries=1, backoff=0.01).retrieve(["q"])
+    _Flaky.seen, _Flaky.script = [], [422]
+    with pytest.raises(RetrievalRequestError, match="HTTP 422.*status 422"):
+        RetrievalClient(url, timeout=5, retries=3, backoff=0.01).retrieve(["q"])
+    assert _Flaky.seen == [422]
+    _Flaky.script = [200]
+    with pytest.raises(ServiceError, match="answered 1 result lists for 2 queries"):
+        RetrievalClient(url, timeout=5, retries=0).retrieve(["q", "r"])
+
+
+def test_client_connection_refused_is_bounded():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ServiceError, match=r"failed after 3 attempts: ConnectError"):
+        RetrievalClient(f"http://127.0.0.1:{port}", timeout=2, retries=2, backoff=0.01).health()
+    assert time.monotonic() - started < 10
+
+
+def test_serve_command_carries_every_search_setting(settings, tmp_path):
+    from dataclasses import asdict
+
+    from spader.retrieval.__main__ import _parser, settings_from_args
+    from spader.retrieval.service import serve_command
+
+    s = SearchSettings.from_config(dict(settings, bm25={"k1": 1.2, "b": 0.75}))
+    cmd = serve_command(tmp_path / "idx", s, port=0, port_file=tmp_path / "port", threads=3)
+    args = _parser().parse_args(cmd[3:])
+    carried = {
+        k: v for k, v in asdict(s).items() if k not in ("startup_timeout_s", "request_timeout_s", "retries")
+    }
+    assert {k: v for k, v in asdict(settings_from_args(args)).items() if k in carried} == carried
+    assert (args.index, args.port, args.port_file, args.threads) == (
+        str(tmp_path / "idx"),
+        0,
+        str(tmp_path / "port"),
+        3,
+    )
