@@ -40,6 +40,14 @@ def test_repeated_queries_are_sent_once_and_answers_follow_the_input_order():
     assert search.queries_sent == 3 and search.requests == 1
 
 
+def test_blank_queries_get_no_passages_and_no_request():
+    client = RecordingClient()
+    search = RetrievalSearch(client, topk=1)
+    assert search(["  ", ""]) == [[], []] and client.requests == []
+    res = search([" a ", "\t"])
+    assert client.requests == [(["a"], 1)] and res[1] == [] and res[0][0]["text"] == "a"
+
+
 def test_large_turns_are_split_into_requests_the_service_accepts():
     client = RecordingClient()
     search = RetrievalSearch(client, topk=1, max_queries_per_request=4)

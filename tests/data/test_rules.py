@@ -5,59 +5,28 @@ run; a null URL fails the download job with a message naming the config key."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 pytestmark = pytest.mark.slow
 
 
-def _copy_repo(dest: Path) -> Path:
-    files = (
-        subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    for rel in filter(None, files):
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    return dest
-
-
-def _snakemake(work: Path, target: str, *configfiles: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XDG_CACHE_HOME=str(work / ".cache"))
-    return subprocess.run(
-        [SNAKEMAKE, "--cores", "2", target, "--configfile", "config/demo.yaml", *configfiles],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _snakemake(smk, work: Path, target: str, *configfiles: str) -> subprocess.CompletedProcess:
+    return smk.run("--cores", "2", target, "--configfile", "config/demo.yaml", *configfiles, cwd=work, check=False, timeout=600)
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    return _copy_repo(tmp_path_factory.mktemp("data_rules"))
+def work(tmp_path_factory, smk):
+    return smk.copy_repo(tmp_path_factory.mktemp("data_rules"))
 
 
-def test_normalize_records_drops_and_mlflow(work):
+def test_normalize_records_drops_and_mlflow(work, smk):
     target = "results/demo/data/normalized/mintaka/train.jsonl"
-    proc = _snakemake(work, target)
+    proc = _snakemake(smk, work, target)
     assert proc.returncode == 0, proc.stderr[-4000:]
     drops = json.loads((work / "results/demo/data/normalized/mintaka/train.drops.json").read_text())
     assert drops["dataset"] == "mintaka" and drops["kept"] == sum(1 for _ in open(work / target))
@@ -88,10 +57,10 @@ def test_normalize_records_drops_and_mlflow(work):
     )
 
 
-def test_null_url_fails_with_the_config_key(work, tmp_path):
+def test_null_url_fails_with_the_config_key(work, tmp_path, smk):
     overlay = tmp_path / "webqsp.yaml"
     overlay.write_text("datasets:\n  webqsp:\n    files:\n      WebQSP.zip: {url: null}\n")
-    proc = _snakemake(work, "resources/demo/datasets/webqsp/WebQSP.zip", str(overlay))
+    proc = _snakemake(smk, work, "resources/demo/datasets/webqsp/WebQSP.zip", str(overlay))
     assert proc.returncode != 0
     log = (work / "logs/download_dataset/demo/webqsp/WebQSP.zip.log").read_text()
     assert "config key 'datasets.webqsp.files.WebQSP.zip.url' is null" in log

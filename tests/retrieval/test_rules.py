@@ -6,54 +6,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 pytestmark = pytest.mark.slow
 
 
-def _copy_repo(dest: Path) -> Path:
-    files = (
-        subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    for rel in filter(None, files):
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    return dest
-
-
-def _snakemake(work: Path, overlay: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XDG_CACHE_HOME=str(work / ".cache"))
-    return subprocess.run(
-        [SNAKEMAKE, "--cores", "2", *args, "--configfile", "config/demo.yaml", overlay],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _snakemake(smk, work: Path, overlay: str, *args: str) -> subprocess.CompletedProcess:
+    return smk.run("--cores", "2", *args, "--configfile", "config/demo.yaml", overlay, cwd=work, check=False, timeout=600)
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, corpus_tar):
-    work = _copy_repo(tmp_path_factory.mktemp("corpus_rules"))
+def work(tmp_path_factory, corpus_tar, smk):
+    work = smk.copy_repo(tmp_path_factory.mktemp("corpus_rules"))
     shutil.copy2(corpus_tar, work / "dump.tar.gz")
     return work
 
@@ -78,12 +48,12 @@ def _overlay(tmp_path: Path, **corpus) -> str:
     return str(path)
 
 
-def test_download_and_index(work, tmp_path):
+def test_download_and_index(work, tmp_path, smk):
     data = (work / "dump.tar.gz").read_bytes()
     overlay = _overlay(
         tmp_path, sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), expected_documents=11
     )
-    proc = _snakemake(work, overlay, "results/demo/index/bm25")
+    proc = _snakemake(smk, work, overlay, "results/demo/index/bm25")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (work / "resources/demo/corpus/chunked_wikipedia.tar.gz").read_bytes() == data
     stats = json.loads((work / "results/demo/index/stats.json").read_text())
@@ -92,18 +62,18 @@ def test_download_and_index(work, tmp_path):
     assert any((work / "results/demo/index/bm25").glob("segments_*"))
 
 
-def test_existing_archive_skips_the_download(work, tmp_path):
+def test_existing_archive_skips_the_download(work, tmp_path, smk):
     overlay = _overlay(tmp_path, archive="dump.tar.gz")
-    proc = _snakemake(work, overlay, "-n", "--forceall", "results/demo/index/bm25")
+    proc = _snakemake(smk, work, overlay, "-n", "--forceall", "results/demo/index/bm25")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "build_bm25_index" in proc.stdout and "download_dump" not in proc.stdout
 
 
-def test_checksum_mismatch_fails_without_output(work, tmp_path):
+def test_checksum_mismatch_fails_without_output(work, tmp_path, smk):
     overlay = _overlay(tmp_path, sha256="0" * 64)
     target = "resources/demo/corpus/chunked_wikipedia.tar.gz"
     (work / target).unlink(missing_ok=True)
-    proc = _snakemake(work, overlay, target)
+    proc = _snakemake(smk, work, overlay, target)
     assert proc.returncode != 0
     assert f"expected {'0' * 64}" in (work / "logs/download_dump/demo.log").read_text()
     assert not (work / target).exists() and not (work / (target + ".part")).exists()

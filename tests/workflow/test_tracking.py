@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import mlflow
-import pytest
 
 from spader.tracking import config_hash, fingerprint, flatten_params
 

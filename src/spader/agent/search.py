@@ -1,8 +1,8 @@
 """The agent loop's search function over the retrieval service (``spader.retrieval.client``).
 
 It takes care of what the service would reject: queries longer than the service accepts are cut
-to ``max_query_chars`` (a hostile 10,000-character query still searches), repeated queries of one
-turn are sent once, and large turns are split into requests of at most
+to ``max_query_chars`` (a hostile 10,000-character query still searches), blank queries get no
+passages without a request (the service rejects them), repeated queries of one turn are sent once, and large turns are split into requests of at most
 ``max_queries_per_request``. A service failure (after the client's own retries) raises: the
 evaluation must not score episodes against a dead search engine.
 """
@@ -37,9 +37,9 @@ class RetrievalSearch:
         self.queries_sent = 0
 
     def __call__(self, queries: Sequence[str]) -> list[list[dict]]:
-        cut = [q[: self.max_query_chars] for q in queries]
-        unique = list(dict.fromkeys(cut))
-        found: dict[str, list[dict]] = {}
+        cut = [q.strip()[: self.max_query_chars] for q in queries]
+        unique = list(dict.fromkeys(q for q in cut if q))
+        found: dict[str, list[dict]] = {"": []}
         for start in range(0, len(unique), self.max_queries_per_request):
             chunk = unique[start : start + self.max_queries_per_request]
             results = self.client.retrieve(chunk, topk=self.topk)

@@ -66,7 +66,7 @@ def _mark(out: Path, kind: str, seed: int) -> None:
 
 
 def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
-    """Save a ~100k-parameter random Qwen3ForCausalLM and its tokenizer (with chat template)."""
+    """Save a ~0.4M-parameter random Qwen3ForCausalLM and its tokenizer (with chat template)."""
     _offline()
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -93,14 +93,16 @@ def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
     )
     hf_tok.chat_template = _QWEN_CHAT_TEMPLATE
     torch.manual_seed(seed)
+    # head_dim 64 is the smallest that GPU attention kernels (FlashInfer, FlashAttention 3) take,
+    # so the same tiny model also serves the GPU smoke test under sglang.
     cfg = Qwen3Config(
         vocab_size=len(hf_tok),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128,
+        intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
         max_position_embeddings=32768,
         tie_word_embeddings=True,
         eos_token_id=hf_tok.eos_token_id,

@@ -1,5 +1,5 @@
-"""Helpers for the workflow tests: run the real `snakemake` CLI of the project's venv and parse
-its dry-run job listing."""
+"""Shared test helpers (the `smk` fixture): run the real `snakemake` CLI of the project's venv in
+the repository or in a copy of it, and parse its dry-run job listing."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
