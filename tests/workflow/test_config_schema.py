@@ -121,5 +121,5 @@ def test_bad_config_fails_before_any_job(tmp_path, smk):
 def test_verl_config_chain_follows_project_defaults():
     chain = verl_config_chain("no_np", VERL_DIR)
     assert chain[0].endswith("no_np.yaml")
-    assert any(p.endswith("spader.yaml") for p in chain)
+    assert any(p.endswith("spader_base.yaml") for p in chain) and any(p.endswith("base.yaml") for p in chain)
     assert all(p.startswith(str(VERL_DIR)) or p.startswith("config") for p in chain)

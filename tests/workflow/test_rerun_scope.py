@@ -79,7 +79,9 @@ def test_variant_yaml_edit_reruns_only_variants_built_on_it():
     jobs = _jobs(_paper(), TARGET)
     affected = _affected(jobs, jobs, changed_input="config/verl/beta_8.yaml")
     assert {a for a in affected if a[0] == "train_policy"} == {("train_policy", "beta_8")}
-    spader_children = {a[1] for a in _affected(jobs, jobs, changed_input="config/verl/spader.yaml") if a[0] == "train_policy"}
+    spader_children = {
+        a[1] for a in _affected(jobs, jobs, changed_input="config/verl/spader_base.yaml") if a[0] == "train_policy"
+    }
     assert {"spader", "no_spa", "no_np", "no_ig", "beta_0", "beta_1", "beta_4", "beta_8"} <= spader_children
     assert not {"grpo", "ppo"} & spader_children
 

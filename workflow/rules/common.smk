@@ -125,6 +125,19 @@ def get_split_member(wildcards):
     return config["datasets"][wildcards.dataset]["splits"][wildcards.split].get("member")
 
 
+def get_mix_datasets():
+    """Datasets the mix draws from (mix.counts > 0); only their normalized files are inputs."""
+    return [d for d in DATASETS if config["mix"]["counts"].get(d, 0) > 0]
+
+
+def get_mix_files(split):
+    return expand(
+        "results/{{suite}}/data/normalized/{dataset}/{split}.jsonl",
+        dataset=get_mix_datasets(),
+        split=split,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------

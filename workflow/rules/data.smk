@@ -2,19 +2,6 @@
 # and one evaluation file per dataset (issue #4; shared/spec/data.md). Logic: spader.data.
 
 
-def get_mix_datasets():
-    """Datasets the mix draws from (mix.counts > 0); only their normalized files are inputs."""
-    return [d for d in DATASETS if config["mix"]["counts"].get(d, 0) > 0]
-
-
-def get_mix_files(split):
-    return expand(
-        "results/{{suite}}/data/normalized/{dataset}/{split}.jsonl",
-        dataset=get_mix_datasets(),
-        split=split,
-    )
-
-
 rule download_dataset:
     output:
         raw="resources/{suite}/datasets/{dataset}/{file}",
