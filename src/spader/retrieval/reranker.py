@@ -6,8 +6,9 @@ on GPU). Scoring then runs one batched pass over all (query, passage) pairs of a
 * one fast-tokenizer call for every pair (``truncation="only_second"``), instead of
   FlagEmbedding 1.4.2's per-pair path, which under transformers 5 tokenizes query and passage,
   decodes both back to text and tokenizes the pair again, one pair at a time in Python;
-* pairs sorted by length so padded batches waste little, padded with numpy, ``torch.inference_mode``,
-  the next chunk of pairs tokenized while the model scores the current one;
+* pairs grouped by exact length into batches that need no padding and no attention mask (the
+  remainders in padded batches sorted by length), ``torch.inference_mode``, the next chunk of
+  pairs tokenized while the model scores the current one;
 * no probe batch: ``compute_score`` runs its first batch twice to find a batch size that fits,
   which doubles the work of a request of at most ``batch_size`` pairs.
 
@@ -135,30 +136,57 @@ class CrossEncoderReranker:
         return scores
 
     def _encode(self, queries: list[str], passages: list[str]) -> list[list[int]]:
-        return self.tokenizer(
-            queries,
-            passages,
-            truncation="only_second",
-            max_length=self.max_length,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )["input_ids"]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:  # a slow (Python) tokenizer
+            return self.tokenizer(
+                queries,
+                passages,
+                truncation="only_second",
+                max_length=self.max_length,
+                padding=False,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+            )["input_ids"]
+        # The Rust tokenizer directly: the same encodings as the call above (the wrapper sets the
+        # same truncation and calls encode_batch), without the wrapper's per-call Python work,
+        # which is about a third of tokenization time. Only the tokenizing thread uses it.
+        backend.no_padding()
+        backend.enable_truncation(self.max_length, strategy="only_second")
+        return [e.ids for e in backend.encode_batch(list(zip(queries, passages)), add_special_tokens=True)]
 
     def _forward(self, encoded: list[list[int]]) -> np.ndarray:
-        """Scores of tokenized pairs, in batches of similar length."""
+        """Scores of tokenized pairs.
+
+        Pairs of one exact length fill whole batches that need no padding and no attention mask
+        (the model then runs its unmasked attention kernel, about 20% faster on CPU); the
+        remainders of all lengths are scored in padded batches sorted by length.
+        """
         import torch
 
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         order = np.argsort(-lengths, kind="stable")
         scores = np.empty(len(encoded), dtype=np.float32)
+        full: list[np.ndarray] = []
+        rest: list[np.ndarray] = []
+        for group in np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1):
+            cut = len(group) - len(group) % self.batch_size
+            full.extend(group[s : s + self.batch_size] for s in range(0, cut, self.batch_size))
+            rest.append(group[cut:])
+        rest_order = np.concatenate(rest) if rest else np.zeros(0, dtype=np.int64)
         with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start : start + self.batch_size]
+            for rows in full:
+                ids = torch.from_numpy(np.array([encoded[i] for i in rows], dtype=np.int64))
+                scores[rows] = self._logits(ids, None)
+            for start in range(0, len(rest_order), self.batch_size):
+                rows = rest_order[start : start + self.batch_size]
                 ids, mask = self._pad([encoded[i] for i in rows], int(lengths[rows[0]]))
-                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-                scores[rows] = logits.view(-1).float().cpu().numpy()
+                scores[rows] = self._logits(ids, mask)
         return scores
+
+    def _logits(self, ids, mask) -> np.ndarray:
+        mask = None if mask is None else mask.to(self.device)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask).logits
+        return logits.view(-1).float().cpu().numpy()
 
     def _pad(self, rows: list[list[int]], width: int):
         """``(len(rows), width)`` input ids and attention mask, padded on the tokenizer's side
