@@ -169,46 +169,16 @@ def build_bench_reranker(out: Path, seed: int = 0) -> Path:
     tokens), every word is known (FlagEmbedding's decode/re-encode round trip is exact), and
     ``initializer_range=0.5`` spreads the scores (the usual 0.02 puts every pair within ~1e-5,
     where batched vs per-query float noise reorders near-ties)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from spader.models.tiny import save_random_cross_encoder
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     vocab = {t: i for i, t in enumerate(specials + [word(i) for i in range(VOCAB)])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
-    )
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        cls_token="<s>",
-        sep_token="</s>",
-        mask_token="<mask>",
-        model_max_length=512,
-    )
-    torch.manual_seed(seed)
-    cfg = XLMRobertaConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=514,
-        num_labels=1,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        initializer_range=0.5,
-    )
-    XLMRobertaForSequenceClassification(cfg).save_pretrained(out)
-    hf_tok.save_pretrained(out)
-    return out
+    return save_random_cross_encoder(tok, out, seed=seed, initializer_range=0.5)
 
 
 class PerQueryDesign:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["build_tiny_qwen3", "build_tiny_reranker", "build", "TINY_MARKER"]
+__all__ = ["build_tiny_qwen3", "build_tiny_reranker", "build", "save_random_cross_encoder", "TINY_MARKER"]
 
 # Written next to the weights so every consumer can say plainly that the model is random.
 TINY_MARKER = "spader_tiny_model.json"
@@ -119,34 +119,28 @@ def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
     return out
 
 
-def build_tiny_reranker(out: str | os.PathLike, seed: int = 0) -> Path:
-    """Save a random 2-layer XLM-RoBERTa sequence classifier (1 label) and its tokenizer.
+def save_random_cross_encoder(
+    tok, out: str | os.PathLike, *, seed: int = 0, initializer_range: float = 0.02
+) -> Path:
+    """Save a random 2-layer XLM-RoBERTa sequence classifier (1 label) around ``tok``.
+
+    Args:
+        tok: a ``tokenizers.Tokenizer`` whose vocabulary holds ``<s> <pad> </s> <unk> <mask>``;
+            its post-processor is set to XLM-R's pair template here.
+        out: output directory (model + tokenizer, loadable by FlagEmbedding).
+        seed: torch seed of the random weights.
+        initializer_range: std of the random weights (larger spreads the scores apart).
 
     ``max_position_embeddings=514`` and ``model_max_length=512`` match bge-reranker-v2-m3, so
     FlagEmbedding's default ``max_length`` never indexes past the position table.
     """
     _offline()
     import torch
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    corpus = [
-        "the quick brown fox jumps over the lazy dog",
-        "which films were directed by the director",
-        "lucene builds an inverted index of wikipedia passages",
-        "a reranker scores query passage pairs",
-        "rivers lakes mountains cities novels albums",
-    ] * 20
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    tok = Tokenizer(models.Unigram())
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(
-        corpus, trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
-    )
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)]
@@ -174,9 +168,35 @@ def build_tiny_reranker(out: str | os.PathLike, seed: int = 0) -> Path:
         pad_token_id=hf_tok.pad_token_id,
         bos_token_id=bos,
         eos_token_id=eos,
+        initializer_range=initializer_range,
     )
     XLMRobertaForSequenceClassification(cfg).save_pretrained(out)
     hf_tok.save_pretrained(out)
+    return out
+
+
+def build_tiny_reranker(out: str | os.PathLike, seed: int = 0) -> Path:
+    """Save a tiny random cross-encoder shaped like bge-reranker-v2-m3 (XLM-R with a small
+    Unigram tokenizer); see :func:`save_random_cross_encoder`."""
+    _offline()
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    corpus = [
+        "the quick brown fox jumps over the lazy dog",
+        "which films were directed by the director",
+        "lucene builds an inverted index of wikipedia passages",
+        "a reranker scores query passage pairs",
+        "rivers lakes mountains cities novels albums",
+    ] * 20
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(
+        corpus, trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    )
+    out = save_random_cross_encoder(tok, out, seed=seed)
     _mark(out, "reranker", seed)
     log.info("tiny random reranker saved to %s", out)
     return out
