@@ -149,7 +149,7 @@ def get_verl_configs(wildcards):
 def get_gpu_job_threads():
     """GPU jobs take every core of a workstation run, so Snakemake runs them one at a time
     (it never assigns GPUs itself). A cluster run has no core count; its profile sets these
-    jobs' CPUs (set-threads), so the value here is only a placeholder."""
+    jobs' CPUs (set-threads), which replaces this value."""
     try:
         return workflow.cores
     except WorkflowError:
