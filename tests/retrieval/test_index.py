@@ -92,6 +92,8 @@ def test_build_from_directory_equals_build_from_archive(corpus_dir, bm25_index, 
     out = tmp_path / "from_dir"
     stats = build_bm25_index(corpus_dir, out, threads=2)
     assert stats["documents"] == len(chunks.records())
+    assert stats["indexer"] == "IndexCollection"  # Anserini reads a plain directory itself
+    assert json.loads((bm25_index.parent / "stats.json").read_text())["indexer"] == "SimpleIndexer (streamed)"
     a, b = Bm25Searcher(out), Bm25Searcher(bm25_index)
     assert [[(h.id, h.score) for h in hits] for hits in a.search(list(KNOWN), 5)] == [
         [(h.id, h.score) for h in hits] for hits in b.search(list(KNOWN), 5)
@@ -105,6 +107,14 @@ def test_any_prefix_inside_the_archive(tmp_path, chunks):
         chunks.write_tar(root, tmp_path / "x.tar.gz"), tmp_path / "idx", stats_path=tmp_path / "s.json"
     )
     assert stats["documents"] == 4 and json.loads((tmp_path / "s.json").read_text())["documents"] == 4
+
+
+def test_directory_with_other_json_files_indexes_only_the_chunk_files(tmp_path, chunks):
+    # JsonCollection would also read .json/.gz files; such a tree goes through our reader instead.
+    root = chunks.write_corpus(tmp_path / "c", chunks.records()[:4], files=2)
+    (root / "wikipedia_chunks" / "manifest.json").write_text('{"files": 2}')
+    stats = build_bm25_index(root, tmp_path / "idx")
+    assert stats["documents"] == 4 and stats["indexer"] == "SimpleIndexer (streamed)"
 
 
 def test_expected_documents_is_enforced(corpus_tar, tmp_path):

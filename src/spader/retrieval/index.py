@@ -2,10 +2,16 @@
 
 The index is what ``python -m pyserini.index.lucene --collection JsonCollection --generator
 DefaultLuceneDocumentGenerator --storeRaw`` builds (SPADER's ``build_qampari_index.sh`` adds
-``--storePositions --storeDocvectors``, which BM25 never reads and which double the size), but the
-chunk lines are streamed straight out of the ``.tar.gz`` into Anserini's ``SimpleIndexer``: the
-real dump is never extracted (~30 GB of jsonl), every line is counted, and a rejected line is
-reported with its file and line number.
+``--storePositions --storeDocvectors``, which BM25 never reads and which double the size).
+
+- From the ``.tar.gz`` dump (what the pipeline downloads), the chunk lines are streamed straight
+  out of the archive into Anserini's ``SimpleIndexer``: the real dump is never extracted (~30 GB
+  of jsonl).
+- From a directory of ``.jsonl`` files, Anserini's ``IndexCollection`` (the class the pyserini
+  CLI runs) reads the files itself, in this process, so no line crosses into Python.
+
+Either way every non-blank line must become a document: the count is checked, and a line
+Anserini skipped (it only logs those) is found again and reported with its file and line number.
 
 The raw JSON line is stored with each document, so search returns title and text without a
 second lookup (:mod:`spader.retrieval.searcher`).
@@ -81,7 +87,10 @@ def build_bm25_index(
 
     start_jvm(heap)
     started = time.perf_counter()
-    indexed = _index_lines(reader, building, threads)
+    if reader.files is not None and _plain_jsonl_tree(reader.source):
+        indexer, indexed = "IndexCollection", _index_collection(reader, building, threads)
+    else:
+        indexer, indexed = "SimpleIndexer (streamed)", _index_lines(reader, building, threads)
     seconds = time.perf_counter() - started
 
     info = verify_index(building)
@@ -110,6 +119,7 @@ def build_bm25_index(
         "docs_per_s": round(indexed / seconds, 1) if seconds > 0 else None,
         "stored_fields": ["id", "raw"],
         "anserini": anserini_jar().name,
+        "indexer": indexer,
         "bm25_built_with": "JsonCollection + DefaultLuceneDocumentGenerator, raw documents stored",
     }
     stats_path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,6 +174,59 @@ def _index_lines(reader: ChunkReader, building: Path, threads: int) -> int:
     producer.join()
     indexer.close()  # commits
     return indexed
+
+
+def _plain_jsonl_tree(root: Path) -> bool:
+    """True when JsonCollection would read exactly the ``*.jsonl`` files :class:`ChunkReader` reads
+    (it also takes ``.json`` and ``.gz`` files and skips hidden ones)."""
+    return not any(
+        p.is_file() and (p.suffix in (".json", ".gz") or p.name.startswith("."))
+        for p in root.rglob("*")
+    )
+
+
+def _index_collection(reader: ChunkReader, building: Path, threads: int) -> int:
+    """Index a directory with Anserini's IndexCollection; check that every non-blank line is a document."""
+    from jnius import autoclass
+
+    expected = 0
+    for path in reader.files:
+        with open(path, "rb") as f:
+            expected += sum(1 for line in f if not line.isspace())
+    reader.members.extend(str(p) for p in reader.files)
+    args = autoclass("io.anserini.index.IndexCollection$Args")()
+    autoclass("org.kohsuke.args4j.CmdLineParser")(args).parseArgument(
+        "-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
+        "-input", str(reader.source), "-index", str(building), "-storeRaw",
+        "-threads", str(threads), "-memoryBuffer", str(_MEMORY_BUFFER_MB),
+    )  # fmt: skip
+    indexer = autoclass("io.anserini.index.IndexCollection")(args)
+    counters = indexer.getCounters()
+    done = threading.Event()
+
+    def progress() -> None:  # pyjnius releases the GIL while run() is in Java
+        with tqdm(total=expected, unit="doc", desc="indexing", mininterval=5.0) as bar:
+            while not done.wait(5.0):
+                bar.update(counters.indexed.get() - bar.n)
+            bar.update(counters.indexed.get() - bar.n)
+
+    watcher = threading.Thread(target=progress, daemon=True)
+    watcher.start()
+    try:
+        indexer.run()
+    finally:
+        done.set()
+        watcher.join()
+    counts = {k: int(getattr(counters, k).get()) for k in ("indexed", "empty", "unindexable", "skipped", "errors")}
+    if counts["indexed"] != expected:
+        shutil.rmtree(building, ignore_errors=True)
+        for name, number, line in reader:  # name the first line Anserini could not index
+            check_record_line(line, f"{name}:{number}")
+        raise IndexBuildError(
+            f"{reader.source}: Anserini indexed {counts['indexed']} of {expected} non-blank lines "
+            f"({counts}) and every line is a chunk record; see the log for what it skipped"
+        )
+    return expected
 
 
 def _read_batches(reader: ChunkReader, out: queue.Queue, stop: threading.Event) -> None:

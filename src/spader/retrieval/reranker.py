@@ -152,7 +152,9 @@ class CrossEncoderReranker:
         # which is about a third of tokenization time. Only the tokenizing thread uses it.
         backend.no_padding()
         backend.enable_truncation(self.max_length, strategy="only_second")
-        return [e.ids for e in backend.encode_batch(list(zip(queries, passages)), add_special_tokens=True)]
+        # encode_batch_fast skips the character offsets nobody reads here (~40% of the time).
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        return [e.ids for e in encode(list(zip(queries, passages)), add_special_tokens=True)]
 
     def _forward(self, encoded: list[list[int]]) -> np.ndarray:
         """Scores of tokenized pairs.
