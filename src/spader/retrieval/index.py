@@ -106,10 +106,11 @@ def build_bm25_index(
             "(corpus.expected_documents)"
         )
     os.replace(building, index_dir)
+    files = len(reader.files) if reader.files is not None else len(reader.members)
     stats = {
         "index": str(index_dir),
         "source": str(source),
-        "files": len(reader.members),
+        "files": files,
         "documents": indexed,
         "unique_terms": info["unique_terms"] if info["unique_terms"] >= 0 else None,  # Lucene: -1 = unknown
         "total_terms": info["total_terms"],
@@ -126,7 +127,7 @@ def build_bm25_index(
     tmp = stats_path.with_name(stats_path.name + ".tmp")
     tmp.write_text(json.dumps(stats, indent=2) + "\n")
     os.replace(tmp, stats_path)
-    files, rate = len(reader.members), indexed / max(seconds, 1e-9)
+    rate = indexed / max(seconds, 1e-9)
     log.info(
         "indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
         indexed,
@@ -193,7 +194,6 @@ def _index_collection(reader: ChunkReader, building: Path, threads: int) -> int:
     for path in reader.files:
         with open(path, "rb") as f:
             expected += sum(1 for line in f if not line.isspace())
-    reader.members.extend(str(p) for p in reader.files)
     args = autoclass("io.anserini.index.IndexCollection$Args")()
     autoclass("org.kohsuke.args4j.CmdLineParser")(args).parseArgument(
         "-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
@@ -214,6 +214,9 @@ def _index_collection(reader: ChunkReader, building: Path, threads: int) -> int:
     watcher.start()
     try:
         indexer.run()
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     finally:
         done.set()
         watcher.join()

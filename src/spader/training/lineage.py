@@ -33,8 +33,8 @@ _ATTEMPTS_FILE = "attempts.jsonl"
 def verl_tracking_env(run_id: str | None, tracking_uri: str | None) -> dict[str, str]:
     """Environment that makes verl's MLflow logger attach to ``run_id`` in ``tracking_uri``.
 
-    Empty when tracking is off: verl then gets no ``mlflow`` logger at all (its default store,
-    ``sqlite:////tmp/mlruns.db``, would be lost on a cluster node).
+    Empty when tracking is off: verl then gets no ``mlflow`` logger at all (its default store, a
+    SQLite file in the node's temporary directory, would be lost on a cluster node).
     """
     if not run_id or not tracking_uri:
         return {}
