@@ -17,13 +17,23 @@ import argparse
 import os
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from spader.advantage import segment_steps, step_peer_advantage, step_rewards_from_tokens, steps_to_tokens
-from spader.densify import StepRecord, densify_rewards
-from spader.reference import reference_dense_rewards, reference_token_advantages
+from spader.core.advantage import (
+    segment_steps,
+    step_peer_advantage,
+    step_rewards_from_tokens,
+    steps_to_tokens,
+)
+from spader.core.densify import StepRecord, densify_rewards
+
+# the slow per-token loop version lives with the tests, which check the vectorised code against it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from loop_reference import reference_dense_rewards, reference_token_advantages
 
 SETTINGS = dict(alpha=1.0, beta=4.0, cost=0.01)
 GAMMA = 0.9
@@ -67,7 +77,7 @@ def vectorised(mask, terminal, uids, records, n_gold):
 
 
 def loop_reference(mask, terminal, uids, records, n_gold):
-    """The same computation with Python loops over tokens (spader.reference)."""
+    """The same computation with Python loops over tokens (loop_reference)."""
     mask_l = mask.tolist()
     dense = reference_dense_rewards(mask_l, terminal.tolist(), uids, records, n_gold, **SETTINGS)
     return torch.tensor(reference_token_advantages(dense, mask_l, uids, gamma=GAMMA))

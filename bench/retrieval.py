@@ -127,6 +127,7 @@ def bench_indexing(root: Path, corpus_dir: Path, archive: Path, n: int, threads:
         "DefaultLuceneDocumentGenerator",
         "--storeRaw",
     ]
+
     def raw(out: Path, corpus: Path) -> list[str]:
         return [py, "-c", raw_cli, *raw_args, "--threads", str(threads), "--index", str(out),
                 "--input", str(corpus / "wikipedia_chunks" / "chunks_v5")]  # fmt: skip
@@ -344,8 +345,7 @@ def report(indexing: dict, search: dict, args, n_queries: int) -> None:
         same_input = RAW_TAR if name in (OURS_TAR, RAW_TAR) else RAW
         overhead = r["best_s"] / indexing[same_input]["best_s"] - 1
         print(
-            f"{name:30s} {r['best_s']:7.1f} s {r['docs_per_s']:9,.0f} docs/s  "
-            f"vs {same_input} {overhead:+.1%}"
+            f"{name:30s} {r['best_s']:7.1f} s {r['docs_per_s']:9,.0f} docs/s  vs {same_input} {overhead:+.1%}"
         )
     for mode, res in search.items():
         base = res[BASELINE]["qps"]
@@ -411,7 +411,9 @@ def main() -> None:
         "rerank": bench_search(
             work / "index", reranker, queries, args.threads, args.rounds, args.device, args.rerank_batch
         ),
-        "bm25": bench_search(work / "index", None, queries, args.threads, args.rounds, args.device, args.rerank_batch),
+        "bm25": bench_search(
+            work / "index", None, queries, args.threads, args.rounds, args.device, args.rerank_batch
+        ),
     }
 
     report(indexing, search, args, len(queries))

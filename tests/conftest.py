@@ -17,14 +17,18 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def run_snakemake(*args: str, cwd: Path = REPO, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_snakemake(
+    *args: str, cwd: Path = REPO, check: bool = True, timeout: float = 900
+) -> subprocess.CompletedProcess:
     """Run the project's snakemake; XDG_CACHE_HOME is kept inside the work dir."""
     env = dict(os.environ, XDG_CACHE_HOME=str(Path(cwd) / ".cache"))
     proc = subprocess.run(
         [SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        raise AssertionError(
+            f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 
@@ -82,10 +86,16 @@ def dry_run_jobs(*args: str, cwd: Path = REPO) -> list[Job]:
 
 def copy_repo(dest: Path) -> Path:
     """Copy the working tree as a fresh clone would see it (tracked + untracked, not ignored)."""
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, files):
         src = REPO / rel
         target = dest / rel

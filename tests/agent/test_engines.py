@@ -14,8 +14,8 @@ from spader.agent.engines import (
     build_engine,
 )
 from spader.agent.loop import AgentSettings, Question, render_prompt, run_episodes
+from spader.core.prompt import build_messages
 from spader.evaluation.records import episode_record
-from spader.prompt import build_messages
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ def test_rag_retrieves_with_the_question_then_must_answer_in_one_turn(scripted, 
     ],
 )
 def test_hostile_final_turns_score_zero_and_never_raise(scripted, fake_search, text, reason):
-    (ep,), (rec,) = run(scripted, fake_search, {FILMS: [text]})
+    (_ep,), (rec,) = run(scripted, fake_search, {FILMS: [text]})
     assert not rec["format_valid"] and rec["invalid_reason"] == reason
     assert (rec["precision"], rec["recall"], rec["f1"]) == (0.0, 0.0, 0.0) and rec["predictions"] == []
     assert fake_search.calls == []
@@ -127,7 +127,7 @@ def test_malformed_tool_call_returns_an_error_observation_and_the_episode_goes_o
 
 def test_ten_thousand_item_answer_is_scored(scripted, fake_search):
     answer = ["Winter Quay", "Glass Harbour"] + [f"Film number {i}" for i in range(9998)]
-    (ep,), (rec,) = run(scripted, fake_search, {FILMS: ["<answer>" + json.dumps(answer) + "</answer>"]})
+    (_ep,), (rec,) = run(scripted, fake_search, {FILMS: ["<answer>" + json.dumps(answer) + "</answer>"]})
     assert rec["format_valid"] and len(rec["predictions"]) == 10_000
     assert rec["precision"] == pytest.approx(2 / 10_000) and rec["recall"] == pytest.approx(2 / 3)
 
@@ -153,7 +153,7 @@ def test_queries_beyond_the_per_call_limit_are_not_run(scripted, fake_search):
 
 def test_context_budget_ends_the_episode(scripted, fake_search, tokenizer):
     from spader.agent.loop import render_prompt
-    from spader.prompt import build_messages
+    from spader.core.prompt import build_messages
 
     first = len(render_prompt(tokenizer, build_messages(FILMS)))
     settings = AgentSettings(max_turns=4, max_new_tokens=64, max_context_tokens=first + 40)
@@ -181,7 +181,7 @@ def test_observation_fitting_and_hits_are_the_training_tool_s():
     """One implementation serves both: evaluation shows and scores what training would."""
     import spader.agent.loop as loop
     import spader.integrations.verl.search_tool as tool
-    from spader import prompt, rewards
+    from spader.core import prompt, rewards
 
     assert loop.fit_observation is tool.fit_observation is prompt.fit_observation
     assert loop.passage_hits is tool.passage_hits is rewards.passage_hits
@@ -191,13 +191,13 @@ def test_hostile_long_queries_are_cut_as_in_training(scripted, fake_search):
     settings = AgentSettings(max_turns=2, max_query_chars=12, max_context_tokens=100_000)
     long = "Ilse Varga " + "x" * 10_000
     scripts = {FILMS: [f"<tool_call>{json.dumps([long])}</tool_call>", "<answer>[]</answer>"]}
-    (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
+    (_ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
     assert fake_search.calls == [["Ilse Varga x"]] and rec["steps"][0]["queries"] == ["Ilse Varga x"]
 
 
 def test_a_generation_failure_is_kept_as_zero_and_the_others_continue(scripted, fake_search):
     scripts = {FILMS: [RuntimeError("CUDA out of memory")], LAKE: ['<answer>["Tam", "Oure"]</answer>']}
-    eps, (films, lake) = run(scripted, fake_search, scripts)
+    _eps, (films, lake) = run(scripted, fake_search, scripts)
     assert films["status"] == "generation_error" and "out of memory" in films["error"] and films["f1"] == 0.0
     assert lake["f1"] == 1.0
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_reference import reference_token_advantages
 
-from spader.advantage import (
+from spader.core.advantage import (
     discounted_returns,
     place_step_rewards,
     segment_steps,
@@ -15,7 +16,6 @@ from spader.advantage import (
     steps_to_tokens,
     trajectory_peer_advantage,
 )
-from spader.reference import reference_token_advantages
 
 # method.md, "Worked example (gamma 0.9, one group of 3)"
 REWARDS = torch.tensor([[0.5, 0.2, 0.6], [0.1, 0.4, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)

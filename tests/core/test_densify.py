@@ -4,9 +4,9 @@ import random
 
 import pytest
 import torch
+from loop_reference import reference_dense_rewards
 
-from spader.densify import StepRecord, densify_rewards, parse_step_records
-from spader.reference import reference_dense_rewards
+from spader.core.densify import StepRecord, densify_rewards, parse_step_records
 
 KW = dict(alpha=1.0, beta=4.0, cost=0.01)
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from spader.metrics import macro_average, prf
-from spader.parsing import parse_answer, parse_tool_call, parse_turn
+from spader.core.metrics import macro_average, prf
+from spader.core.parsing import parse_answer, parse_tool_call, parse_turn
 
 
 @pytest.mark.parametrize(
@@ -74,8 +74,8 @@ def test_macro_average():
 
 def test_pure_core_imports_no_framework():
     code = (
-        "import sys, spader.text, spader.rewards, spader.advantage, spader.densify, spader.metrics, "
-        "spader.parsing, spader.prompt, spader.reference\n"
+        "import sys, spader.core.text, spader.core.rewards, spader.core.advantage, spader.core.densify, spader.core.metrics, "
+        "spader.core.parsing, spader.core.prompt\n"
         "bad = [m for m in ('verl', 'ray', 'sglang', 'snakemake') if m in sys.modules]\n"
         "assert not bad, bad"
     )

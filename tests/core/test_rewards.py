@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from spader.rewards import (
+from spader.core.rewards import (
     cost_warmup_scale,
     find_hits,
     group_step_rewards,
@@ -146,9 +146,12 @@ def test_terminal_reward_rejects_out_of_range_f1():
 
 
 def test_passage_hits_matches_titles_and_texts_separately():
-    from spader.rewards import passage_hits
+    from spader.core.rewards import passage_hits
 
-    shown = [[{"title": "Salt Orchard", "text": "a film by Ilse Varga"}], [{"title": "Winter", "text": "Quay of the port"}]]
+    shown = [
+        [{"title": "Salt Orchard", "text": "a film by Ilse Varga"}],
+        [{"title": "Winter", "text": "Quay of the port"}],
+    ]
     entities = [["The Salt Orchard"], ["Ilse Varga"], ["Winter Quay"], ["port"]]
     # "Winter" + "Quay" only span title and text: no hit; queries are not part of the input at all
     assert passage_hits(shown, entities) == {0, 1, 3}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spader.config import ConfigError, check_config
 from spader.data import normalize_release, read_records, record_schema
 from spader.data.layout import dump_jsonl
+from spader.infra.config import ConfigError, check_config
 
 REPO = Path(__file__).resolve().parents[2]
 

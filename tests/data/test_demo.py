@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spader.core.rewards import find_hits
 from spader.data import (
     DATASETS,
     MixConfig,
@@ -28,7 +29,6 @@ from spader.data import (
 )
 from spader.data.records import DROP_REASONS, records_frame
 from spader.demo import DEMO_FILES
-from spader.rewards import find_hits
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "demo"
@@ -174,7 +174,7 @@ def test_bm25_search_finds_the_answers(tmp_path, normalized):
         import json, sys
         from spader.retrieval.index import build_bm25_index
         from spader.retrieval.searcher import Bm25Searcher
-        from spader.rewards import find_hits
+        from spader.core.rewards import find_hits
 
         archive, index, questions = sys.argv[1:4]
         build_bm25_index(archive, index, heap="1g")

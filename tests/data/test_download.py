@@ -1,4 +1,4 @@
-"""download_dataset: URLs and paths through spader.download.fetch, the user-supplied WebQSP error,
+"""download_dataset: URLs and paths through spader.infra.download.fetch, the user-supplied WebQSP error,
 and the Hugging Face hub option against a local directory laid out like the hub repository (these
 machines have no hub access; huggingface_hub itself resolves the file there)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from spader.data import DatasetSourceError, download_dataset, normalize_release
 from spader.data.layout import dump_jsonl
-from spader.download import DownloadError
+from spader.infra.download import DownloadError
 
 QUEST_ROWS = [
     {

@@ -69,7 +69,7 @@ def test_strip_parenthetical(title, stripped):
     assert strip_parenthetical(title) == stripped
 
 
-@pytest.mark.parametrize("module", ["spader.text", "spader.data.records", "spader.data.layout"])
+@pytest.mark.parametrize("module", ["spader.core.text", "spader.data.records", "spader.data.layout"])
 def test_docstring_examples(module):
     import doctest
     import importlib

@@ -13,6 +13,8 @@ import textwrap
 import polars as pl
 import pytest
 
+from spader.core.prompt import build_user_prompt
+from spader.core.text import normalize
 from spader.data import (
     EVAL_SCHEMA,
     MIX_SCHEMA,
@@ -23,8 +25,6 @@ from spader.data import (
     verl_rows,
 )
 from spader.data.records import META_FIELDS, record_schema, records_frame, to_mix_meta, write_frame
-from spader.prompt import build_user_prompt
-from spader.text import normalize
 
 
 def rec(dataset: str, rid: str, question: str, answers: list[list[str]]) -> dict:

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from spader.core.text import normalize
 from spader.data import (
     MIX_SCHEMA,
     MixConfig,
@@ -19,7 +20,6 @@ from spader.data import (
     read_records,
 )
 from spader.data.records import META_FIELDS, record_schema, records_frame, write_frame
-from spader.text import normalize
 
 
 def rec(dataset: str, n: int, question: str, n_answers: int = 2, split: str = "train") -> dict:

@@ -16,7 +16,17 @@ pytestmark = pytest.mark.slow
 
 
 def _snakemake(smk, work: Path, target: str, *configfiles: str) -> subprocess.CompletedProcess:
-    return smk.run("--cores", "2", target, "--configfile", "config/demo.yaml", *configfiles, cwd=work, check=False, timeout=600)
+    return smk.run(
+        "--cores",
+        "2",
+        target,
+        "--configfile",
+        "config/demo.yaml",
+        *configfiles,
+        cwd=work,
+        check=False,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")

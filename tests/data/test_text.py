@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spader.text import clean_text, normalize, normalize_spader_compat
+from spader.core.text import clean_text, normalize, normalize_spader_compat
 
 
 @pytest.mark.parametrize(

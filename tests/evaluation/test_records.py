@@ -7,8 +7,8 @@ import json
 import pytest
 
 from spader.agent.loop import Episode, Question, Step
+from spader.core.parsing import parse_answer
 from spader.evaluation.records import EvalSetError, episode_record, load_eval_set, summarize
-from spader.parsing import parse_answer
 
 GOLD = [["Paris", "Paname"], ["Lyon"], ["Marseille", "Massilia"]]
 

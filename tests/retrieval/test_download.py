@@ -1,4 +1,4 @@
-"""spader.download: atomic, resumable, retried fetches (file: URLs, paths, a local HTTP server) and
+"""spader.infra.download: atomic, resumable, retried fetches (file: URLs, paths, a local HTTP server) and
 archive extraction that refuses members escaping the target directory."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from spader.download import (
+from spader.infra.download import (
     DownloadError,
     UnsafeArchiveError,
     fetch,

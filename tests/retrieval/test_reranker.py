@@ -103,6 +103,6 @@ def test_repeated_queries_are_searched_once(backend, monkeypatch):
     seen = []
     search = backend.searcher.search
     monkeypatch.setattr(backend.searcher, "search", lambda qs, k: seen.append(list(qs)) or search(qs, k))
-    a, b, c = backend.search(["Lucene", "Winter Quay", "Lucene"], topk=1, initial_k=3)
+    a, _b, c = backend.search(["Lucene", "Winter Quay", "Lucene"], topk=1, initial_k=3)
     assert seen == [["Lucene", "Winter Quay"]]
     assert a == c and a[0].id == "5001__0"

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 def _snakemake(smk, work: Path, overlay: str, *args: str) -> subprocess.CompletedProcess:
-    return smk.run("--cores", "2", *args, "--configfile", "config/demo.yaml", overlay, cwd=work, check=False, timeout=600)
+    return smk.run(
+        "--cores", "2", *args, "--configfile", "config/demo.yaml", overlay, cwd=work, check=False, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -206,8 +207,8 @@ def test_cli_serve_refuses_missing_index(tmp_path, capsys):
 
 
 class _Flaky(BaseHTTPRequestHandler):
-    script: list[int] = []
-    seen: list[int] = []
+    script: ClassVar[list[int]] = []
+    seen: ClassVar[list[int]] = []
 
     def log_message(self, *args):
         pass

@@ -25,7 +25,11 @@ def _parse_value(text: str):
 def _dry_run_jobs(target: str) -> dict[str, list[dict]]:
     """{rule: [resources of each job]} from the dry run's job listing."""
     proc = subprocess.run(
-        [*SNAKEMAKE, "-n", "--profile", "slurm", target], cwd=REPO, capture_output=True, text=True, timeout=300
+        [*SNAKEMAKE, "-n", "--profile", "slurm", target],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs: dict[str, list[dict]] = defaultdict(list)

@@ -52,7 +52,9 @@ def _snakemake(args: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
 
 
 def _sbatch_calls(output: str) -> list[str]:
-    return [re.sub(r" --wrap=.*", "", line) for line in output.splitlines() if line.startswith("sbatch call:")]
+    return [
+        re.sub(r" --wrap=.*", "", line) for line in output.splitlines() if line.startswith("sbatch call:")
+    ]
 
 
 def _copy_workflow(dest: Path) -> Path:
@@ -68,7 +70,15 @@ def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
     work = _copy_workflow(tmp_path / "repo")
     # targets first: --configfile takes every following word as a config file
     rc, out = _snakemake(
-        [*DEMO_TARGETS, "--profile", "slurm", "--configfile", "config/demo.yaml", *NO_ACCOUNTING, "--verbose"],
+        [
+            *DEMO_TARGETS,
+            "--profile",
+            "slurm",
+            "--configfile",
+            "config/demo.yaml",
+            *NO_ACCOUNTING,
+            "--verbose",
+        ],
         cwd=work,
         timeout=900,
     )
@@ -114,7 +124,9 @@ def test_gpu_training_request_gets_one_task(slurm_cluster, tmp_path):
     assert " --gpus=8" in call and " --cpus-per-task=64" in call and " --nodes=1" in call
     assert "--ntasks" not in call
 
-    alloc = dict(line.split("=", 1) for line in (work / "results" / "allocation.txt").read_text().split("\n") if line)
+    alloc = dict(
+        line.split("=", 1) for line in (work / "results" / "allocation.txt").read_text().split("\n") if line
+    )
     assert alloc["SLURM_NTASKS"] == "1"
     assert alloc["SLURM_CPUS_PER_TASK"] == "64"
     assert alloc["TRES_PER_JOB"] == "gres:gpu:8"
@@ -131,7 +143,9 @@ def test_plugin_default_gpu_request_is_unschedulable(slurm_cluster, sbatch_line)
     def test_only(resources: dict) -> subprocess.CompletedProcess:
         argv = shlex.split(sbatch_line(resources))
         argv = [a for a in argv if a != "--parsable"]
-        return subprocess.run([argv[0], "--test-only", *argv[1:], "--wrap=true"], capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            [argv[0], "--test-only", *argv[1:], "--wrap=true"], capture_output=True, text=True, timeout=30
+        )
 
     ours = test_only({**profile, "tasks_per_gpu": 0})
     assert ours.returncode == 0, ours.stderr

@@ -40,9 +40,21 @@ def fsdp_actor(tmp_path_factory, tiny_model) -> Path:
     out = tmp_path_factory.mktemp("fsdp") / "global_step_1" / "actor"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CKPT_STEP": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(HERE / "make_fsdp_checkpoint.py"), str(tiny_model), str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(HERE / "make_fsdp_checkpoint.py"),
+            str(tiny_model),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out

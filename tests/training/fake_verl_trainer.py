@@ -64,7 +64,9 @@ def main(argv: list[str]) -> int:
         default_backend=list(ov["trainer.logger"]),
         config=resolved,
     )
-    print(f"fake verl: config {config_name}, steps {start + 1}..{total}, retrieval hits {len(hits)}", flush=True)
+    print(
+        f"fake verl: config {config_name}, steps {start + 1}..{total}, retrieval hits {len(hits)}", flush=True
+    )
     for step in range(start + 1, total + 1):
         if step == fail_at:
             print(f"fake verl: crash at step {step}", flush=True)

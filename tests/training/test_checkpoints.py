@@ -111,7 +111,10 @@ def test_resume_overrides_name_the_absolute_checkpoint(tmp_path, monkeypatch):
     make_step(Path("ck"), 40)
     track(Path("ck"), 40)
     ov = resume_overrides(latest_checkpoint("ck"))
-    assert ov == ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path / 'ck' / 'global_step_40'}"]
+    assert ov == [
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={tmp_path / 'ck' / 'global_step_40'}",
+    ]
 
 
 @pytest.mark.slow
@@ -131,9 +134,7 @@ def test_metrics_of_several_attempts(tmp_path):
     first = new_metrics_file(tmp_path)
     assert first.name == "attempt_001.jsonl"
     first.write_text(
-        "\n".join(
-            json.dumps({"step": s, "data": {"loss": float(s), "first": True}}) for s in (1, 2, 3)
-        )
+        "\n".join(json.dumps({"step": s, "data": {"loss": float(s), "first": True}}) for s in (1, 2, 3))
         + '\n{"step": 4, "data": {"lo'  # killed mid-write
     )
     second = new_metrics_file(tmp_path)

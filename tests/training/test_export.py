@@ -52,17 +52,30 @@ def test_export_merges_the_shards_into_the_trained_weights(tmp_path, fsdp_actor,
     for key, value in source_sd.items():  # verl's merger saves bfloat16
         assert torch.equal(merged_sd[key], value.to(merged_sd[key].dtype)), key
     tok = AutoTokenizer.from_pretrained(out)
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
 
     on_disk = json.loads((tmp_path / "models" / "spader.json").read_text())
     assert on_disk == meta
-    for key in ("steps_done", "config_hash", "data_hash", "index_hash", "verl_version", "backbone", "variant"):
+    for key in (
+        "steps_done",
+        "config_hash",
+        "data_hash",
+        "index_hash",
+        "verl_version",
+        "backbone",
+        "variant",
+    ):
         assert meta[key] == final[key]
     assert meta["model_hash"].startswith("dir:")
 
 
 def test_export_names_a_missing_checkpoint(tmp_path):
     _final(tmp_path, tmp_path / "work" / "checkpoints" / "global_step_1" / "actor")
-    with pytest.raises(ExportError, match=r"names checkpoint .*global_step_1/actor, which is missing or incomplete.*demo/spader"):
+    with pytest.raises(
+        ExportError,
+        match=r"names checkpoint .*global_step_1/actor, which is missing or incomplete.*demo/spader",
+    ):
         export_checkpoint(tmp_path / "final.json", tmp_path / "out", tmp_path / "out.json")
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.json").exists()

@@ -105,7 +105,11 @@ def test_training_overrides_cover_every_mapped_key(paper_config):
 
 def test_job_overrides_are_absolute_and_forward_tracking_env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    env = {"MLFLOW_TRACKING_URI": "sqlite:////x/mlflow.db", "MLFLOW_RUN_ID": "r1", "VERL_FILE_LOGGER_PATH": "/x/m.jsonl"}
+    env = {
+        "MLFLOW_TRACKING_URI": "sqlite:////x/mlflow.db",
+        "MLFLOW_RUN_ID": "r1",
+        "VERL_FILE_LOGGER_PATH": "/x/m.jsonl",
+    }
     ov = job_overrides(
         train_file="d/train.parquet",
         val_file="d/val.parquet",
@@ -205,7 +209,9 @@ def test_resume_and_extra_overrides_compose(paper_config, tiny_model, tmp_path):
     job = _job(paper_config, "grpo", tmp_path, tiny_model)
     job.extra_overrides = ("trainer.total_training_steps=2", "trainer.save_freq=1")
     ckpt = Checkpoint(200, job.ckpt_dir / "global_step_200")
-    plan = plan_launch(job, resume_from=ckpt, metrics_file=job.metrics_dir / "a.jsonl", link=RunLink(None, None))
+    plan = plan_launch(
+        job, resume_from=ckpt, metrics_file=job.metrics_dir / "a.jsonl", link=RunLink(None, None)
+    )
     cfg = compose_config(plan)
     assert cfg.trainer.resume_mode == "resume_path"
     assert cfg.trainer.resume_from_path == str(ckpt.path)
@@ -219,7 +225,9 @@ def test_resume_and_extra_overrides_compose(paper_config, tiny_model, tmp_path):
 def test_entry_point_accepts_the_composed_command(paper_config, tiny_model, tmp_path):
     """The exact argv, run through the real entry point up to verl's config validation."""
     job = _job(paper_config, "spader", tmp_path, tiny_model)
-    plan = plan_launch(job, resume_from=None, metrics_file=job.metrics_dir / "a.jsonl", link=RunLink(None, None))
+    plan = plan_launch(
+        job, resume_from=None, metrics_file=job.metrics_dir / "a.jsonl", link=RunLink(None, None)
+    )
     argv = [*plan.argv[:3], "--validate-only", *plan.argv[3:]]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

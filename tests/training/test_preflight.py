@@ -27,12 +27,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_backbone_not_in_config(paper_config):
-    with pytest.raises(PreflightError, match=r"backbone 'qwen3_14b' is not in the config .*qwen3_8b, llama3_1_8b"):
+    with pytest.raises(
+        PreflightError, match=r"backbone 'qwen3_14b' is not in the config .*qwen3_8b, llama3_1_8b"
+    ):
         select(paper_config, "qwen3_14b", "spader")
 
 
 def test_variant_not_in_config(paper_config):
-    with pytest.raises(PreflightError, match=r"variant 'dapo' is not in the config \(config key 'variants' has: spader"):
+    with pytest.raises(
+        PreflightError, match=r"variant 'dapo' is not in the config \(config key 'variants' has: spader"
+    ):
         select(paper_config, "qwen3_8b", "dapo")
 
 
@@ -44,7 +48,10 @@ def test_variant_not_trained_by_backbone(paper_config):
 
 
 def test_base_model_path_missing(tmp_path):
-    with pytest.raises(PreflightError, match=r"base model path .*missing does not exist \(config key 'backbones.b.model' is 'Org/M'\)"):
+    with pytest.raises(
+        PreflightError,
+        match=r"base model path .*missing does not exist \(config key 'backbones.b.model' is 'Org/M'\)",
+    ):
         check_model_dir(tmp_path / "missing", backbone="b", model="Org/M")
     (tmp_path / "empty").mkdir()
     with pytest.raises(PreflightError, match="not a Hugging Face model directory: no config.json"):
@@ -57,7 +64,10 @@ def test_base_model_dir_ok(tiny_model):
 
 def test_gpus_requested_vs_available(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    with pytest.raises(PreflightError, match=r"8 GPU\(s\) requested \(config key 'backbones.qwen3_8b.gpus'\) but 2 available .*CUDA_VISIBLE_DEVICES=0,1"):
+    with pytest.raises(
+        PreflightError,
+        match=r"8 GPU\(s\) requested \(config key 'backbones.qwen3_8b.gpus'\) but 2 available .*CUDA_VISIBLE_DEVICES=0,1",
+    ):
         check_gpus(8, backbone="qwen3_8b", available=2)
     with pytest.raises(PreflightError, match="'backbones.demo.gpus' is 0: verl trains only on GPUs"):
         check_gpus(0, backbone="demo", available=4)
@@ -76,7 +86,10 @@ def test_gpus_counted_by_torch_on_this_machine():
 
 def test_verl_version_pinned():
     assert check_verl_version() == VERL_VERSION
-    with pytest.raises(PreflightError, match=rf"verl {re.escape(VERL_VERSION)} is installed but this project is pinned to verl==9\.9\.9"):
+    with pytest.raises(
+        PreflightError,
+        match=rf"verl {re.escape(VERL_VERSION)} is installed but this project is pinned to verl==9\.9\.9",
+    ):
         check_verl_version("9.9.9")
 
 
@@ -89,7 +102,14 @@ def test_pin_constant_matches_pyproject():
 
 def test_static_checks_report_every_problem(tmp_path):
     with pytest.raises(PreflightError) as err:
-        static_checks(backbone="b", model="Org/M", model_dir=tmp_path / "m", gpus=4, available_gpus=1, verl_version="0.0.1")
+        static_checks(
+            backbone="b",
+            model="Org/M",
+            model_dir=tmp_path / "m",
+            gpus=4,
+            available_gpus=1,
+            verl_version="0.0.1",
+        )
     lines = str(err.value).splitlines()
     assert lines[0] == "training cannot start:"
     assert len(lines) == 4
@@ -119,7 +139,9 @@ class _Server:
             return JSONResponse(body, status_code=status_code)
 
         self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:
@@ -170,6 +192,8 @@ def test_run_training_stops_before_launching_anything(tmp_path, paper_config):
     )
     with pytest.raises(PreflightError) as err:
         run_training(job, available_gpus=0)
-    assert "Qwen--Qwen3-8B does not exist (config key 'backbones.qwen3_8b.model' is 'Qwen/Qwen3-8B')" in str(err.value)
+    assert "Qwen--Qwen3-8B does not exist (config key 'backbones.qwen3_8b.model' is 'Qwen/Qwen3-8B')" in str(
+        err.value
+    )
     assert "8 GPU(s) requested" in str(err.value)
     assert not marker.exists() and not (tmp_path / "work").exists()

@@ -68,7 +68,9 @@ def _git_init(path: Path) -> str:
            "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
     for cmd in (["git", "init", "-q"], ["git", "commit", "-q", "--allow-empty", "-m", "scratch"]):
         subprocess.run(cmd, cwd=path, env=env, check=True)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -100,10 +102,13 @@ def workflow_job(tmp_path, monkeypatch, paper_config, tiny_model, bm25_index):
             }
         ).write_parquet(data / f"{split}.parquet")
 
-    from spader.tracking import start_pipeline_run
+    from spader.infra.tracking import start_pipeline_run
 
     start_pipeline_run(config, targets=["results/tiny/f1.tsv"], root=tmp_path)
-    verl_configs = [str(REPO / "config" / "verl" / "spader.yaml"), str(REPO / "config" / "verl" / "spader_base.yaml")]
+    verl_configs = [
+        str(REPO / "config" / "verl" / "spader.yaml"),
+        str(REPO / "config" / "verl" / "spader_base.yaml"),
+    ]
     params = {
         "backbone": config["backbones"]["tiny"],
         "variant": config["variants"]["spader"],
@@ -133,7 +138,7 @@ def workflow_job(tmp_path, monkeypatch, paper_config, tiny_model, bm25_index):
 
 
 def _attempt(smk, fsdp_actor):
-    from spader.tracking import job_run
+    from spader.infra.tracking import job_run
     from spader.training.run import TrainJob, run_training
 
     with job_run(smk) as run:
@@ -198,7 +203,12 @@ def test_failed_attempt_then_resumed_rerun(workflow_job, fsdp_actor, monkeypatch
             "training/tool_config.yaml", "training/attempt_002.jsonl"} <= artifacts  # fmt: skip
 
     history = [json.loads(line) for line in (work / "attempts.jsonl").read_text().splitlines()]
-    assert [(h["event"], h["attempt"]) for h in history] == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert [(h["event"], h["attempt"]) for h in history] == [
+        ("start", 1),
+        ("end", 1),
+        ("start", 2),
+        ("end", 2),
+    ]
     assert history[1]["status"] == "failed" and history[3]["status"] == "finished"
 
     # what export_checkpoint merges (tests/training/test_export.py runs the merge)

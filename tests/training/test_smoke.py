@@ -13,7 +13,14 @@ import pytest
 from spader.training.launch import compose_config, override_key
 from spader.training.lineage import RunLink
 from spader.training.run import plan_launch
-from spader.training.smoke import SMOKE_OVERRIDES, SMOKE_TRAINING, load_config, main, prepare_command, smoke_job
+from spader.training.smoke import (
+    SMOKE_OVERRIDES,
+    SMOKE_TRAINING,
+    load_config,
+    main,
+    prepare_command,
+    smoke_job,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = [REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml"]
@@ -30,7 +37,9 @@ def smoke_root(tmp_path, tiny_model) -> Path:
 
 
 def _plan(job):
-    return plan_launch(job, resume_from=None, metrics_file=job.metrics_dir / "attempt_001.jsonl", link=RunLink(None, None))
+    return plan_launch(
+        job, resume_from=None, metrics_file=job.metrics_dir / "attempt_001.jsonl", link=RunLink(None, None)
+    )
 
 
 @pytest.mark.slow

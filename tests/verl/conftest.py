@@ -48,14 +48,14 @@ class InMemoryTransferQueue:
         self.store: dict[tuple[str, str], dict] = {}
 
     def put_samples(self, keys, samples, partition_id="train"):
-        for key, sample in zip(keys, samples):
+        for key, sample in zip(keys, samples, strict=False):
             self.store[(partition_id, key)] = dict(sample)
 
     def kv_batch_put(self, keys, partition_id, fields, tags=None):
-        for name in fields.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch dimension)
+        for name in fields.keys():
             value = fields[name]
             rows = value.unbind() if isinstance(value, torch.Tensor) else list(value)
-            for key, row in zip(keys, rows):
+            for key, row in zip(keys, rows, strict=False):
                 self.store.setdefault((partition_id, key), {})[name] = row
         return None
 

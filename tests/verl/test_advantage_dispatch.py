@@ -14,16 +14,16 @@ import torch
 
 pytest.importorskip("verl")
 
-from transfer_queue import KVBatchMeta  # noqa: E402
-from verl import DataProto  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput  # noqa: E402
-from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
-from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
+from transfer_queue import KVBatchMeta
+from verl import DataProto
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.trainer.ppo.v1 import get_trainer_cls
 
-from spader.densify import N_GOLD_KEY, STEPS_KEY  # noqa: E402
-from spader.integrations.verl import plugin  # noqa: E402, F401
-from spader.integrations.verl.compose import compose  # noqa: E402
-from spader.integrations.verl.trainer import SpaderTrainerSync  # noqa: E402
+from spader.core.densify import N_GOLD_KEY, STEPS_KEY
+from spader.integrations.verl import plugin  # noqa: F401
+from spader.integrations.verl.compose import compose
+from spader.integrations.verl.trainer import SpaderTrainerSync
 
 
 def rollout(runs, score, steps=(), n_gold=10):
@@ -188,7 +188,7 @@ def test_estimators_through_compute_advantage_dispatch():
     cfg = compose("spader", [])
     # dense rewards as the trainer mode writes them
     dense = [rollout([3, 2, 2, 2, 2], 0.0), rollout([2, 3, 1, 1], 0.0), rollout([4], 0.0)]
-    for sample, rewards in zip(dense, [(0.5, 0.2, 0.6), (0.1, 0.4), (0.0,)]):
+    for sample, rewards in zip(dense, [(0.5, 0.2, 0.6), (0.1, 0.4), (0.0,)], strict=False):
         ends = [
             j
             for j in range(len(sample["response_mask"]))

@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
-from spader.config import verl_config_chain  # noqa: E402
-from spader.integrations.verl.compose import compose, validate  # noqa: E402
-from spader.integrations.verl.overrides import ESTIMATORS, TRAINING_KEYS, method_overrides  # noqa: E402
+from spader.infra.config import verl_config_chain
+from spader.integrations.verl.compose import compose, validate
+from spader.integrations.verl.overrides import ESTIMATORS, TRAINING_KEYS, method_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from spader.integrations.verl import main as entry  # noqa: E402
+from spader.integrations.verl import main as entry
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "verl"
 PLUGIN = "spader.integrations.verl.plugin"

@@ -12,20 +12,22 @@ import pytest
 
 pytest.importorskip("verl")
 
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # noqa: E402
-from verl.tools.schemas import OpenAIFunctionToolSchema  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.tools.schemas import OpenAIFunctionToolSchema
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
 
-from spader.densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY  # noqa: E402
-from spader.integrations.verl.agent_loop import SpaderToolAgentLoop, SpaderToolParser  # noqa: E402
-from spader.integrations.verl.compose import compose  # noqa: E402
-from spader.integrations.verl.reward import compute_score  # noqa: E402
-from spader.integrations.verl.search_tool import SearchTool  # noqa: E402
-from spader.prompt import fit_observation  # noqa: E402
-from spader.integrations.verl.tool_config import TOOL_SCHEMA, write_tool_config  # noqa: E402
-from spader.prompt import build_messages  # noqa: E402
+from spader.core.densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY
+from spader.core.prompt import (
+    build_messages,
+    fit_observation,
+)
+from spader.integrations.verl.agent_loop import SpaderToolAgentLoop, SpaderToolParser
+from spader.integrations.verl.compose import compose
+from spader.integrations.verl.reward import compute_score
+from spader.integrations.verl.search_tool import SearchTool
+from spader.integrations.verl.tool_config import TOOL_SCHEMA, write_tool_config
 
 GOLD = {
     "target": ["The Salt Orchard", "Winter Quay", "Harbour Lights", "Quiet Meadow"],
@@ -98,7 +100,7 @@ def test_tool_caps_queries_and_sends_repeats_once(retrieval_service):
 def test_tool_budget_drops_low_ranked_passages_and_their_hits(retrieval_service):
     full = _tool(retrieval_service.url, max_chars=100000)
     data = _AgentData(turns=1)
-    text_full, _, _ = asyncio.run(_call(full, {"queries": ["ilse varga film"]}, data))
+    _text_full, _, _ = asyncio.run(_call(full, {"queries": ["ilse varga film"]}, data))
     assert data.extra_fields[STEPS_KEY][0]["hits"] == [1, 2]  # Winter Quay, then Harbour Lights
     # a budget that only fits the first passage: the second one (Harbour Lights) is neither shown nor hit
     budget = len('Results for "ilse varga film":\n') + len("Doc 1 (Title: Winter Quay) ") + 60
@@ -314,10 +316,9 @@ def test_composed_agent_settings_name_the_registered_pieces():
 def test_real_episodes_through_the_trainer_mode(tokenizer, retrieval_service, fake_tq):
     """Two real episodes of one prompt -> terminal reward -> TransferQueue fields as the agent-loop
     worker writes them -> spader_sync densification -> verl's advantage dispatch."""
+    from loop_reference import reference_token_advantages
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1 import get_trainer_cls
-
-    from spader.reference import reference_token_advantages
 
     searcher, _ = run_episode(tokenizer, retrieval_service.url, SEARCH_THEN_ANSWER)
     direct, _ = run_episode(tokenizer, retrieval_service.url, ['<answer>["Winter Quay"]</answer>'])
@@ -345,5 +346,5 @@ def test_real_episodes_through_the_trainer_mode(tokenizer, retrieval_service, fa
     pad = lambda rows: [r + [0] * (width - len(r)) for r in rows]  # noqa: E731
     expected = reference_token_advantages(pad(rewards), pad(masks), ["uid0", "uid0"], gamma=0.9)
     got = [fake_tq.store[("train", k)]["advantages"].tolist() for k in keys]
-    for row, exp in zip(got, expected):
+    for row, exp in zip(got, expected, strict=False):
         assert row == pytest.approx(exp[: len(row)], abs=1e-5)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
-from spader.config import ConfigError, check_config, load_schema, verl_config_chain
+from spader.infra.config import ConfigError, check_config, load_schema, verl_config_chain
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -66,7 +66,11 @@ def test_every_object_rejects_unknown_keys():
 
     def walk(node, path):
         if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" in node and node.get("additionalProperties") is not False:
+            if (
+                node.get("type") == "object"
+                and "properties" in node
+                and node.get("additionalProperties") is not False
+            ):
                 loose.append(path)
             for k, v in node.items():
                 walk(v, f"{path}.{k}")
@@ -80,15 +84,26 @@ def test_every_object_rejects_unknown_keys():
     [
         (lambda c: c["mix"].update(bogus=1), "config key 'mix.bogus' is not allowed"),
         (lambda c: c.update(surprise=True), "config key 'surprise' is not allowed"),
-        (lambda c: c["training"].update(lr="fast"), "config key 'training.lr': 'fast' is not of type 'number'"),
-        (lambda c: c["retrieval"]["bm25"].update(b=2), "config key 'retrieval.bm25.b': 2 is greater than the maximum of 1"),
-        (lambda c: c["variants"]["spader"].update(advantage="magic"), "config key 'variants.spader.advantage'"),
+        (
+            lambda c: c["training"].update(lr="fast"),
+            "config key 'training.lr': 'fast' is not of type 'number'",
+        ),
+        (
+            lambda c: c["retrieval"]["bm25"].update(b=2),
+            "config key 'retrieval.bm25.b': 2 is greater than the maximum of 1",
+        ),
+        (
+            lambda c: c["variants"]["spader"].update(advantage="magic"),
+            "config key 'variants.spader.advantage'",
+        ),
         (lambda c: c["backbones"]["qwen3_8b"].update(gpus="eight"), "config key 'backbones.qwen3_8b.gpus'"),
     ],
 )
 def test_schema_errors_name_the_key(paper, mutate, expected):
     mutate(paper)
-    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(
+        ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         check_config(paper, SCHEMA, VERL_DIR)
 
 
@@ -96,10 +111,19 @@ def test_schema_errors_name_the_key(paper, mutate, expected):
     ("mutate", "expected"),
     [
         (lambda c: c.update(targets=["gpt5"]), "config key 'targets': 'gpt5' is not a key of 'backbones'"),
-        (lambda c: c["backbones"]["llama3_1_8b"]["variants"].append("dpo"), "'backbones.llama3_1_8b.variants': 'dpo'"),
+        (
+            lambda c: c["backbones"]["llama3_1_8b"]["variants"].append("dpo"),
+            "'backbones.llama3_1_8b.variants': 'dpo'",
+        ),
         (lambda c: c["variants"]["spader"].update(verl_config="nope"), "'variants.spader.verl_config'"),
-        (lambda c: c["datasets"]["quest"]["splits"]["test"].update(file="missing.jsonl"), "'datasets.quest.splits.test.file'"),
-        (lambda c: c["backbones"]["qwen3_8b"].update(model="/no/such/model/dir"), "'backbones.qwen3_8b.model'"),
+        (
+            lambda c: c["datasets"]["quest"]["splits"]["test"].update(file="missing.jsonl"),
+            "'datasets.quest.splits.test.file'",
+        ),
+        (
+            lambda c: c["backbones"]["qwen3_8b"].update(model="/no/such/model/dir"),
+            "'backbones.qwen3_8b.model'",
+        ),
     ],
 )
 def test_cross_reference_errors_name_the_key(paper, mutate, expected):

@@ -57,8 +57,21 @@ def test_paper_dag_lists_every_stage(smk, paper_config, backbone):
 
 def test_paper_dag_variants(smk, paper_config):
     qwen = set(paper_config["backbones"]["qwen3_8b"]["variants"])
-    assert qwen == {"spader", "no_spa", "no_np", "no_ig", "beta_0", "beta_1", "beta_4", "beta_8", "grpo", "ppo"}
-    llama = set(paper_config["backbones"]["llama3_1_8b"]["variants"]) | set(paper_config["backbones"]["llama3_1_8b"]["baselines"])
+    assert qwen == {
+        "spader",
+        "no_spa",
+        "no_np",
+        "no_ig",
+        "beta_0",
+        "beta_1",
+        "beta_4",
+        "beta_8",
+        "grpo",
+        "ppo",
+    }
+    llama = set(paper_config["backbones"]["llama3_1_8b"]["variants"]) | set(
+        paper_config["backbones"]["llama3_1_8b"]["baselines"]
+    )
     assert {"spader", "grpo", "ppo", "rag", "react"} <= llama
 
 
@@ -72,8 +85,17 @@ def test_demo_dag_runs_only_cpu_stages(smk):
     jobs = smk.dry_run_jobs("--cores", "2", "--configfile", "config/demo.yaml")
     rules = set(j.rule for j in jobs)
     assert "train_policy" not in rules
-    assert {"download_dump", "build_bm25_index", "download_dataset", "normalize_dataset", "mix_training_set",
-            "export_rl_dataset", "evaluate_policy", "aggregate_results", "build_tiny_model"} <= rules
+    assert {
+        "download_dump",
+        "build_bm25_index",
+        "download_dataset",
+        "normalize_dataset",
+        "mix_training_set",
+        "export_rl_dataset",
+        "evaluate_policy",
+        "aggregate_results",
+        "build_tiny_model",
+    } <= rules
     assert not any(j.resources.get("gpu", "0") != "0" for j in jobs)
     assert all(j.wildcards.get("suite", "demo") == "demo" for j in jobs)
 
@@ -91,6 +113,8 @@ def test_lint_is_clean_apart_from_environments(smk):
     """`snakemake --lint` finds nothing but the missing per-rule conda/container directives (the
     project runs every rule in its one pip environment)."""
     proc = smk.run("--lint", check=False)
-    findings = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip().startswith("* ")]
+    findings = [
+        line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip().startswith("* ")
+    ]
     assert findings, "lint produced no output at all"
     assert all(f.startswith("* Specify a conda environment or container") for f in findings), findings

@@ -31,7 +31,10 @@ def _demo_args(smk) -> list[str]:
 def _scheduled(smk, workdir: Path, *extra: str) -> set[tuple[str, str]]:
     """(rule, wildcards) of the jobs a dry run of the demo would run now."""
     proc = smk.run(*_demo_args(smk), "-n", *extra, cwd=workdir)
-    return {(j.rule, ",".join(f"{k}={v}" for k, v in sorted(j.wildcards.items()))) for j in smk.parse_jobs(proc.stdout + proc.stderr)}
+    return {
+        (j.rule, ",".join(f"{k}={v}" for k, v in sorted(j.wildcards.items())))
+        for j in smk.parse_jobs(proc.stdout + proc.stderr)
+    }
 
 
 def _rules(jobs) -> set[str]:
@@ -58,7 +61,15 @@ def test_demo_writes_the_tables(demo):
         values = [float(row[d]) for d in DATASETS]
         assert all(0.0 <= v <= 1.0 for v in values)
         assert float(row["avg"]) == pytest.approx(sum(values) / 4, abs=1e-3)
-    for name in ["prf.tsv", "efficiency.tsv", "temporal.tsv", "ablation.tsv", "beta_sweep.tsv", "efficiency.png", "temporal.png"]:
+    for name in [
+        "prf.tsv",
+        "efficiency.tsv",
+        "temporal.tsv",
+        "ablation.tsv",
+        "beta_sweep.tsv",
+        "efficiency.png",
+        "temporal.png",
+    ]:
         assert (results / name).stat().st_size > 0, name
     # the training data of the scaled-down mix exists too
     assert (demo["work"] / "results/demo/data/verl/train.parquet").exists()
@@ -75,8 +86,17 @@ def test_demo_logs_every_job_and_tracks_it(demo):
     # one log per job (evaluation jobs add the log of the retrieval service they started)
     logs = [p for p in (demo["work"] / "logs").rglob("*.log") if not p.name.endswith(".service.log")]
     rules = {p.relative_to(demo["work"] / "logs").parts[0] for p in logs}
-    assert {"download_dump", "build_bm25_index", "download_dataset", "normalize_dataset", "mix_training_set",
-            "export_rl_dataset", "export_eval_set", "evaluate_policy", "aggregate_results"} <= rules
+    assert {
+        "download_dump",
+        "build_bm25_index",
+        "download_dataset",
+        "normalize_dataset",
+        "mix_training_set",
+        "export_rl_dataset",
+        "export_eval_set",
+        "evaluate_policy",
+        "aggregate_results",
+    } <= rules
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{demo['work']}/results/mlflow/mlflow.db")

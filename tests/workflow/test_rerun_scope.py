@@ -53,7 +53,10 @@ def _affected(before: dict, after: dict, changed_input: str | None = None) -> se
             if k not in changed and deps & changed:
                 changed.add(k)
                 grew = True
-    return {(rule, dict(wc).get("variant") or dict(wc).get("method") or dict(wc).get("dataset")) for rule, wc in changed}
+    return {
+        (rule, dict(wc).get("variant") or dict(wc).get("method") or dict(wc).get("dataset"))
+        for rule, wc in changed
+    }
 
 
 def _paper() -> dict:
@@ -80,7 +83,9 @@ def test_variant_yaml_edit_reruns_only_variants_built_on_it():
     affected = _affected(jobs, jobs, changed_input="config/verl/beta_8.yaml")
     assert {a for a in affected if a[0] == "train_policy"} == {("train_policy", "beta_8")}
     spader_children = {
-        a[1] for a in _affected(jobs, jobs, changed_input="config/verl/spader_base.yaml") if a[0] == "train_policy"
+        a[1]
+        for a in _affected(jobs, jobs, changed_input="config/verl/spader_base.yaml")
+        if a[0] == "train_policy"
     }
     assert {"spader", "no_spa", "no_np", "no_ig", "beta_0", "beta_1", "beta_4", "beta_8"} <= spader_children
     assert not {"grpo", "ppo"} & spader_children

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import mlflow
 
-from spader.tracking import config_hash, fingerprint, flatten_params
+from spader.infra.tracking import config_hash, fingerprint, flatten_params
 
 JOB_SCRIPT = textwrap.dedent(
     """
     from pathlib import Path
-    from spader.glue import job
+    from spader.infra.glue import job
 
     with job(snakemake) as run:
         if snakemake.params.fail:
@@ -77,7 +77,9 @@ def _runs(root: Path):
 
 def _git_init(root: Path) -> str:
     def git(*a):
-        return subprocess.run(["git", *a], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", *a], cwd=root, check=True, capture_output=True, text=True
+        ).stdout.strip()
 
     git("init", "-q")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init")
@@ -107,8 +109,13 @@ def test_parent_and_nested_job_runs(tmp_path, smk):
     a, b = jobs["a"], jobs["b"]
     assert a.data.params["params/settings/k1"] == "0.9"
     assert a.data.params["params/settings/nested/b"] == "[1, 2]"
-    assert a.data.tags["config_hash"] == config_hash({"fail": False, "settings": {"k1": 0.9, "nested": {"b": [1, 2]}}})
-    assert b.data.tags["input.data.sha256"] == hashlib.sha256((tmp_path / "results/a.txt").read_bytes()).hexdigest()
+    assert a.data.tags["config_hash"] == config_hash(
+        {"fail": False, "settings": {"k1": 0.9, "nested": {"b": [1, 2]}}}
+    )
+    assert (
+        b.data.tags["input.data.sha256"]
+        == hashlib.sha256((tmp_path / "results/a.txt").read_bytes()).hexdigest()
+    )
     assert b.data.tags["output.0.path"] == str(tmp_path / "results/b.txt")
 
     # A second invocation with nothing to do creates no new job run.
@@ -140,4 +147,8 @@ def test_fingerprint_and_flatten(tmp_path):
     (tmp_path / "d" / "x.txt").write_text("hellO")
     assert fingerprint(tmp_path / "d") != f1
     assert fingerprint(tmp_path / "missing") == "missing"
-    assert flatten_params({"a": {"b": 1, "c": [1, "x"]}, "d": None}) == {"a/b": "1", "a/c": '[1, "x"]', "d": "null"}
+    assert flatten_params({"a": {"b": 1, "c": [1, "x"]}, "d": None}) == {
+        "a/b": "1",
+        "a/c": '[1, "x"]',
+        "d": "null",
+    }

@@ -4,9 +4,15 @@ from pathlib import Path
 import spader
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
-from spader.config import BASELINES, DATASETS, check_config, hub_slug, model_kind, verl_config_chain
-from spader.prompt import PROMPT_VERSION
-
+from spader.infra.config import (
+    BASELINES,
+    DATASETS,
+    check_config,
+    hub_slug,
+    model_kind,
+    verl_config_chain,
+)
+from spader.core.prompt import PROMPT_VERSION
 
 # ---------------------------------------------------------------------------------------------
 # Configuration: checked (keys named in every error) and completed with the schema's defaults

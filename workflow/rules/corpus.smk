@@ -8,13 +8,13 @@
 rule download_dump:
     output:
         archive="resources/{suite}/corpus/chunked_wikipedia.tar.gz",
+    log:
+        "logs/download_dump/{suite}.log",
     params:
         url=config["corpus"]["url"],
         sha256=config["corpus"]["sha256"],
         size_bytes=config["corpus"]["size_bytes"],
         version=VERSION,
-    log:
-        "logs/download_dump/{suite}.log",
     script:
         "../scripts/download_dump.py"
 
@@ -25,14 +25,14 @@ rule build_bm25_index:
     output:
         index=directory("results/{suite}/index/bm25"),
         stats="results/{suite}/index/stats.json",
-    params:
-        expected_documents=config["corpus"]["expected_documents"],
-        version=VERSION,
+    log:
+        "logs/build_bm25_index/{suite}.log",
     threads: 16
     resources:
         mem_mb=32000,
         runtime=720,
-    log:
-        "logs/build_bm25_index/{suite}.log",
+    params:
+        expected_documents=config["corpus"]["expected_documents"],
+        version=VERSION,
     script:
         "../scripts/build_bm25_index.py"

@@ -5,12 +5,12 @@
 rule download_dataset:
     output:
         raw="resources/{suite}/datasets/{dataset}/{file}",
+    log:
+        "logs/download_dataset/{suite}/{dataset}/{file}.log",
     params:
         source=lambda wc: config["datasets"][wc.dataset]["files"][wc.file],
         key=lambda wc: f"datasets.{wc.dataset}.files.{wc.file}",
         version=VERSION,
-    log:
-        "logs/download_dataset/{suite}/{dataset}/{file}.log",
     script:
         "../scripts/download_dataset.py"
 
@@ -21,11 +21,11 @@ rule normalize_dataset:
     output:
         records="results/{suite}/data/normalized/{dataset}/{split}.jsonl",
         drops="results/{suite}/data/normalized/{dataset}/{split}.drops.json",
+    log:
+        "logs/normalize_dataset/{suite}/{dataset}/{split}.log",
     params:
         member=get_split_member,
         version=VERSION,
-    log:
-        "logs/normalize_dataset/{suite}/{dataset}/{split}.log",
     script:
         "../scripts/normalize_dataset.py"
 
@@ -38,12 +38,12 @@ rule mix_training_set:
         train="results/{suite}/data/mix/train.jsonl",
         val="results/{suite}/data/mix/val.jsonl",
         stats="results/{suite}/data/mix/stats.json",
+    log:
+        "logs/mix_training_set/{suite}.log",
     params:
         datasets=get_mix_datasets(),
         mix={k: v for k, v in config["mix"].items() if k != "eval_limit"},
         version=VERSION,
-    log:
-        "logs/mix_training_set/{suite}.log",
     script:
         "../scripts/mix_training_set.py"
 
@@ -55,11 +55,11 @@ rule export_rl_dataset:
     output:
         train="results/{suite}/data/verl/train.parquet",
         val="results/{suite}/data/verl/val.parquet",
+    log:
+        "logs/export_rl_dataset/{suite}.log",
     params:
         prompt_version=PROMPT_VERSION,
         version=VERSION,
-    log:
-        "logs/export_rl_dataset/{suite}.log",
     script:
         "../scripts/export_rl_dataset.py"
 
@@ -69,11 +69,11 @@ rule export_eval_set:
         records="results/{suite}/data/normalized/{dataset}/test.jsonl",
     output:
         records="results/{suite}/data/eval/{dataset}.jsonl",
+    log:
+        "logs/export_eval_set/{suite}/{dataset}.log",
     params:
         limit=config["mix"]["eval_limit"],
         seed=config["mix"]["seed"],
         version=VERSION,
-    log:
-        "logs/export_eval_set/{suite}/{dataset}.log",
     script:
         "../scripts/export_eval_set.py"

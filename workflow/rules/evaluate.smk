@@ -12,6 +12,14 @@ rule evaluate_policy:
     output:
         records="results/{backbone}/eval/{method}/{dataset}.jsonl",
         summary="results/{backbone}/eval/{method}/{dataset}.json",
+    log:
+        job="logs/evaluate_policy/{backbone}/{method}/{dataset}.log",
+        service="logs/evaluate_policy/{backbone}/{method}/{dataset}.service.log",
+    threads: lambda wc: get_gpu_job_threads() if config["evaluation"]["gpus"] > 0 else 2
+    resources:
+        gpu=config["evaluation"]["gpus"],
+        mem_mb=32000,
+        runtime=720,
     params:
         method=lambda wc: wc.method,
         evaluation=config["evaluation"],
@@ -19,14 +27,6 @@ rule evaluate_policy:
         prompt_version=PROMPT_VERSION,
         suite=SUITE,
         version=VERSION,
-    threads: lambda wc: get_gpu_job_threads() if config["evaluation"]["gpus"] > 0 else 2
-    resources:
-        gpu=config["evaluation"]["gpus"],
-        mem_mb=32000,
-        runtime=720,
-    log:
-        job="logs/evaluate_policy/{backbone}/{method}/{dataset}.log",
-        service="logs/evaluate_policy/{backbone}/{method}/{dataset}.service.log",
     script:
         "../scripts/evaluate_policy.py"
 
@@ -46,21 +46,61 @@ rule aggregate_results:
             dataset=DATASETS,
         ),
     output:
-        f1=report("results/{backbone}/f1.tsv", caption="../report/f1.rst", category="Results", labels={"table": "F1"}),
-        prf=report("results/{backbone}/prf.tsv", caption="../report/prf.rst", category="Results", labels={"table": "P/R/F1"}),
-        ablation=report("results/{backbone}/ablation.tsv", caption="../report/ablation.rst", category="Analyses", labels={"table": "ablation"}),
-        beta_sweep=report("results/{backbone}/beta_sweep.tsv", caption="../report/beta_sweep.rst", category="Analyses", labels={"table": "beta sweep"}),
-        efficiency=report("results/{backbone}/efficiency.tsv", caption="../report/efficiency.rst", category="Analyses", labels={"table": "search efficiency"}),
-        temporal=report("results/{backbone}/temporal.tsv", caption="../report/temporal.rst", category="Analyses", labels={"table": "temporal dynamics"}),
-        efficiency_plot=report("results/{backbone}/efficiency.png", caption="../report/efficiency.rst", category="Plots", labels={"figure": "search efficiency"}),
-        temporal_plot=report("results/{backbone}/temporal.png", caption="../report/temporal.rst", category="Plots", labels={"figure": "temporal dynamics"}),
+        f1=report(
+            "results/{backbone}/f1.tsv",
+            caption="../report/f1.rst",
+            category="Results",
+            labels={"table": "F1"},
+        ),
+        prf=report(
+            "results/{backbone}/prf.tsv",
+            caption="../report/prf.rst",
+            category="Results",
+            labels={"table": "P/R/F1"},
+        ),
+        ablation=report(
+            "results/{backbone}/ablation.tsv",
+            caption="../report/ablation.rst",
+            category="Analyses",
+            labels={"table": "ablation"},
+        ),
+        beta_sweep=report(
+            "results/{backbone}/beta_sweep.tsv",
+            caption="../report/beta_sweep.rst",
+            category="Analyses",
+            labels={"table": "beta sweep"},
+        ),
+        efficiency=report(
+            "results/{backbone}/efficiency.tsv",
+            caption="../report/efficiency.rst",
+            category="Analyses",
+            labels={"table": "search efficiency"},
+        ),
+        temporal=report(
+            "results/{backbone}/temporal.tsv",
+            caption="../report/temporal.rst",
+            category="Analyses",
+            labels={"table": "temporal dynamics"},
+        ),
+        efficiency_plot=report(
+            "results/{backbone}/efficiency.png",
+            caption="../report/efficiency.rst",
+            category="Plots",
+            labels={"figure": "search efficiency"},
+        ),
+        temporal_plot=report(
+            "results/{backbone}/temporal.png",
+            caption="../report/temporal.rst",
+            category="Plots",
+            labels={"figure": "temporal dynamics"},
+        ),
+    log:
+        "logs/aggregate_results/{backbone}.log",
     params:
         methods=lambda wc: methods_of(wc.backbone),
         variants=config["variants"],
         datasets=list(DATASETS),
         tiny_model=lambda wc: config["backbones"][wc.backbone]["model"].startswith("tiny:"),
         version=VERSION,
-    log:
-        "logs/aggregate_results/{backbone}.log",
     script:
         "../scripts/aggregate_results.py"

@@ -5,11 +5,11 @@
 rule download_model:
     output:
         model=directory("resources/models/hub/{repo}"),
+    log:
+        "logs/download_model/{repo}.log",
     params:
         repo_id=lambda wc: wc.repo.replace("--", "/", 1),
         version=VERSION,
-    log:
-        "logs/download_model/{repo}.log",
     script:
         "../scripts/download_model.py"
 
@@ -17,10 +17,10 @@ rule download_model:
 rule build_tiny_model:
     output:
         model=directory("results/models/tiny/{kind}"),
+    log:
+        "logs/build_tiny_model/{kind}.log",
     params:
         seed=0,
         version=VERSION,
-    log:
-        "logs/build_tiny_model/{kind}.log",
     script:
         "../scripts/build_tiny_model.py"

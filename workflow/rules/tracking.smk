@@ -1,6 +1,6 @@
 # One MLflow parent run per snakemake invocation (jobs nest their runs under it). Hooks run only
 # in the main snakemake process: never in dry runs, never inside cluster jobs (--no-hooks).
-from spader.tracking import end_pipeline_run, start_pipeline_run
+from spader.infra.tracking import end_pipeline_run, start_pipeline_run
 
 
 onstart:

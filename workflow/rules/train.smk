@@ -16,6 +16,13 @@ rule train_policy:
         verl_configs=get_verl_configs,
     output:
         final="results/{backbone}/train/{variant}/final.json",
+    log:
+        "logs/train_policy/{backbone}/{variant}.log",
+    threads: get_gpu_job_threads()
+    resources:
+        gpu=lambda wc: config["backbones"][wc.backbone]["gpus"],
+        mem_mb=lambda wc: max(64000, 60000 * config["backbones"][wc.backbone]["gpus"]),
+        runtime=2880,
     params:
         backbone=lambda wc: config["backbones"][wc.backbone],
         variant=lambda wc: config["variants"][wc.variant],
@@ -24,13 +31,6 @@ rule train_policy:
         workdir=lambda wc: f"results/{wc.backbone}/train/{wc.variant}/work",
         suite=SUITE,
         version=VERSION,
-    threads: get_gpu_job_threads()
-    resources:
-        gpu=lambda wc: config["backbones"][wc.backbone]["gpus"],
-        mem_mb=lambda wc: max(64000, 60000 * config["backbones"][wc.backbone]["gpus"]),
-        runtime=2880,
-    log:
-        "logs/train_policy/{backbone}/{variant}.log",
     script:
         "../scripts/train_policy.py"
 
@@ -41,13 +41,13 @@ rule export_checkpoint:
     output:
         model=directory("results/{backbone}/models/{variant}"),
         meta="results/{backbone}/models/{variant}.json",
-    params:
-        version=VERSION,
+    log:
+        "logs/export_checkpoint/{backbone}/{variant}.log",
     threads: 4
     resources:
         mem_mb=64000,
         runtime=120,
-    log:
-        "logs/export_checkpoint/{backbone}/{variant}.log",
+    params:
+        version=VERSION,
     script:
         "../scripts/export_checkpoint.py"

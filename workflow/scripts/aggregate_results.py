@@ -1,7 +1,7 @@
 """Glue for rule aggregate_results. Logic: spader.evaluation.aggregate."""
 
 from spader.evaluation import aggregate_results
-from spader.glue import job
+from spader.infra.glue import job
 
 with job(snakemake):
     aggregate_results(

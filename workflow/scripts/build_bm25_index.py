@@ -1,6 +1,6 @@
 """Glue for rule build_bm25_index. Logic: spader.retrieval.index.build_bm25_index."""
 
-from spader.glue import job
+from spader.infra.glue import job
 from spader.retrieval.index import build_bm25_index
 
 with job(snakemake):

@@ -1,5 +1,6 @@
 """Glue for rule build_tiny_model. Logic: spader.models.tiny."""
-from spader.glue import job
+
+from spader.infra.glue import job
 from spader.models.tiny import build
 
 with job(snakemake):

@@ -1,7 +1,7 @@
 """Glue for rule download_dataset. Logic: spader.data.download (tests/data/test_download.py)."""
 
 from spader.data import download_dataset
-from spader.glue import job
+from spader.infra.glue import job
 
 with job(snakemake):
     download_dataset(snakemake.params.source, snakemake.output.raw, key=snakemake.params.key)

@@ -1,7 +1,7 @@
-"""Glue for rule download_dump. Logic: spader.download.fetch (resume, retries, checks, atomic rename)."""
+"""Glue for rule download_dump. Logic: spader.infra.download.fetch (resume, retries, checks, atomic rename)."""
 
-from spader.download import fetch
-from spader.glue import job
+from spader.infra.download import fetch
+from spader.infra.glue import job
 
 with job(snakemake):
     fetch(

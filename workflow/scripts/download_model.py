@@ -1,5 +1,6 @@
 """Glue for rule download_model. Logic: spader.models.hub."""
-from spader.glue import job
+
+from spader.infra.glue import job
 from spader.models.hub import download_model
 
 with job(snakemake):

@@ -1,7 +1,7 @@
 """Glue for rule evaluate_policy. Logic: spader.evaluation.evaluate."""
 
 from spader.evaluation import evaluate_policy
-from spader.glue import job
+from spader.infra.glue import job
 
 # sglang's engine starts worker processes that import the main module again: run only as __main__.
 if __name__ == "__main__":

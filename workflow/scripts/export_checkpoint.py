@@ -1,5 +1,6 @@
 """Glue for rule export_checkpoint. Logic: spader.training.export (issue #6)."""
-from spader.glue import job
+
+from spader.infra.glue import job
 from spader.training.export import export_checkpoint
 
 with job(snakemake):

@@ -1,7 +1,7 @@
 """Glue for rule export_eval_set. Logic: spader.data.export (tests/data/test_export.py)."""
 
 from spader.data import export_eval_set
-from spader.glue import job
+from spader.infra.glue import job
 
 with job(snakemake):
     export_eval_set(

@@ -1,7 +1,7 @@
 """Glue for rule mix_training_set. Logic: spader.data.mix (tests/data/test_mix.py)."""
 
 from spader.data import mix_metrics, mix_training_set
-from spader.glue import job
+from spader.infra.glue import job
 
 with job(snakemake) as run:
     datasets = snakemake.params.datasets

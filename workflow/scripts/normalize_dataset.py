@@ -2,7 +2,7 @@
 The drop counts by reason go beside the records and into the job's MLflow run."""
 
 from spader.data import normalize_file
-from spader.glue import job
+from spader.infra.glue import job
 
 with job(snakemake) as run:
     summary = normalize_file(

@@ -1,5 +1,6 @@
 """Glue for rule train_policy. Logic: spader.training.run (issue #6)."""
-from spader.glue import job
+
+from spader.infra.glue import job
 from spader.training.run import TrainJob, run_training
 
 with job(snakemake) as run:

@@ -23,13 +23,13 @@ from typing import Protocol
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "ENGINES",
     "Engine",
     "Generation",
     "Sampling",
-    "TransformersEngine",
     "SglangEngine",
+    "TransformersEngine",
     "build_engine",
-    "ENGINES",
 ]
 
 ENGINES = ("transformers", "sglang")
@@ -200,7 +200,7 @@ class TransformersEngine:
             budgets = [max_new_tokens[i] for i in idx]
             try:
                 outs = self._generate_batch(batch, budgets, sampling)
-            except Exception as exc:  # isolate the failing prompt(s): retry one at a time
+            except Exception as exc:  # noqa: BLE001  isolate the failing prompt(s): retry one at a time
                 log.warning("batch of %d prompts failed (%s); retrying one by one", len(idx), exc)
                 outs = []
                 for p, b in zip(batch, budgets, strict=True):
@@ -301,7 +301,7 @@ class SglangEngine:
         try:
             outs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
             return [self._one(o, sampling) for o in outs]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  isolate the failing prompt(s)
             log.warning("sglang batch of %d prompts failed (%s); retrying one by one", len(prompts), exc)
         results = []
         for p, prm in zip(prompts, params, strict=True):

@@ -8,9 +8,9 @@ a search step of its own, and then gives the model one turn, which must answer.
 
 Episodes are advanced turn by turn in lock-step: the prompts of all running episodes go to the
 engine together and all queries of a turn go to the search service in one call. The prompt, the
-observation format and the parser are the project's single ones (``spader.prompt``,
-``spader.parsing``), also used by training. Discovery of ground-truth entities per turn uses
-``spader.rewards.find_hits`` on the returned passages (never on the queries).
+observation format and the parser are the project's single ones (``spader.core.prompt``,
+``spader.core.parsing``), also used by training. Discovery of ground-truth entities per turn uses
+``spader.core.rewards.find_hits`` on the returned passages (never on the queries).
 
 Nothing here raises on model output: malformed calls become error observations, a missing or
 malformed answer becomes an invalid-format episode, and a generation failure is recorded on the
@@ -28,9 +28,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from spader.agent.engines import Engine, Sampling
-from spader.parsing import AnswerParse, parse_turn
-from spader.prompt import build_messages, fit_observation, format_observation
-from spader.rewards import passage_hits
+from spader.core.parsing import AnswerParse, parse_turn
+from spader.core.prompt import build_messages, fit_observation, format_observation
+from spader.core.rewards import passage_hits
 
 log = logging.getLogger(__name__)
 

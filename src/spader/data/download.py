@@ -1,5 +1,5 @@
 """Fetching release files (rule ``download_dataset``): a URL or local path through
-:func:`spader.download.fetch`, or a Hugging Face hub copy through ``huggingface_hub`` (data.md 5).
+:func:`spader.infra.download.fetch`, or a Hugging Face hub copy through ``huggingface_hub`` (data.md 5).
 
 Config entry of one release file (``datasets.<dataset>.files.<name>``)::
 
@@ -53,7 +53,7 @@ def download_dataset(source: Mapping[str, Any], dest: str | os.PathLike, *, key:
         ``dest``.
     Raises:
         DatasetSourceError when the entry has neither a URL nor a hub location, or the hub copy is
-        unavailable; :class:`spader.download.DownloadError` when a download fails.
+        unavailable; :class:`spader.infra.download.DownloadError` when a download fails.
     """
     dest = Path(dest)
     hub = source.get("hub")
@@ -66,7 +66,7 @@ def download_dataset(source: Mapping[str, Any], dest: str | os.PathLike, *, key:
             f"config key '{key}.url' is null. {hint}; then set '{key}.url' to its local path "
             f"(or a file:/http(s) URL), or give a hub location in '{key}.hub'."
         )
-    from spader.download import fetch  # the project's one downloader (retries, checks, atomic rename)
+    from spader.infra.download import fetch  # the project's one downloader (retries, checks, atomic rename)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     return Path(fetch(str(url), dest, desc=dest.name))

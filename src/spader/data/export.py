@@ -4,7 +4,7 @@ verl parquet (data.md 7.1; read by ``verl.utils.dataset.rl_dataset.RLHFDataset``
 question::
 
     data_source   "qampari" | "mintaka" | "webqsp" | "quest"   (reward dispatch key)
-    prompt        [{"role": "user", "content": spader.prompt.build_user_prompt(question)}]
+    prompt        [{"role": "user", "content": spader.core.prompt.build_user_prompt(question)}]
     ability       "multi-answer-qa"
     reward_model  {"style": "rule", "ground_truth": {"target": [primary names],
                                                      "entities": [[aliases...], ...]}}
@@ -29,8 +29,8 @@ import random
 
 import polars as pl
 
+from spader.core.prompt import build_messages
 from spader.data.records import MIX_SCHEMA, read_records, record_schema, write_frame
-from spader.prompt import build_messages
 
 log = logging.getLogger(__name__)
 

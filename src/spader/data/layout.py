@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["dump_mintaka_json", "dump_jsonl"]
+__all__ = ["dump_jsonl", "dump_mintaka_json"]
 
 _PAD = "    "
 

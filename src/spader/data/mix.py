@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from spader.core.text import normalize
 from spader.data.records import (
     DATASETS,
     MIX_SCHEMA,
@@ -32,7 +33,6 @@ from spader.data.records import (
     to_mix_meta,
     write_frame,
 )
-from spader.text import normalize
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,15 @@ from pathlib import Path
 
 import polars as pl
 
-from spader.text import clean_text, normalize
+from spader.core.text import clean_text, normalize
 
 __all__ = [
     "DATASETS",
     "DROP_REASONS",
-    "DataFormatError",
-    "Drop",
     "META_FIELDS",
     "MIX_SCHEMA",
+    "DataFormatError",
+    "Drop",
     "build_entities",
     "check_frame",
     "empty_frame",

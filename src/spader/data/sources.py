@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
+from spader.core.text import clean_text
 from spader.data.readers import Source, iter_json_records, iter_jsonl, open_release, require
 from spader.data.records import (
     DATASETS,
@@ -31,7 +32,6 @@ from spader.data.records import (
     strip_parenthetical,
     write_frame,
 )
-from spader.text import clean_text
 
 log = logging.getLogger(__name__)
 

@@ -412,4 +412,4 @@ def quest_splits(world: World) -> dict[str, list[dict]]:
             "attributions": None,
         },
     }  # drop: empty_answer_list
-    return {"train_aug": queries[:11] + [empty], "val": queries[11:14], "test": queries[14:22]}
+    return {"train_aug": [*queries[:11], empty], "val": queries[11:14], "test": queries[14:22]}

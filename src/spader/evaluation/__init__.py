@@ -7,8 +7,8 @@ from spader.evaluation.evaluate import TINY_NOTE, evaluate_method, evaluate_poli
 from spader.evaluation.records import EvalSetError, episode_record, load_eval_set, summarize
 
 __all__ = [
-    "EvalSetError",
     "TINY_NOTE",
+    "EvalSetError",
     "aggregate_results",
     "episode_record",
     "evaluate_method",

@@ -24,7 +24,7 @@ from spader.evaluation.tables import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["aggregate_results", "load_runs", "TABLES"]
+__all__ = ["TABLES", "aggregate_results", "load_runs"]
 
 TABLES = ("f1", "prf", "ablation", "beta_sweep", "efficiency", "temporal")
 PLOTS = ("efficiency_plot", "temporal_plot")

@@ -22,13 +22,13 @@ from typing import Any
 from spader.agent.engines import build_engine
 from spader.agent.loop import AgentSettings, Question, SearchFn, run_episodes
 from spader.agent.search import RetrievalSearch
+from spader.core.prompt import PROMPT_VERSION
 from spader.evaluation.records import episode_record, load_eval_set, summarize, write_jsonl
 from spader.models.tiny import is_tiny
-from spader.prompt import PROMPT_VERSION
 
 log = logging.getLogger(__name__)
 
-__all__ = ["evaluate_method", "evaluate_policy", "TINY_NOTE"]
+__all__ = ["TINY_NOTE", "evaluate_method", "evaluate_policy"]
 
 TINY_NOTE = "TINY RANDOM MODEL: the policy is a tiny randomly initialised model; these scores are meaningless"
 

@@ -1,7 +1,7 @@
 """Evaluation sets in, per-instance records and per-run summaries out (method.md, "Evaluation").
 
 Per instance: set precision / recall / F1 of the unique predicted answers against the gold
-entities (``spader.metrics.prf``: alias-aware, norm_v1, each entity at most once). An instance whose
+entities (``spader.core.metrics.prf``: alias-aware, norm_v1, each entity at most once). An instance whose
 generation failed, or whose final step is not a valid answer, has no predictions and scores
 P = R = F1 = 0; it is always kept. Run aggregates are macro averages over all instances.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from spader.agent.loop import Episode, Question
-from spader.metrics import macro_average, prf
+from spader.core.metrics import macro_average, prf
 
-__all__ = ["EvalSetError", "load_eval_set", "episode_record", "summarize", "read_jsonl", "write_jsonl"]
+__all__ = ["EvalSetError", "episode_record", "load_eval_set", "read_jsonl", "summarize", "write_jsonl"]
 
 
 class EvalSetError(ValueError):

@@ -22,8 +22,8 @@ from typing import Any
 
 import polars as pl
 
-from spader.config import BASELINES
-from spader.metrics import macro_average
+from spader.core.metrics import macro_average
+from spader.infra.config import BASELINES
 
 __all__ = [
     "ABLATION_ROWS",
@@ -136,7 +136,7 @@ def _pooled(
     runs: Runs, method: str, datasets: Sequence[str]
 ) -> list[tuple[str, Sequence[Mapping[str, Any]]]]:
     per = [(d, _records(runs, method, d)) for d in datasets]
-    return per + [(ALL, [r for _, recs in per for r in recs])]
+    return [*per, (ALL, [r for _, recs in per for r in recs])]
 
 
 def efficiency_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]) -> pl.DataFrame:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["build_tiny_qwen3", "build_tiny_reranker", "build", "save_random_cross_encoder", "TINY_MARKER"]
+__all__ = ["TINY_MARKER", "build", "build_tiny_qwen3", "build_tiny_reranker", "save_random_cross_encoder"]
 
 # Written next to the weights so every consumer can say plainly that the model is random.
 TINY_MARKER = "spader_tiny_model.json"
@@ -61,7 +61,9 @@ def _offline() -> None:
 
 def _mark(out: Path, kind: str, seed: int) -> None:
     (out / TINY_MARKER).write_text(
-        json.dumps({"kind": kind, "seed": seed, "note": "tiny randomly initialised model; outputs are meaningless"})
+        json.dumps(
+            {"kind": kind, "seed": seed, "note": "tiny randomly initialised model; outputs are meaningless"}
+        )
     )
 
 
@@ -81,7 +83,9 @@ def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
     tok.train_from_iterator(
         [text[i : i + 200] for i in range(0, len(text), 200)],
         trainers.BpeTrainer(
-            vocab_size=768, special_tokens=_QWEN_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            vocab_size=768,
+            special_tokens=_QWEN_SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
     hf_tok = PreTrainedTokenizerFast(

@@ -177,7 +177,7 @@ def create_app(load_backend: Callable[[], Any]) -> FastAPI:
             return _error(exc.status, str(exc))
         try:
             results = await state.batcher.submit(queries, topk, initial_k)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  answered as a JSON 500
             return _error(500, f"search failed: {type(exc).__name__}: {exc}")
         payload = {"result": [[p.to_dict(with_scores) for p in hits] for hits in results]}
         return Response(json.dumps(payload, ensure_ascii=False), media_type="application/json")

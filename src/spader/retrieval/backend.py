@@ -17,7 +17,7 @@ from spader.retrieval.errors import BadSearchRequestError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Bm25RerankBackend", "SearchSettings", "MAX_INITIAL_K"]
+__all__ = ["MAX_INITIAL_K", "Bm25RerankBackend", "SearchSettings"]
 
 # BM25 candidates per query a request may ask for; reranking cost grows linearly with it.
 MAX_INITIAL_K = 1000

@@ -181,8 +181,7 @@ def _plain_jsonl_tree(root: Path) -> bool:
     """True when JsonCollection would read exactly the ``*.jsonl`` files :class:`ChunkReader` reads
     (it also takes ``.json`` and ``.gz`` files and skips hidden ones)."""
     return not any(
-        p.is_file() and (p.suffix in (".json", ".gz") or p.name.startswith("."))
-        for p in root.rglob("*")
+        p.is_file() and (p.suffix in (".json", ".gz") or p.name.startswith(".")) for p in root.rglob("*")
     )
 
 
@@ -220,7 +219,9 @@ def _index_collection(reader: ChunkReader, building: Path, threads: int) -> int:
     finally:
         done.set()
         watcher.join()
-    counts = {k: int(getattr(counters, k).get()) for k in ("indexed", "empty", "unindexable", "skipped", "errors")}
+    counts = {
+        k: int(getattr(counters, k).get()) for k in ("indexed", "empty", "unindexable", "skipped", "errors")
+    }
     if counts["indexed"] != expected:
         shutil.rmtree(building, ignore_errors=True)
         for name, number, line in reader:  # name the first line Anserini could not index
@@ -257,7 +258,7 @@ def _read_batches(reader: ChunkReader, out: queue.Queue, stop: threading.Event) 
         if lines and not put((lines, where, reader.total_bytes)):
             return
         put(None)
-    except BaseException as exc:  # handed to the indexing thread, which raises it
+    except BaseException as exc:  # noqa: BLE001  handed to the indexing thread, which raises it
         put(exc)
 
 

@@ -154,7 +154,7 @@ class CrossEncoderReranker:
         backend.enable_truncation(self.max_length, strategy="only_second")
         # encode_batch_fast skips the character offsets nobody reads here (~40% of the time).
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        return [e.ids for e in encode(list(zip(queries, passages)), add_special_tokens=True)]
+        return [e.ids for e in encode(list(zip(queries, passages, strict=False)), add_special_tokens=True)]
 
     def _forward(self, encoded: list[list[int]]) -> np.ndarray:
         """Scores of tokenized pairs.

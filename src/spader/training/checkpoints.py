@@ -132,7 +132,9 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Checkpoint | None:
     tracked = _tracked_step(ckpt_dir)
     if not complete:
         if tracked is not None:
-            log.warning("%s names step %d but no complete checkpoint exists", ckpt_dir / TRACKER_FILE, tracked)
+            log.warning(
+                "%s names step %d but no complete checkpoint exists", ckpt_dir / TRACKER_FILE, tracked
+            )
         return None
     latest = complete[-1]
     if tracked != latest.step:

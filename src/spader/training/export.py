@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spader.tracking import fingerprint
+from spader.infra.tracking import fingerprint
 from spader.training.launch import log_stream
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,9 @@ def merge_command(actor_dir: str | os.PathLike, target_dir: str | os.PathLike) -
     ]
 
 
-def export_checkpoint(final_json: str | os.PathLike, model_out: str | os.PathLike, meta_out: str | os.PathLike) -> dict:
+def export_checkpoint(
+    final_json: str | os.PathLike, model_out: str | os.PathLike, meta_out: str | os.PathLike
+) -> dict:
     """Merge the checkpoint named by ``final_json`` into ``model_out``; write ``meta_out``.
 
     Args:
@@ -89,7 +91,9 @@ def export_checkpoint(final_json: str | os.PathLike, model_out: str | os.PathLik
     out = log_stream()
     if out is not None:
         out.flush()
-    rc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT if out is not None else None, check=False).returncode
+    rc = subprocess.run(
+        argv, stdout=out, stderr=subprocess.STDOUT if out is not None else None, check=False
+    ).returncode
     if rc != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ExportError(f"verl's model merger exited with code {rc} on {actor_dir}")

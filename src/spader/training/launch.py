@@ -348,7 +348,7 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str], output=None, gra
 
 
 def log_stream():
-    """This process's stderr when it is a real file (``spader.glue`` points it at the job's
+    """This process's stderr when it is a real file (``spader.infra.glue`` points it at the job's
     log), for :func:`run_command`'s ``output``; None otherwise (pytest capture and the like)."""
     try:
         sys.stderr.fileno()

@@ -1,10 +1,10 @@
 """MLflow lineage of a training job (shared/spec/integration.md sections 4 and 6).
 
-The job's run is the nested run :func:`spader.tracking.job_run` opens under the pipeline run.
+The job's run is the nested run :func:`spader.infra.tracking.job_run` opens under the pipeline run.
 verl's own MLflow logger attaches to it (``MLFLOW_RUN_ID``), so verl logs the resolved config as
 params (``data/...``, ``trainer/...``, flattened with ``/``) and every step's metrics into that
 run. verl ends the run when it finishes; the job then keeps logging to it by run id (artifacts,
-final metrics) and :func:`~spader.tracking.job_run` sets the final status (FAILED when the job
+final metrics) and :func:`~spader.infra.tracking.job_run` sets the final status (FAILED when the job
 raised).
 
 The job's own params are logged under ``snakemake/`` (the job's params already sit under
@@ -21,11 +21,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from spader.tracking import flatten_params
+from spader.infra.tracking import flatten_params
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunLink", "record_attempt", "previous_attempts", "verl_tracking_env"]
+__all__ = ["RunLink", "previous_attempts", "record_attempt", "verl_tracking_env"]
 
 _ATTEMPTS_FILE = "attempts.jsonl"
 
@@ -60,7 +60,7 @@ class RunLink:
 
     @classmethod
     def from_active_run(cls, run, tracking_uri: str | None) -> RunLink:
-        """Link to the run yielded by :func:`spader.glue.job` (None when tracking is off)."""
+        """Link to the run yielded by :func:`spader.infra.glue.job` (None when tracking is off)."""
         return cls(run.info.run_id if run is not None else None, tracking_uri)
 
     @property

@@ -72,7 +72,9 @@ def check_model_dir(model_dir: str | os.PathLike, *, backbone: str, model: str) 
     if not path.exists():
         raise PreflightError(f"base model path {path} does not exist ({where})")
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise PreflightError(f"base model path {path} is not a Hugging Face model directory: no config.json ({where})")
+        raise PreflightError(
+            f"base model path {path} is not a Hugging Face model directory: no config.json ({where})"
+        )
 
 
 def visible_gpus() -> int:
@@ -132,7 +134,9 @@ def check_retrieval(base_url: str, *, timeout: float = 30.0) -> dict:
     except Exception as exc:  # any failure means the rollouts would get no search results
         raise PreflightError(f"retrieval service at {base_url} is not healthy: {exc}") from exc
     if isinstance(health, Mapping) and health.get("status") not in (None, "ok"):
-        raise PreflightError(f"retrieval service at {base_url} is not healthy: /health returned {dict(health)}")
+        raise PreflightError(
+            f"retrieval service at {base_url} is not healthy: /health returned {dict(health)}"
+        )
     return dict(health) if isinstance(health, Mapping) else {"health": health}
 
 

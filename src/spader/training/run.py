@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spader.tracking import MlflowSettings, config_hash, fingerprint
+from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.training.checkpoints import (
     Checkpoint,
     latest_checkpoint,
@@ -182,7 +182,9 @@ def _final_metrics(steps: Mapping[int, dict]) -> tuple[dict, dict]:
     return last, val
 
 
-def plan_launch(job: TrainJob, *, resume_from: Checkpoint | None, metrics_file: Path, link: RunLink) -> LaunchPlan:
+def plan_launch(
+    job: TrainJob, *, resume_from: Checkpoint | None, metrics_file: Path, link: RunLink
+) -> LaunchPlan:
     """The verl launch of ``job``: method overrides, this job's paths/GPUs/loggers, resume point.
 
     Args:
@@ -236,7 +238,7 @@ def run_training(
 
     Args:
         job: the job.
-        run: the job's MLflow run (``spader.glue.job`` yields it; None: tracking off).
+        run: the job's MLflow run (``spader.infra.glue.job`` yields it; None: tracking off).
         service: context manager factory ``(index_dir, settings, *, log_path, threads) -> url``
             (default :func:`spader.retrieval.service.running_service`).
         available_gpus: visible GPUs (None: counted with torch).
@@ -263,7 +265,9 @@ def run_training(
     job.workdir.mkdir(parents=True, exist_ok=True)
     resume_from = latest_checkpoint(job.ckpt_dir)
     log.info(
-        "%s: %s", job.run_name, f"resuming from step {resume_from.step}" if resume_from else "starting from scratch"
+        "%s: %s",
+        job.run_name,
+        f"resuming from step {resume_from.step}" if resume_from else "starting from scratch",
     )
     link = RunLink.from_active_run(run, job.tracking_uri)
     metrics_file = new_metrics_file(job.metrics_dir)
@@ -300,7 +304,9 @@ def run_training(
             "config_hash": job.params_hash,
         }
     )
-    record_attempt(job.workdir, {"event": "start", "attempt": attempt, "run_id": link.run_id, "resume_step": resume_step})
+    record_attempt(
+        job.workdir, {"event": "start", "attempt": attempt, "run_id": link.run_id, "resume_step": resume_step}
+    )
 
     from spader.integrations.verl.tool_config import write_tool_config
 
@@ -336,7 +342,9 @@ def run_training(
     except BaseException as exc:
         outcome["error"] = f"{type(exc).__name__}: {exc}"
         try:  # what the failed attempt did, next to its FAILED run; never hides the error itself
-            link.log_artifacts([job.launch_file, job.resolved_config, *sorted(job.metrics_dir.glob("*.jsonl"))])
+            link.log_artifacts(
+                [job.launch_file, job.resolved_config, *sorted(job.metrics_dir.glob("*.jsonl"))]
+            )
         except Exception:
             log.exception("could not log the failed attempt's files to MLflow")
         raise
@@ -344,7 +352,9 @@ def run_training(
         record_attempt(job.workdir, outcome)
 
 
-def _finalize(job: TrainJob, link: RunLink, hashes: dict, verl_version: str, attempt: int, resume_step: int) -> dict:
+def _finalize(
+    job: TrainJob, link: RunLink, hashes: dict, verl_version: str, attempt: int, resume_step: int
+) -> dict:
     ckpt = latest_checkpoint(job.ckpt_dir)
     if ckpt is None:
         raise TrainingError(
@@ -378,7 +388,13 @@ def _finalize(job: TrainJob, link: RunLink, hashes: dict, verl_version: str, att
     }
     _write_json(job.final_json, final)
     link.log_artifacts(
-        [job.final_json, job.resolved_config, job.launch_file, job.tool_config, *sorted(job.metrics_dir.glob("*.jsonl"))]
+        [
+            job.final_json,
+            job.resolved_config,
+            job.launch_file,
+            job.tool_config,
+            *sorted(job.metrics_dir.glob("*.jsonl")),
+        ]
     )
     log.info("%s: trained %d steps; checkpoint %s", job.run_name, ckpt.step, ckpt.path)
     return final

@@ -28,11 +28,19 @@ from typing import Any
 
 import yaml
 
-from spader.config import check_config
+from spader.infra.config import check_config
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SMOKE_OVERRIDES", "SMOKE_TRAINING", "load_config", "main", "prepare_command", "smoke_inputs", "smoke_job"]
+__all__ = [
+    "SMOKE_OVERRIDES",
+    "SMOKE_TRAINING",
+    "load_config",
+    "main",
+    "prepare_command",
+    "smoke_inputs",
+    "smoke_job",
+]
 
 # config["training"] values for a run that fits one GPU and takes two short steps.
 SMOKE_TRAINING = {
@@ -81,7 +89,9 @@ def load_config(paths: Sequence[str | os.PathLike], root: str | os.PathLike = ".
     for p in paths:
         with open(p, encoding="utf-8") as f:
             _deep_update(config, yaml.safe_load(f) or {})
-    check_config(config, root / "workflow" / "schemas" / "config.schema.yaml", verl_config_dir=root / "config" / "verl")
+    check_config(
+        config, root / "workflow" / "schemas" / "config.schema.yaml", verl_config_dir=root / "config" / "verl"
+    )
     return config
 
 
@@ -94,7 +104,11 @@ def _tiny_dir(name: str | None, root: Path) -> str | None:
 
 
 def smoke_job(
-    config: Mapping[str, Any], out: str | os.PathLike, *, root: str | os.PathLike = ".", threads: int | None = None
+    config: Mapping[str, Any],
+    out: str | os.PathLike,
+    *,
+    root: str | os.PathLike = ".",
+    threads: int | None = None,
 ):
     """The smoke test's :class:`~spader.training.run.TrainJob` (variant ``spader``, 1 GPU).
 
@@ -149,7 +163,9 @@ def smoke_inputs(config: Mapping[str, Any]) -> list[str]:
     return targets
 
 
-def prepare_command(config: Mapping[str, Any], configfiles: Sequence[str | os.PathLike], cores: int) -> list[str]:
+def prepare_command(
+    config: Mapping[str, Any], configfiles: Sequence[str | os.PathLike], cores: int
+) -> list[str]:
     """The Snakemake command that builds :func:`smoke_inputs` (CPU rules only)."""
     # targets first: --configfile takes every following word as a config file
     return [
@@ -165,7 +181,9 @@ def prepare_command(config: Mapping[str, Any], configfiles: Sequence[str | os.Pa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spader.training.smoke", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m spader.training.smoke", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", default="results/gpu_smoke", help="output directory (default: %(default)s)")
     parser.add_argument("--root", default=".", help="repository root (default: the current directory)")
     parser.add_argument(
@@ -173,11 +191,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         help="workflow config files, later ones overlaying earlier ones (default: config/config.yaml config/demo.yaml)",
     )
-    parser.add_argument("--prepare", action="store_true", help="first build the inputs with Snakemake (CPU rules)")
+    parser.add_argument(
+        "--prepare", action="store_true", help="first build the inputs with Snakemake (CPU rules)"
+    )
     parser.add_argument("--cores", type=int, default=4, help="cores for --prepare (default: %(default)s)")
-    parser.add_argument("--dry-run", action="store_true", help="compose and check the verl command, print it, stop")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="compose and check the verl command, print it, stop"
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
     root = Path(args.root)
     configfiles = args.configfile or ["config/config.yaml", "config/demo.yaml"]

@@ -1,6 +1,6 @@
 """Agent loop ``spader_tool_agent`` and tool parser ``spader`` for verl's multi-turn rollout.
 
-The tool parser reads the agent's text protocol with ``spader.parsing`` (the same parser as
+The tool parser reads the agent's text protocol with ``spader.core.parsing`` (the same parser as
 evaluation): a turn with ``<tool_call>["q1", "q2"]</tool_call>`` (and no ``<answer>``) becomes one
 call of the ``search`` tool with ``{"queries": [...]}``; a malformed call still becomes a call with
 ``{"queries": [], "error": why}`` so the model sees the error as its observation (as in
@@ -8,13 +8,13 @@ evaluation); an ``<answer>`` or a turn without a call ends the episode.
 
 The agent loop is verl's ``ToolAgentLoop`` with three additions, all through public hooks:
 
-* the chat template gets no tool schemas: the user prompt (``spader.prompt``) already describes the
+* the chat template gets no tool schemas: the user prompt (``spader.core.prompt``) already describes the
   protocol, and evaluation renders the conversation without tools too;
 * the search tool receives the row's ground-truth entities in ``create_kwargs["entities"]``
   (from ``reward_model.ground_truth``), so the data export does not have to copy them into
   ``tools_kwargs``;
 * the text of the last assistant turn (the part inside the response budget) is kept in the
-  rollout's extra fields (:data:`spader.densify.FINAL_TURN_KEY`) for the terminal reward.
+  rollout's extra fields (:data:`spader.core.densify.FINAL_TURN_KEY`) for the terminal reward.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.utils.ray_utils import get_event_loop
 
-from spader.densify import FINAL_TURN_KEY
+from spader.core.densify import FINAL_TURN_KEY
+from spader.core.parsing import parse_turn
 from spader.integrations.verl.reward import gold_entities
 from spader.integrations.verl.tool_config import TOOL_NAME
-from spader.parsing import parse_turn
 
 __all__ = ["AGENT_LOOP", "PARSER", "SpaderToolAgentLoop", "SpaderToolParser"]
 

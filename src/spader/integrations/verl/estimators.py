@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
-from spader.advantage import (
+from spader.core.advantage import (
     discounted_returns,
     segment_steps,
     step_peer_advantage,
@@ -54,7 +54,7 @@ def _gamma(config) -> float:
 
 @register_adv_est(SPA)
 def spader_spa_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
-    """SPA token advantages (see :func:`spader.advantage.step_peer_advantage`).
+    """SPA token advantages (see :func:`spader.core.advantage.step_peer_advantage`).
 
     Args:
         token_level_rewards: (B, L) float, step rewards on the step-end tokens.
@@ -78,7 +78,7 @@ def spader_spa_advantage(token_level_rewards, response_mask, index=None, config=
 @register_adv_est(TRAJ)
 def spader_traj_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """Trajectory-level advantage of the summed step rewards (see
-    :func:`spader.advantage.trajectory_peer_advantage`); same arguments and returns as
+    :func:`spader.core.advantage.trajectory_peer_advantage`); same arguments and returns as
     :func:`spader_spa_advantage`, ``returns`` being the summed reward on every assistant token."""
     steps = segment_steps(response_mask)
     step_r = step_rewards_from_tokens(token_level_rewards.float(), steps)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-__all__ = ["PLUGIN", "ENV_VAR", "ensure_plugin_env", "main", "parse_args", "prepare"]
+__all__ = ["ENV_VAR", "PLUGIN", "ensure_plugin_env", "main", "parse_args", "prepare"]
 
 log = logging.getLogger(__name__)
 

@@ -87,7 +87,7 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
         + _num(divergences.get("invalid_format_reward", -1.0), "training.divergences.invalid_format_reward"),
     ]
     if reward == "terminal":
-        return out + ["trainer.v1.trainer_mode=sync"]
+        return [*out, "trainer.v1.trainer_mode=sync"]
     novelty = divergences.get("novelty", "inverse")
     if novelty not in ("inverse", "exp_decay"):
         raise ValueError(f"training.divergences.novelty must be inverse or exp_decay, got {novelty!r}")
@@ -97,7 +97,8 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
     else:
         free, ramp = int(warmup["free_steps"]), int(warmup["ramp_steps"])
         warmup_value = f"{{free_steps:{free},ramp_steps:{ramp}}}"
-    return out + [
+    return [
+        *out,
         "trainer.v1.trainer_mode=spader_sync",
         "algorithm.gamma=" + _num(training.get("gamma"), "training.gamma"),
         "++algorithm.spader.alpha=" + _num(variant.get("alpha"), "variant alpha"),

@@ -25,7 +25,7 @@ REQUIRED_VERL = "0.9.1"
 if version("verl") != REQUIRED_VERL:
     raise ImportError(f"spader's verl plug-ins need verl=={REQUIRED_VERL}, found verl=={version('verl')}")
 
-from spader.integrations.verl import agent_loop, estimators, trainer  # noqa: E402, F401  (registration)
+from spader.integrations.verl import agent_loop, estimators, trainer  # noqa: E402  (registration)
 
 REGISTERED = {
     "adv_estimators": (estimators.SPA, estimators.TRAJ),

@@ -3,9 +3,9 @@
 verl's ``naive`` reward manager calls :func:`compute_score` once per rollout with the decoded
 response, the row's ``reward_model.ground_truth`` and ``extra_info`` merged with the agent loop's
 extra fields. The answer is parsed from the *last assistant turn* only (recorded by the
-``spader_tool_agent`` loop under :data:`spader.densify.FINAL_TURN_KEY`), never from the decoded
+``spader_tool_agent`` loop under :data:`spader.core.densify.FINAL_TURN_KEY`), never from the decoded
 response, which also holds the tool observations. The score is the F1 of the answer
-(``spader.metrics.prf``) or ``invalid_format_reward`` (paper -1, authors' code 0); the search-step
+(``spader.core.metrics.prf``) or ``invalid_format_reward`` (paper -1, authors' code 0); the search-step
 rewards are added later by the ``spader_sync`` trainer mode.
 
 This module imports no verl: it only unpacks arguments for the core.
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spader.densify import FINAL_TURN_KEY
-from spader.metrics import gold_alias_sets, prf
-from spader.parsing import parse_answer
-from spader.rewards import terminal_reward
+from spader.core.densify import FINAL_TURN_KEY
+from spader.core.metrics import gold_alias_sets, prf
+from spader.core.parsing import parse_answer
+from spader.core.rewards import terminal_reward
 
 __all__ = ["compute_score", "gold_entities"]
 
@@ -66,7 +66,7 @@ def compute_score(
         solution_str: decoded response (unused: it also holds the observations).
         ground_truth: the row's ``reward_model.ground_truth`` (see :func:`gold_entities`).
         extra_info: the row's ``extra_info`` merged with the agent loop's extra fields; must hold
-            :data:`spader.densify.FINAL_TURN_KEY`.
+            :data:`spader.core.densify.FINAL_TURN_KEY`.
         invalid_format_reward: reward of an invalid final turn (``reward_kwargs``).
     Returns:
         ``{"score", "f1", "precision", "recall", "format_valid", "num_predicted"}`` (plain floats:

@@ -2,11 +2,11 @@
 
 One call = one search step of a trajectory. The tool runs the step's queries in one batched
 request (``spader.retrieval.client.RetrievalClient``), renders the observation with
-``spader.prompt.format_observation`` (the text evaluation shows too), keeps it within the
+``spader.core.prompt.format_observation`` (the text evaluation shows too), keeps it within the
 character budget by dropping the lowest-ranked passages first, and records what the *shown*
-passages contain: a :class:`spader.densify.StepRecord` (turn, number of queries, ground-truth
-entities hit by :func:`spader.rewards.find_hits`) appended to the trajectory's
-``agent_data.extra_fields`` under :data:`spader.densify.STEPS_KEY`. Matching runs on passage titles
+passages contain: a :class:`spader.core.densify.StepRecord` (turn, number of queries, ground-truth
+entities hit by :func:`spader.core.rewards.find_hits`) appended to the trajectory's
+``agent_data.extra_fields`` under :data:`spader.core.densify.STEPS_KEY`. Matching runs on passage titles
 and texts only, never on the queries the agent wrote.
 
 The ground-truth entities come in ``create_kwargs["entities"]`` (the ``spader_tool_agent`` loop
@@ -28,10 +28,10 @@ from uuid import uuid4
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from spader.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
+from spader.core.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
+from spader.core.prompt import fit_observation, format_observation
+from spader.core.rewards import passage_hits
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
-from spader.prompt import fit_observation, format_observation
-from spader.rewards import passage_hits
 
 __all__ = ["SearchTool", "as_alias_lists"]
 
@@ -103,7 +103,7 @@ class SearchTool(BaseTool):
             raise RuntimeError(
                 f"retrieval service returned {len(results)} result lists for {len(unique)} queries"
             )
-        by_query = dict(zip(unique, results))
+        by_query = dict(zip(unique, results, strict=False))
         return [by_query[q] for q in queries]
 
     async def execute(

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spader.rewards import NOVELTY, cost_warmup_scale
+from spader.core.rewards import NOVELTY, cost_warmup_scale
 
 __all__ = ["SpaderSettings"]
 

@@ -7,7 +7,7 @@ only be computed once the group is complete, in the trainer. This mode overrides
 that runs there, :meth:`SpaderTrainerSync._compute_advantage`: it reads ``rm_scores``,
 ``response_mask``, ``uid`` and the search tool's records (``extra_fields``) from TransferQueue,
 writes back dense ``rm_scores`` (each step's reward on the last token of its assistant run, see
-:func:`spader.densify.densify_rewards`) and hands over to verl's own ``_compute_advantage``, which
+:func:`spader.core.densify.densify_rewards`) and hands over to verl's own ``_compute_advantage``, which
 dispatches to the registered estimator. Selected with ``trainer.v1.trainer_mode=spader_sync``.
 """
 
@@ -21,7 +21,7 @@ from tensordict import TensorDict
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
-from spader.densify import N_GOLD_KEY, densify_rewards, parse_step_records
+from spader.core.densify import N_GOLD_KEY, densify_rewards, parse_step_records
 from spader.integrations.verl.settings import SpaderSettings
 
 __all__ = ["SpaderTrainerSync", "densify_tq_batch"]
@@ -52,7 +52,9 @@ def densify_tq_batch(batch, settings: SpaderSettings, global_step: int) -> dict[
     terminal = _padded(data["rm_scores"], 0.0).sum(dim=1)
     uids = [str(u) for u in data["uid"]]
     extra = list(data["extra_fields"])
-    records = [parse_step_records(e, where=f"trajectory {key}") for e, key in zip(extra, batch.keys)]
+    records = [
+        parse_step_records(e, where=f"trajectory {key}") for e, key in zip(extra, batch.keys, strict=False)
+    ]
     n_gold = [(e or {}).get(N_GOLD_KEY) for e in extra]
     skip = [bool(tag.get("is_padding", False)) for tag in batch.tags]
     scale = settings.cost_scale(global_step)

@@ -1,7 +1,7 @@
 """Instance-level set precision / recall / F1 with aliases (method.md, "Evaluation").
 
 A gold entity is a list of aliases; it is matched by a prediction when one of its aliases and the
-prediction normalize (``spader.text.normalize``) to the same string. Each gold entity counts at most
+prediction normalize (``spader.core.text.normalize``) to the same string. Each gold entity counts at most
 once and each distinct prediction can match at most one entity, so two aliases of one entity
 predicted give one hit and one false positive. The matching is a maximum bipartite matching, which
 also settles the rare case of one prediction equal to aliases of two entities.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from spader.text import normalize
+from spader.core.text import normalize
 
-__all__ = ["gold_alias_sets", "match_count", "prf", "macro_average"]
+__all__ = ["gold_alias_sets", "macro_average", "match_count", "prf"]
 
 
 def gold_alias_sets(gold: Iterable[Sequence[str]]) -> list[frozenset[str]]:

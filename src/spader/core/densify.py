@@ -5,11 +5,11 @@ returned passages contained (:class:`StepRecord`, stored in the rollout's extra 
 :data:`STEPS_KEY`). The rollout's scalar reward is the terminal reward (F1 or the invalid-format
 reward). :func:`densify_rewards` turns both into token-level rewards for the whole batch:
 
-* step t of a trajectory is its t-th assistant run (:func:`spader.advantage.segment_steps`);
+* step t of a trajectory is its t-th assistant run (:func:`spader.core.advantage.segment_steps`);
   every run but the last is a search step, the last run is the answer step (or the turn where
   the episode was cut off);
 * search-step rewards need the whole group (``N(e)`` counts the group's trajectories that found
-  ``e``), so they are computed per prompt group with :func:`spader.rewards.search_step_rewards`;
+  ``e``), so they are computed per prompt group with :func:`spader.core.rewards.search_step_rewards`;
 * each step's reward goes on the last token of its assistant run.
 
 Pure: torch and the core only; the verl trainer mode calls it on what it reads from
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spader.advantage import place_step_rewards, segment_steps
-from spader.rewards import NOVELTY, _search_rewards
+from spader.core.advantage import place_step_rewards, segment_steps
+from spader.core.rewards import NOVELTY, _search_rewards
 
 __all__ = [
     "FINAL_TURN_KEY",
@@ -194,7 +194,7 @@ def densify_rewards(
         group_ids: (B,) prompt group (uid) of each trajectory, any hashable.
         records: per trajectory, the tool's :class:`StepRecord` list.
         n_gold: per trajectory, ``|E_GT|`` of its question (None when it never searched).
-        alpha, beta, cost, novelty, cost_scale: see :func:`spader.rewards.search_step_rewards`.
+        alpha, beta, cost, novelty, cost_scale: see :func:`spader.core.rewards.search_step_rewards`.
         skip: optional (B,) True for rows to leave at 0 (verl's synthetic padding rows).
     Returns:
         ``(dense (B, L) float32, stats)``.
@@ -247,7 +247,7 @@ def densify_rewards(
             )
         else:
             rewards, new_counts = [[] for _ in members], [0] * len(members)
-        for i, r, n_new in zip(members, rewards, new_counts):
+        for i, r, n_new in zip(members, rewards, new_counts, strict=False):
             row = step_rewards[i]
             row[: len(r)] = r
             row[counts[i] - 1] = terminal_values[i]

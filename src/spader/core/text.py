@@ -14,7 +14,7 @@ import re
 import string
 import unicodedata
 
-__all__ = ["clean_text", "normalize", "normalize_spader_compat", "NORMALIZATION_VERSION"]
+__all__ = ["NORMALIZATION_VERSION", "clean_text", "normalize", "normalize_spader_compat"]
 
 NORMALIZATION_VERSION = "norm_v1"
 

@@ -23,15 +23,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from spader.text import normalize
+from spader.core.text import normalize
 
 __all__ = [
     "NOVELTY",
     "cost_warmup_scale",
     "find_hits",
-    "passage_hits",
     "group_step_rewards",
     "novelty_premium",
+    "passage_hits",
     "search_step_rewards",
     "terminal_reward",
 ]
@@ -75,7 +75,7 @@ def passage_hits(shown: Sequence[Sequence[dict]], entities: Sequence[Sequence[st
 
     Titles and texts are matched separately, so no alias spans the two; queries are never
     searched. Training's search tool and evaluation both call this on the passages that
-    :func:`spader.prompt.fit_observation` kept in the observation.
+    :func:`spader.core.prompt.fit_observation` kept in the observation.
     """
     texts = [s for passages in shown for p in passages for s in (p.get("title", ""), p.get("text", ""))]
     return find_hits(texts, entities) if texts and entities else set()
@@ -136,7 +136,7 @@ def _check_shapes(
         raise ValueError(f"n_gt (number of ground-truth entities) must be >= 1, got {n_gt}")
     if len(hits) != len(queries):
         raise ValueError(f"hits has {len(hits)} trajectories but queries has {len(queries)}")
-    for i, (h, q) in enumerate(zip(hits, queries)):
+    for i, (h, q) in enumerate(zip(hits, queries, strict=False)):
         if len(h) != len(q):
             raise ValueError(f"trajectory {i}: {len(h)} steps of hits but {len(q)} steps of query counts")
         if any(n < 0 for n in q):
@@ -211,8 +211,8 @@ def _search_rewards(
     value = {e: alpha + beta * novelty_premium(n, novelty=novelty) for e, n in found_by.items()}
     get = value.__getitem__
     rewards = [
-        [(sum(map(get, new)) - step_cost * q) / n_gt for new, q in zip(new_steps, traj_queries)]
-        for new_steps, traj_queries in zip(new_per_step, queries)
+        [(sum(map(get, new)) - step_cost * q) / n_gt for new, q in zip(new_steps, traj_queries, strict=False)]
+        for new_steps, traj_queries in zip(new_per_step, queries, strict=False)
     ]
     return rewards, [sum(len(new) for new in new_steps) for new_steps in new_per_step]
 
@@ -248,6 +248,6 @@ def group_step_rewards(
         hits, queries, n_gt, alpha=alpha, beta=beta, cost=cost, novelty=novelty, cost_scale=cost_scale
     )
     return [
-        steps + [terminal_reward(f1, invalid_format_reward=invalid_format_reward)]
-        for steps, f1 in zip(search, final_f1)
+        [*steps, terminal_reward(f1, invalid_format_reward=invalid_format_reward)]
+        for steps, f1 in zip(search, final_f1, strict=False)
     ]

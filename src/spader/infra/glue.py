@@ -2,7 +2,7 @@
 
 Every script does::
 
-    from spader.glue import job
+    from spader.infra.glue import job
     with job(snakemake):
         some_package_function(snakemake.input..., snakemake.output..., **snakemake.params...)
 """
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from spader.tracking import job_run
+from spader.infra.tracking import job_run
 
 __all__ = ["job", "setup_logging"]
 
@@ -25,13 +25,13 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def setup_logging(log_path: str | None) -> None:
     """Send stderr (tracebacks, tqdm bars) and the logging tree to the job's log file."""
     if log_path:
-        sys.stderr = open(log_path, "w", buffering=1, encoding="utf-8")  # noqa: SIM115 (lives as long as the job)
+        sys.stderr = open(log_path, "w", buffering=1, encoding="utf-8")  # lives as long as the job
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=_FORMAT, force=True)
 
 
 @contextlib.contextmanager
 def job(smk) -> Iterator[Any]:
-    """Log set-up plus the job's MLflow run (see :func:`spader.tracking.job_run`)."""
+    """Log set-up plus the job's MLflow run (see :func:`spader.infra.tracking.job_run`)."""
     setup_logging(smk.log[0] if len(smk.log) else None)
     logging.getLogger("spader").info("rule %s, wildcards %s", smk.rule, dict(smk.wildcards.items()))
     try:

@@ -81,7 +81,9 @@ def _experiment_id(settings: MlflowSettings) -> str:
         return exp.experiment_id
     settings.artifact_root.mkdir(parents=True, exist_ok=True)
     try:
-        return client.create_experiment(settings.experiment, artifact_location=settings.artifact_root.as_uri())
+        return client.create_experiment(
+            settings.experiment, artifact_location=settings.artifact_root.as_uri()
+        )
     except mlflow.exceptions.MlflowException:  # created concurrently by another job
         exp = client.get_experiment_by_name(settings.experiment)
         if exp is None:

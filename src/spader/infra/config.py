@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 
-__all__ = ["ConfigError", "check_config", "load_schema", "model_kind", "hub_slug"]
+__all__ = ["ConfigError", "check_config", "hub_slug", "load_schema", "model_kind"]
 
 DATASETS = ("qampari", "mintaka", "webqsp", "quest")
 BASELINES = ("rag", "react")
@@ -86,14 +86,18 @@ def _semantic_errors(config: Mapping[str, Any], verl_config_dir: Path | None) ->
             errors.append(f"config key 'backbones.{b}.model': local path '{model}' does not exist")
     reranker = (config.get("retrieval", {}).get("reranker") or {}).get("model")
     if isinstance(reranker, str) and reranker.startswith("tiny:") and reranker != "tiny:reranker":
-        errors.append(f"config key 'retrieval.reranker.model': tiny rerankers are 'tiny:reranker', got '{reranker}'")
+        errors.append(
+            f"config key 'retrieval.reranker.model': tiny rerankers are 'tiny:reranker', got '{reranker}'"
+        )
     for v, spec in variants.items():
         if verl_config_dir is not None:
             path = verl_config_dir / f"{spec.get('verl_config')}.yaml"
             if not path.exists():
                 errors.append(f"config key 'variants.{v}.verl_config': {path} does not exist")
         if spec.get("advantage") == "gae" and spec.get("reward") != "terminal":
-            errors.append(f"config key 'variants.{v}.reward': PPO (advantage gae) is trained on the terminal reward")
+            errors.append(
+                f"config key 'variants.{v}.reward': PPO (advantage gae) is trained on the terminal reward"
+            )
     for d, spec in config.get("datasets", {}).items():
         files = spec.get("files", {})
         for split, s in (spec.get("splits") or {}).items():
@@ -104,12 +108,16 @@ def _semantic_errors(config: Mapping[str, Any], verl_config_dir: Path | None) ->
                 )
         for name in files:
             if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-                errors.append(f"config key 'datasets.{d}.files.{name}': file names may use letters, digits, . _ -")
+                errors.append(
+                    f"config key 'datasets.{d}.files.{name}': file names may use letters, digits, . _ -"
+                )
     return errors
 
 
 def check_config(
-    config: Mapping[str, Any], schema: dict | str | os.PathLike, verl_config_dir: str | os.PathLike | None = None
+    config: Mapping[str, Any],
+    schema: dict | str | os.PathLike,
+    verl_config_dir: str | os.PathLike | None = None,
 ) -> None:
     """Raise :class:`ConfigError` listing every invalid key (schema and cross-references)."""
     if not isinstance(schema, dict):

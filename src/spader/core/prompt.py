@@ -14,11 +14,11 @@ from collections.abc import Sequence
 __all__ = [
     "PROMPT_TEMPLATE",
     "PROMPT_VERSION",
-    "build_user_prompt",
     "build_messages",
-    "format_passages",
-    "format_observation",
+    "build_user_prompt",
     "fit_observation",
+    "format_observation",
+    "format_passages",
 ]
 
 PROMPT_TEMPLATE = (
@@ -27,11 +27,11 @@ PROMPT_TEMPLATE = (
     "\n"
     "Each time you act, first think step by step inside <think> and </think>. Then do exactly one "
     "of the following:\n"
-    "- Search: write <tool_call>[\"first query\", \"second query\"]</tool_call>, a JSON list of one "
+    '- Search: write <tool_call>["first query", "second query"]</tool_call>, a JSON list of one '
     "or more search queries. For every query the search engine returns its top 5 Wikipedia passages "
     "(about 100 words each) inside <tool_response> and </tool_response>. You may search as many "
     "times as you need.\n"
-    "- Answer: write <answer>[\"Entity A\", \"Entity B\"]</answer>, a JSON list with the name of "
+    '- Answer: write <answer>["Entity A", "Entity B"]</answer>, a JSON list with the name of '
     "every answer entity you found. This ends the episode, so answer only once and only at the end.\n"
     "\n"
     "Question: {question}"
