@@ -1,4 +1,4 @@
-"""Benchmark of the search stack (issue #3 point 7) on a generated corpus in the real chunk format.
+"""Benchmark of the search stack on a generated corpus in the real chunk format.
 
 Generates at least 200,000 passages (~100 words, Zipf vocabulary of 50,000 words) and 512 queries,
 then measures, in one run and side by side:
@@ -27,11 +27,29 @@ stored raw documents instead of lookups by id, one tokenizer call per chunk of p
 FlagEmbedding 1.4.2's per-pair tokenize/decode/re-tokenize, and no batch-size probe
 (``compute_score`` runs its first batch twice, i.e. every 50-pair query twice).
 
+Training scale (``retrieval_scale.py``, ``retrieval_load.py``), in the same run:
+
+3. ``stream``: a rollout-shaped query stream (prompts x 16 rollouts, 2-3 search turns of 2-3
+   queries; first turns often repeat the question, later turns diverge) at duplicate rates swept
+   from 0 to 60%, through a service with the result cache and one without: queries/s, reranker
+   pairs, identical top-5s; then the projection per paper-size training step (queries, unique
+   queries, pairs, reranker seconds on one H200 / one A100 from the pairs and the model's FLOPs,
+   or from ``--h200-pairs-per-s``/``--a100-pairs-per-s`` measured, e.g. by ``bench/reranker_gpu.py``).
+4. ``overlap``: slices of 64 with BM25 of the next slice overlapping reranking, without overlap,
+   and unsliced.
+5. ``replicas``: one reranker replica vs two.
+6. ``load``: 512 concurrent clients x 20 requests against the service on the demo index: errors,
+   p50/p99 latency.
+
 Targets: service >= 3x the per-query design's queries/s with identical results; indexing
-overhead <= 10% over raw pyserini (same input).
+overhead <= 10% over raw pyserini (same input); at a 50% duplicate rate >= 2x fewer reranker
+pairs and >= 1.8x queries/s with the cache, identical top-5s; 0 errors under load.
 
 Usage: .venv/bin/python bench/retrieval.py [--passages 200000] [--queries 512] [--threads 2]
        [--rounds 3] [--rerank-batch 256] [--device cpu] [--keep DIR]
+       [--sections index,search,stream,overlap,replicas,load] [--rates 0,0.2,0.4,0.5,0.6]
+       [--prompts 8] [--h200-pairs-per-s N] [--a100-pairs-per-s N] [--load-clients 512]
+       [--load-requests 20] [--load-distinct 400]
 """
 
 from __future__ import annotations
@@ -42,8 +60,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
-import sys
 import tarfile
 import tempfile
 import threading
@@ -52,11 +68,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from retrieval_index import OURS_DIR, OURS_TAR, RAW, RAW_TAR, bench_indexing
+from retrieval_load import bench_load
+from retrieval_scale import (
+    bench_overlap,
+    bench_replicas,
+    bench_stream,
+    projection,
+    report_scale,
+    service_settings,
+)
 
 VOCAB = 50_000
 ONE_REQUEST, CONCURRENT, BASELINE = "ours: one request", "ours: concurrent, 4 each", "per-query design"
-OURS_TAR, OURS_DIR, RAW = "ours (.tar.gz)", "ours (directory)", "raw pyserini CLI (dir)"
-RAW_TAR = "tar xzf + raw pyserini CLI"
 _CONS, _VOWELS = "bcdfghjklmnprstvwz", "aeiou"
 SYLLABLES = [c + v for c in _CONS for v in _VOWELS]  # 90 syllables of lowercase letters
 
@@ -70,8 +94,10 @@ def word(i: int) -> str:
     return "".join(out)
 
 
-def make_corpus(root: Path, n: int, n_queries: int, seed: int = 0) -> tuple[Path, Path, list[str]]:
-    """Write ``n`` chunk records (4 jsonl files + the .tar.gz) and return (dir, archive, queries)."""
+def make_corpus(root: Path, n: int, n_queries: int, seed: int = 0):
+    """Write ``n`` chunk records (4 jsonl files + the .tar.gz; kept if a previous run in the same
+    ``--keep`` directory wrote them) and return ``(dir, archive, queries, make_fresh)``;
+    ``make_fresh(seed)`` returns a function giving new queries of the same kind."""
     rng = np.random.default_rng(seed)
     words = np.array([word(i) for i in range(VOCAB)])
     p = 1.0 / np.arange(1, VOCAB + 1) ** 1.1
@@ -79,88 +105,38 @@ def make_corpus(root: Path, n: int, n_queries: int, seed: int = 0) -> tuple[Path
     body = rng.choice(VOCAB, size=(n, 100), p=p)
     titles = rng.choice(VOCAB, size=(n, 2), p=p)
     out = root / "corpus" / "wikipedia_chunks" / "chunks_v5"
-    out.mkdir(parents=True)
-    files = [open(out / f"wikipedia_chunks_{i}.jsonl", "w") for i in range(4)]
-    for i in range(n):
-        title, text, cid = " ".join(words[titles[i]]), " ".join(words[body[i]]), f"{i // 3}__{i % 3}"
-        rec = {
-            "id": cid,
-            "contents": f"{title} {text}",
-            "meta": {"title": title, "content": text, "page_id": str(i // 3), "chunk_id": cid},
-        }
-        files[i % 4].write(json.dumps(rec) + "\n")
-    for f in files:
-        f.close()
     archive = root / "chunked_wikipedia.tar.gz"
-    with tarfile.open(archive, "w:gz", compresslevel=1) as tf:
-        tf.add(root / "corpus" / "wikipedia_chunks", arcname="wikipedia_chunks")
-    queries = []
-    for _ in range(n_queries):  # words of one passage plus frequent words, as questions mix both
-        doc = body[rng.integers(n)]
-        picked = list(rng.choice(doc, size=rng.integers(2, 5), replace=False)) + list(
-            rng.choice(VOCAB, size=rng.integers(1, 4), p=p)
+    if not archive.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        files = [open(out / f"wikipedia_chunks_{i}.jsonl", "w") for i in range(4)]
+        for i in range(n):
+            title, text, cid = " ".join(words[titles[i]]), " ".join(words[body[i]]), f"{i // 3}__{i % 3}"
+            rec = {
+                "id": cid,
+                "contents": f"{title} {text}",
+                "meta": {"title": title, "content": text, "page_id": str(i // 3), "chunk_id": cid},
+            }
+            files[i % 4].write(json.dumps(rec) + "\n")
+        for f in files:
+            f.close()
+        with tarfile.open(archive.with_suffix(".tmp"), "w:gz", compresslevel=1) as tf:
+            tf.add(root / "corpus" / "wikipedia_chunks", arcname="wikipedia_chunks")
+        os.replace(archive.with_suffix(".tmp"), archive)
+
+    def query(r) -> str:  # words of one passage plus frequent words, as questions mix both
+        doc = body[r.integers(n)]
+        picked = list(r.choice(doc, size=r.integers(2, 5), replace=False)) + list(
+            r.choice(VOCAB, size=r.integers(1, 4), p=p)
         )
-        queries.append(" ".join(words[picked]))
-    return root / "corpus", archive, queries
+        return " ".join(words[picked])
 
+    queries = [query(rng) for _ in range(n_queries)]
 
-def timed(cmd: list[str]) -> float:
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - started
+    def make_fresh(stream_seed: int):
+        r = np.random.default_rng([seed, stream_seed])
+        return lambda: query(r)
 
-
-def bench_indexing(root: Path, corpus_dir: Path, archive: Path, n: int, threads: int, rounds: int) -> dict:
-    py = sys.executable
-    raw_cli = (
-        "import runpy, sys; from spader.retrieval.jvm import start_jvm; start_jvm('8g'); "
-        "sys.argv = ['pyserini.index.lucene'] + sys.argv[1:]; "
-        "runpy.run_module('pyserini.index.lucene', run_name='__main__', alter_sys=True)"
-    )
-    ours = [py, "-m", "spader.retrieval", "index", "--threads", str(threads), "--overwrite", "--input"]
-    raw_args = [
-        "--collection",
-        "JsonCollection",
-        "--generator",
-        "DefaultLuceneDocumentGenerator",
-        "--storeRaw",
-    ]
-
-    def raw(out: Path, corpus: Path) -> list[str]:
-        return [py, "-c", raw_cli, *raw_args, "--threads", str(threads), "--index", str(out),
-                "--input", str(corpus / "wikipedia_chunks" / "chunks_v5")]  # fmt: skip
-
-    def extract_then_raw(out: Path) -> float:
-        # what the raw CLI needs first when the dump is the .tar.gz (SPADER's build script does this)
-        extracted = out.with_name(out.name + "_extracted")
-        extracted.mkdir()
-        seconds = timed(["tar", "xzf", str(archive), "-C", str(extracted)])
-        seconds += timed(raw(out, extracted))
-        subprocess.run(["rm", "-rf", str(extracted)])
-        return seconds
-
-    jobs = {
-        OURS_TAR: lambda out: timed([*ours, str(archive), "--output", str(out)]),
-        OURS_DIR: lambda out: timed([*ours, str(corpus_dir), "--output", str(out)]),
-        RAW: lambda out: timed(raw(out, corpus_dir)),
-        RAW_TAR: extract_then_raw,
-    }
-    times: dict[str, list[float]] = {k: [] for k in jobs}
-    for r in range(rounds):
-        for j, (name, run) in enumerate(jobs.items()):
-            out = root / f"idx_{j}_{r}"
-            times[name].append(run(out))
-            if not (r == rounds - 1 and name == OURS_TAR):
-                subprocess.run(["rm", "-rf", str(out)])
-            else:
-                os.replace(out, root / "index")
-            print(f"  indexing round {r + 1}: {name}: {times[name][-1]:.1f} s", flush=True)
-    return {
-        k: {"best_s": min(v), "median_s": statistics.median(v), "docs_per_s": n / min(v)}
-        for k, v in times.items()
-    }
+    return root / "corpus", archive, queries, make_fresh
 
 
 def build_bench_reranker(out: Path, seed: int = 0) -> Path:
@@ -269,26 +245,8 @@ def bench_search(
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.service import running_service
 
-    settings = {
-        "bm25": {"k1": 0.9, "b": 0.4},
-        "initial_k": 50,
-        "topk": 5,
-        "reranker": {
-            "model": str(reranker) if reranker else None,
-            "path": str(reranker) if reranker else None,
-            "batch_size": rerank_batch,
-            "max_length": 512,
-            "fp16": False,
-        },
-        "service": {
-            "host": "127.0.0.1",
-            "max_queries_per_request": 512,
-            "max_query_chars": 1000,
-            "startup_timeout_s": 600,
-            "request_timeout_s": 600,
-            "retries": 0,
-        },
-    }
+    # No result cache: every round computes every query, as the per-query design does.
+    settings = service_settings(reranker, rerank_batch, cache_entries=0)
     times: dict[str, list[float]] = {
         ONE_REQUEST: [],
         CONCURRENT: [],
@@ -334,37 +292,49 @@ def bench_search(
     return out
 
 
-def report(indexing: dict, search: dict, args, n_queries: int) -> None:
+def report(indexing: dict | None, search: dict | None, args, n_queries: int) -> None:
     """Print the side-by-side tables, the ratios and whether the issue's targets are met.
 
     Indexing overhead compares like with like: our indexer and the raw CLI on the same extracted
     directory. From the archive, our streaming build is compared with extracting it and then
     running the raw CLI (the raw CLI cannot read a .tar.gz)."""
-    print(f"\n== indexing {args.passages:,} passages, {args.threads} threads (best of {args.rounds}) ==")
-    for name, r in indexing.items():
-        same_input = RAW_TAR if name in (OURS_TAR, RAW_TAR) else RAW
-        overhead = r["best_s"] / indexing[same_input]["best_s"] - 1
-        print(
-            f"{name:30s} {r['best_s']:7.1f} s {r['docs_per_s']:9,.0f} docs/s  vs {same_input} {overhead:+.1%}"
-        )
-    for mode, res in search.items():
-        base = res[BASELINE]["qps"]
-        what = "BM25 top-50 -> tiny reranker -> top-5" if mode == "rerank" else "BM25 top-5 (reranker off)"
-        print(f"\n== {n_queries} queries, {what}, {args.threads} threads (best of {args.rounds}) ==")
-        for name, r in res.items():
+    targets = []
+    if indexing:
+        print(f"\n== indexing {args.passages:,} passages, {args.threads} threads (best of {args.rounds}) ==")
+        for name, r in indexing.items():
+            same_input = RAW_TAR if name in (OURS_TAR, RAW_TAR) else RAW
+            overhead = r["best_s"] / indexing[same_input]["best_s"] - 1
             print(
-                f"{name:26s} {r['best_s']:7.2f} s {r['qps']:8.1f} q/s  x{r['qps'] / base:5.2f}  "
-                f"identical top-5 {r['identical_top5']}/{n_queries}  max score diff {r['max_score_diff']:.1e}"
+                f"{name:30s} {r['best_s']:7.1f} s {r['docs_per_s']:9,.0f} docs/s  vs {same_input} {overhead:+.1%}"
             )
-    ratio = search["rerank"][ONE_REQUEST]["qps"] / search["rerank"][BASELINE]["qps"]
-    overhead = indexing[OURS_DIR]["best_s"] / indexing[RAW]["best_s"] - 1
-    identical = all(r["identical_top5"] == n_queries for res in search.values() for r in res.values())
-    print(
-        f"\ntargets: service >= 3x the per-query design: x{ratio:.2f} "
-        f"({'met' if ratio >= 3 else 'NOT met'}), "
-        f"identical top-5s: {'yes' if identical else 'NO'}; indexing overhead <= 10%: {overhead:+.1%} "
-        f"({'met' if overhead <= 0.10 else 'NOT met'})"
-    )
+        overhead = indexing[OURS_DIR]["best_s"] / indexing[RAW]["best_s"] - 1
+        targets.append(
+            f"indexing overhead <= 10%: {overhead:+.1%} ({'met' if overhead <= 0.10 else 'NOT met'})"
+        )
+    if search:
+        for mode, res in search.items():
+            base = res[BASELINE]["qps"]
+            what = (
+                "BM25 top-50 -> tiny reranker -> top-5" if mode == "rerank" else "BM25 top-5 (reranker off)"
+            )
+            print(f"\n== {n_queries} queries, {what}, {args.threads} threads (best of {args.rounds}) ==")
+            for name, r in res.items():
+                print(
+                    f"{name:26s} {r['best_s']:7.2f} s {r['qps']:8.1f} q/s  x{r['qps'] / base:5.2f}  "
+                    f"identical top-5 {r['identical_top5']}/{n_queries}  max score diff {r['max_score_diff']:.1e}"
+                )
+        ratio = search["rerank"][ONE_REQUEST]["qps"] / search["rerank"][BASELINE]["qps"]
+        identical = all(r["identical_top5"] == n_queries for res in search.values() for r in res.values())
+        targets.insert(
+            0,
+            f"service >= 3x the per-query design: x{ratio:.2f} ({'met' if ratio >= 3 else 'NOT met'}), "
+            f"identical top-5s: {'yes' if identical else 'NO'}",
+        )
+    if targets:
+        print("\ntargets: " + "; ".join(targets))
+
+
+SECTIONS = ("index", "search", "stream", "overlap", "replicas", "load")
 
 
 def main() -> None:
@@ -387,7 +357,27 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", help="device of the per-query design's reranker")
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}"
+    )
+    parser.add_argument("--rates", default="0,0.2,0.4,0.5,0.6", help="duplicate rates of the query stream")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per stream step (16 rollouts each)")
+    parser.add_argument(
+        "--h200-pairs-per-s", type=float, default=None, help="measured reranker pairs/s, one H200"
+    )
+    parser.add_argument(
+        "--a100-pairs-per-s", type=float, default=None, help="measured reranker pairs/s, one A100"
+    )
+    parser.add_argument("--load-clients", type=int, default=512)
+    parser.add_argument("--load-requests", type=int, default=20, help="requests per client")
+    parser.add_argument(
+        "--load-distinct", type=int, default=400, help="distinct queries the clients draw from"
+    )
     args = parser.parse_args()
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the service sets it (spader.retrieval.__main__)
 
@@ -395,32 +385,61 @@ def main() -> None:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_retrieval_"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    corpus_dir, archive, queries = make_corpus(work, args.passages, args.queries)
-    print(
-        f"corpus: {args.passages:,} passages, {archive.stat().st_size / 2**20:.0f} MiB archive, "
-        f"{len(queries)} queries ({time.perf_counter() - started:.0f} s)",
-        flush=True,
-    )
+    results: dict = {"args": vars(args)}
+    if set(sections) - {"load"}:
+        corpus_dir, archive, queries, make_fresh = make_corpus(work, args.passages, args.queries)
+        print(
+            f"corpus: {args.passages:,} passages, {archive.stat().st_size / 2**20:.0f} MiB archive, "
+            f"{len(queries)} queries ({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+        if "index" in sections:
+            results["indexing"] = bench_indexing(
+                work, corpus_dir, archive, args.passages, args.threads, args.rounds
+            )
+        elif not (work / "index").exists():
+            from spader.retrieval.index import build_bm25_index
 
-    indexing = bench_indexing(work, corpus_dir, archive, args.passages, args.threads, args.rounds)
-    from spader.retrieval.jvm import start_jvm
+            build_bm25_index(corpus_dir, work / "index", threads=args.threads)
+        from spader.retrieval.jvm import start_jvm
 
-    start_jvm("4g")
-    reranker = build_bench_reranker(work / "tiny_reranker")
-    search = {
-        "rerank": bench_search(
-            work / "index", reranker, queries, args.threads, args.rounds, args.device, args.rerank_batch
-        ),
-        "bm25": bench_search(
-            work / "index", None, queries, args.threads, args.rounds, args.device, args.rerank_batch
-        ),
-    }
+        start_jvm("4g")
+        reranker = build_bench_reranker(work / "tiny_reranker")
+        index = work / "index"
+        common = (args.threads, args.rerank_batch)
+        if "search" in sections:
+            results["search"] = {
+                "rerank": bench_search(
+                    index, reranker, queries, args.threads, args.rounds, args.device, args.rerank_batch
+                ),
+                "bm25": bench_search(
+                    index, None, queries, args.threads, args.rounds, args.device, args.rerank_batch
+                ),
+            }
+        if "stream" in sections:
+            rates = [float(r) for r in args.rates.split(",")]
+            results["stream"] = bench_stream(
+                index, reranker, make_fresh, *common, rates, args.prompts, args.rounds
+            )
+            measured = {"H200": args.h200_pairs_per_s, "A100": args.a100_pairs_per_s}
+            results["projection"] = projection(results["stream"], measured)
+        if "overlap" in sections:
+            results["overlap"] = bench_overlap(index, reranker, queries, *common, args.rounds)
+        if "replicas" in sections:
+            results["replicas"] = bench_replicas(index, reranker, queries, *common, args.rounds)
+    if "load" in sections:
+        demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "chunked_wikipedia.tar.gz"
+        results["load"] = bench_load(
+            work, demo, args.load_clients, args.load_requests, args.load_distinct, args.threads
+        )
 
-    report(indexing, search, args, len(queries))
+    if "indexing" in results or "search" in results:
+        report(results.get("indexing"), results.get("search"), args, args.queries)
+    targets = report_scale(results, args)
+    if targets:
+        print("\ntargets (training scale): " + "; ".join(targets))
     print(f"machine: {os.cpu_count()} CPUs, load average {load_before} before, {os.getloadavg()} after")
-    (work / "results.json").write_text(
-        json.dumps({"indexing": indexing, "search": search, "args": vars(args)}, indent=2)
-    )
+    (work / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(f"results: {work / 'results.json'} (total {time.perf_counter() - started:.0f} s)")
 
 

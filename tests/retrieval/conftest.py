@@ -154,10 +154,3 @@ def bm25_index(corpus_tar, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("index") / "bm25"
     build_bm25_index(corpus_tar, out, threads=1)
     return out
-
-
-@pytest.fixture(scope="session")
-def tiny_reranker(tmp_path_factory) -> Path:
-    from spader.models.tiny import build_tiny_reranker
-
-    return build_tiny_reranker(tmp_path_factory.mktemp("models") / "reranker")

@@ -106,3 +106,37 @@ def test_repeated_queries_are_searched_once(backend, monkeypatch):
     a, _b, c = backend.search(["Lucene", "Winter Quay", "Lucene"], topk=1, initial_k=3)
     assert seen == [["Lucene", "Winter Quay"]]
     assert a == c and a[0].id == "5001__0"
+
+
+def test_max_batch_tokens_bounds_every_pass_and_changes_no_score(tiny_reranker, monkeypatch):
+    """A token cap per pass: long pairs fill fewer rows, short ones the whole batch; same scores."""
+    capped = CrossEncoderReranker(
+        tiny_reranker, batch_size=8, max_length=512, fp16=False, device="cpu", max_batch_tokens=2000
+    )
+    assert [capped.rows_for(width) for width in (100, 500, 512, 9000)] == [8, 4, 3, 1]
+    pairs = _pairs(30, seed=4) + _pairs(6, seed=5, passage_words=(600, 700))  # up to 512 tokens
+    shapes = []
+    logits = capped._logits
+
+    def spy(ids, mask):
+        shapes.append(tuple(ids.shape))
+        return logits(ids, mask)
+
+    monkeypatch.setattr(capped, "_logits", spy)
+    got = capped.score(pairs)
+    assert all(rows * width <= 2000 for rows, width in shapes)
+    assert max(rows for rows, _ in shapes) == 8 and max(width for _, width in shapes) == 512
+    assert sum(rows for rows, _ in shapes) == len(pairs)
+    uncapped = CrossEncoderReranker(tiny_reranker, batch_size=8, max_length=512, fp16=False, device="cpu")
+    assert uncapped.max_batch_tokens == 8 * 512
+    np.testing.assert_allclose(got, uncapped.score(pairs), atol=1e-5)
+
+
+def test_max_batch_tokens_setting_reaches_the_replicas(bm25_index, tiny_reranker):
+    cfg = {"reranker": {"path": str(tiny_reranker), "batch_size": 8, "max_batch_tokens": 300, "fp16": False}}
+    settings = SearchSettings.from_config(cfg)
+    assert settings.rerank_max_batch_tokens == 300
+    backend = Bm25RerankBackend(bm25_index, settings)
+    assert [r.max_batch_tokens for r in backend.reranker.replicas] == [300]
+    with pytest.raises(ValueError, match="rerank_max_batch_tokens must be >= 1"):
+        SearchSettings(rerank_max_batch_tokens=0)

@@ -1,10 +1,12 @@
-"""The retrieval service: every bad input of issue #3 gets a 4xx with a message and the service
+"""The retrieval service: every bad input gets a 4xx with a message and the service
 keeps serving; concurrent requests are merged; an HTTP round trip on 127.0.0.1 through
 running_service and RetrievalClient; start-up refused for a missing index."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -32,7 +34,9 @@ def settings(tiny_reranker) -> dict:
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["retrieval"]
     cfg["reranker"].update(model="tiny:reranker", path=str(tiny_reranker), batch_size=8, fp16=False)
     cfg["initial_k"], cfg["topk"] = 6, 3
-    cfg["service"].update(max_queries_per_request=4, max_query_chars=40, startup_timeout_s=120, retries=1)
+    cfg["service"].update(
+        max_queries_per_request=4, max_query_chars=40, startup_timeout_s=120, retries=1, slice_queries=4
+    )
     return cfg
 
 
@@ -125,35 +129,43 @@ def test_bad_input_gets_4xx_with_message_and_service_keeps_serving(client, body,
     assert ok.status_code == 200 and ok.json()["result"][0][0]["id"] == "5001__0"
 
 
-def test_concurrent_requests_are_merged_into_few_searches(client, backend, monkeypatch):
+def test_concurrent_requests_are_merged_into_few_searches(backend, monkeypatch):
     calls = []
-    search = backend.search
+    candidates = backend.candidates
 
-    def slow_search(queries, **kw):
-        calls.append(len(queries))
+    def slow_candidates(queries, **kw):
+        calls.append(list(queries))
         time.sleep(0.3 if len(calls) == 1 else 0)  # requests arriving meanwhile queue up
-        return search(queries, **kw)
+        return candidates(queries, **kw)
 
-    monkeypatch.setattr(backend, "search", slow_search)
+    monkeypatch.setattr(backend, "candidates", slow_candidates)
     single = [[q] for q in ["Lucene", "Winter Quay", "Kvitelva river", "Halcyon album"] * 3]
     answers = [None] * len(single)
+    with TestClient(create_app(lambda: backend)) as fresh:  # a new app: an empty result cache
 
-    def send(i):
-        answers[i] = client.post("/retrieve", json={"queries": single[i], "topk": 1}).json()["result"][0]
+        def send(i):
+            answers[i] = fresh.post("/retrieve", json={"queries": single[i], "topk": 1}).json()["result"][0]
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(single))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sum(calls) == len(single) and len(calls) <= 5  # 12 requests, batches of at most 4 queries
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(single))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = fresh.get("/stats").json()
     monkeypatch.undo()
+    # 12 requests of 4 distinct queries: each computed once, in slices of at most 4 queries.
+    assert sorted(q for c in calls for q in c if q != "warm up query") == sorted(
+        {q for qs in single for q in qs}
+    )
+    assert all(len(c) <= 4 for c in calls)
+    assert stats["computed"] == 4 and stats["cache"]["hits"] + stats["coalesced"] == 8
     for qs, got in zip(single, answers, strict=True):
         assert got[0]["id"] == backend.search(qs, topk=1, initial_k=6)[0][0].id
 
 
 @pytest.mark.slow
-def test_http_round_trip_through_running_service(bm25_index, settings, backend, tmp_path):
+def test_http_round_trip_through_running_service(bm25_index, settings, backend, tmp_path, caplog):
+    caplog.set_level("INFO", logger="spader.retrieval.service")
     log = tmp_path / "service.log"
     with running_service(bm25_index, settings, log_path=log, threads=2) as url:
         assert url.startswith("http://127.0.0.1:")
@@ -174,6 +186,8 @@ def test_http_round_trip_through_running_service(bm25_index, settings, backend, 
     with pytest.raises(OSError):  # stopped: nothing listens any more
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     assert "retrieval service ready" in log.read_text()
+    # the job's log keeps the service's final counters (the 4xx request never reached a batch)
+    assert "retrieval service stats: 2 requests, 4 queries, 0 (0.0%) answered from the cache" in caplog.text
 
 
 def test_service_refuses_to_start_on_a_missing_index(settings, tmp_path):
@@ -260,22 +274,177 @@ def test_client_connection_refused_is_bounded():
     assert time.monotonic() - started < 10
 
 
-def test_serve_command_carries_every_search_setting(settings, tmp_path):
-    from dataclasses import asdict
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {
+            "devices": ["cpu", "cpu"],
+            "cache_entries": 7,
+            "cache_bytes": 9,
+            "slice_queries": 3,
+            "overlap": False,
+            "rerank_max_batch_tokens": 4096,
+        },
+    ],
+    ids=["defaults", "every-new-setting"],
+)
+def test_serve_command_carries_every_search_setting(settings, tmp_path, changes):
+    from dataclasses import asdict, replace
 
     from spader.retrieval.__main__ import _parser, settings_from_args
     from spader.retrieval.service import serve_command
 
-    s = SearchSettings.from_config(dict(settings, bm25={"k1": 1.2, "b": 0.75}))
-    cmd = serve_command(tmp_path / "idx", s, port=0, port_file=tmp_path / "port", threads=3)
+    s = replace(SearchSettings.from_config(dict(settings, bm25={"k1": 1.2, "b": 0.75})), **changes)
+    cmd = serve_command(tmp_path / "idx", s, port=0, port_file=tmp_path / "port", threads=3, parent_pid=42)
     args = _parser().parse_args(cmd[3:])
     carried = {
         k: v for k, v in asdict(s).items() if k not in ("startup_timeout_s", "request_timeout_s", "retries")
     }
     assert {k: v for k, v in asdict(settings_from_args(args)).items() if k in carried} == carried
-    assert (args.index, args.port, args.port_file, args.threads) == (
+    assert (args.index, args.port, args.port_file, args.threads, args.parent_pid) == (
         str(tmp_path / "idx"),
         0,
         str(tmp_path / "port"),
         3,
+        42,
     )
+
+
+def test_watchdog_ends_a_service_whose_parent_is_not_the_expected_one():
+    import subprocess
+    import sys
+
+    code = "from spader.retrieval.service import exit_with_parent; import time; exit_with_parent(1, poll_s=0.1); time.sleep(30)"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], timeout=30, capture_output=True, text=True)
+    assert proc.returncode == -15 and time.monotonic() - started < 20  # SIGTERM from its own watchdog
+
+
+class _Proxy:
+    """A TCP listener standing in for an HTTP proxy set in the environment: counts connections."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            conn.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+
+def test_local_searches_never_go_through_a_proxy_from_the_environment(flaky, monkeypatch):
+    import httpx
+
+    from spader.retrieval.client import is_loopback
+    from spader.retrieval.service import _healthy
+
+    proxy = _Proxy()
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    url = f"http://127.0.0.1:{flaky.server_address[1]}"
+    assert httpx.post(f"{url}/retrieve", json={}).status_code == 502 and proxy.connections == 1  # it is used
+    _Flaky.script = []
+    assert RetrievalClient(url, timeout=5, retries=0).retrieve(["q"]) == [[]]
+    assert RetrievalClient(f"http://localhost:{flaky.server_address[1]}", timeout=5, retries=0).retrieve(
+        ["q"]
+    )
+    assert not _healthy(
+        f"http://127.0.0.1:{flaky.server_address[1]}"
+    )  # _Flaky has no GET: 501, not the proxy
+    assert proxy.connections == 1
+    assert [
+        is_loopback(u) for u in ("http://127.0.0.1:1", "http://[::1]:1", "http://10.1.2.3:1", "http://a.b")
+    ] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    proxy.sock.close()
+
+
+def test_client_retries_through_the_project_retry_policy(flaky, monkeypatch):
+    from spader.infra import retry
+    from spader.retrieval import client as client_module
+
+    used = []
+
+    def spy(**kwargs):
+        used.append(kwargs)
+        return retry.retrying(**kwargs)
+
+    monkeypatch.setattr(client_module, "retrying", spy)
+    _Flaky.script = [500]
+    url = f"http://127.0.0.1:{flaky.server_address[1]}"
+    assert RetrievalClient(url, timeout=5, retries=2, backoff=0.01).retrieve(["q"]) == [[]]
+    assert used and used[0]["retries"] == 2 and used[0]["backoff"] == 0.01 and _Flaky.seen[-2:] == [500, 200]
+
+
+_PARENT = """
+import json, sys, time
+from spader.retrieval.service import running_service
+with running_service(sys.argv[1], json.loads(sys.argv[2])) as url:
+    print(url, flush=True)
+    time.sleep(600)
+"""
+
+
+def _proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) from /proc, or None once the process is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+@pytest.mark.slow
+def test_service_exits_when_the_job_that_started_it_is_killed(bm25_index, settings, tmp_path):
+    import subprocess
+    import sys
+
+    import httpx
+
+    bm25_only = dict(settings, reranker=dict(settings["reranker"], model=None, path=None))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(bm25_index), json.dumps(bm25_only)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = parent.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        pid = httpx.get(f"{url}/health", timeout=10, trust_env=False).json()["pid"]
+        assert _proc_state(pid)[1] == parent.pid
+        parent.kill()  # SIGKILL: no handler, no context manager exit
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = _proc_state(pid)
+            if state is None or state[0] in "ZX":  # gone, or a zombie its new parent has not reaped
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"retrieval service {pid} still runs 30 s after its parent was killed")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()

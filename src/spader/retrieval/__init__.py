@@ -6,9 +6,15 @@ Modules (imported on use: Java and torch start only where needed):
 * :mod:`~spader.retrieval.index` - ``build_bm25_index``, ``verify_index``
 * :mod:`~spader.retrieval.searcher` - batched BM25 (``Bm25Searcher``)
 * :mod:`~spader.retrieval.reranker` - batched cross-encoder scoring (``CrossEncoderReranker``)
+* :mod:`~spader.retrieval.replicas` - one reranker replica per device (``RerankerReplicas``)
 * :mod:`~spader.retrieval.backend` - ``SearchSettings``, ``Bm25RerankBackend``
-* :mod:`~spader.retrieval.app` - the FastAPI app; :mod:`~spader.retrieval.service` - ``serve``,
-  ``running_service``; :mod:`~spader.retrieval.client` - ``RetrievalClient``
+* :mod:`~spader.retrieval.app` - the FastAPI app; :mod:`~spader.retrieval.payload` - body limits;
+  :mod:`~spader.retrieval.batcher` - slices, overlap, failure isolation;
+  :mod:`~spader.retrieval.cache` - the result cache
+* :mod:`~spader.retrieval.service` - ``serve``, ``running_service``, ``reranker_on_job_gpus``;
+  :mod:`~spader.retrieval.client` - ``RetrievalClient``
+
+How these work together at training scale: docs/retrieval.md.
 * :mod:`~spader.retrieval.jvm` - ``start_jvm`` (call before importing pyserini.search/index)
 
 CLI: ``python -m spader.retrieval index ...`` and ``python -m spader.retrieval serve ...``.

@@ -3,6 +3,7 @@
     python -m spader.retrieval index --input <dir of chunk .jsonl files or the .tar.gz> --output <index dir>
         [--threads N]
     python -m spader.retrieval serve --index <dir> [--reranker <id|path|none>] [--host 127.0.0.1] [--port N]
+        [--devices cuda:0,cuda:1 | cpu] [--parent-pid PID]
 
 Defaults of ``serve`` are those of ``config/config.yaml`` (``retrieval`` section).
 """
@@ -44,7 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one")
     sv.add_argument("--port-file", default=None, help="write the bound port to this file")
     sv.add_argument("--threads", type=int, default=1, help="search and CPU reranking threads")
-    sv.add_argument("--device", default=None, help="reranker device (default: cuda:0 if available, else cpu)")
+    sv.add_argument(
+        "--devices",
+        default=None,
+        help="reranker devices, comma-separated, one replica each (default: cuda:0 if available, else cpu)",
+    )
+    sv.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     sv.add_argument("--k1", type=float, default=_DEFAULTS.k1)
     sv.add_argument("--b", type=float, default=_DEFAULTS.b)
     sv.add_argument("--initial-k", type=int, default=_DEFAULTS.initial_k, help="BM25 candidates per query")
@@ -54,10 +60,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--max-length", type=int, default=_DEFAULTS.rerank_max_length, help="tokens per pair")
     sv.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=_DEFAULTS.rerank_max_batch_tokens,
+        help="most tokens per reranker pass (default: batch size x max length)",
+    )
+    sv.add_argument(
         "--fp16", action=argparse.BooleanOptionalAction, default=_DEFAULTS.fp16, help="fp16 on GPU"
     )
     sv.add_argument("--max-queries", type=int, default=_DEFAULTS.max_queries_per_request)
     sv.add_argument("--max-query-chars", type=int, default=_DEFAULTS.max_query_chars)
+    sv.add_argument("--cache-entries", type=int, default=_DEFAULTS.cache_entries, help="0: no result cache")
+    sv.add_argument("--cache-bytes", type=int, default=_DEFAULTS.cache_bytes)
+    sv.add_argument("--slice-queries", type=int, default=_DEFAULTS.slice_queries, help="queries per step")
+    sv.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS.overlap,
+        help="BM25 of the next slice while the current one is reranked",
+    )
     return parser
 
 
@@ -71,10 +92,16 @@ def settings_from_args(args: argparse.Namespace) -> SearchSettings:
         reranker=None if args.reranker.lower() == "none" else args.reranker,
         rerank_batch_size=args.batch_size,
         rerank_max_length=args.max_length,
+        rerank_max_batch_tokens=args.max_batch_tokens,
         fp16=args.fp16,
         host=args.host,
         max_queries_per_request=args.max_queries,
         max_query_chars=args.max_query_chars,
+        devices=args.devices,
+        cache_entries=args.cache_entries,
+        cache_bytes=args.cache_bytes,
+        slice_queries=args.slice_queries,
+        overlap=args.overlap,
     )
 
 
@@ -113,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             port_file=args.port_file,
             threads=args.threads,
-            device=args.device,
+            parent_pid=args.parent_pid,
         )
         return 0
     except (IndexUnavailableError, IndexBuildError, CorpusFormatError, FileNotFoundError, ValueError) as exc:

@@ -5,17 +5,24 @@ Endpoints:
 * ``POST /retrieve`` with ``{"queries": [str, ...], "topk": 5, "initial_k": 50, "return_scores": false}``
   (all but ``queries`` optional) answers ``{"result": [[{"id", "title", "text"[, "score"]}, ...], ...]}``,
   one list per query, in order, best passage first.
-* ``GET /health`` answers ``{"status": "ok", "index": ..., "documents": ..., ...}`` once the index
-  and the reranker are loaded and warmed up.
+* ``GET /health`` answers ``{"status": "ok", "index": ..., "documents": ..., "stats": {...}}`` once
+  the index and the reranker are loaded, verified and warmed up.
+* ``GET /stats``: requests, queries, cache hits/misses/evictions, results shared while in flight,
+  queries computed, reranker pairs.
 
-Bad requests get a JSON ``{"error": message}`` and the service keeps serving: 400 for a body that
-is not a JSON object, 413 for too many queries or a query that is too long, 422 for anything else
-that is invalid (empty list, empty or non-string query, unknown field, ``topk`` outside
-``1..initial_k``).
+Every bad request is answered with a JSON ``{"error": message}`` naming the problem, decided before
+the request joins any batch: 400 for a body that is not a JSON object (including JSON nested
+deeper than 16 levels, numbers of more than 40 characters, NaN), 413 for a body larger than
+``SearchSettings.max_body_bytes`` (checked while it is read), too many queries or a query that is
+too long, 422 for anything else that is invalid (empty list, empty or non-string query, text that
+cannot be encoded such as a lone surrogate, unknown field, ``topk`` outside ``1..initial_k``).
+A backend failure answers 500 for the requests whose queries failed, and only those
+(:mod:`spader.retrieval.batcher`); nothing ever answers a plain-text error.
 
-Concurrent requests are merged: while one batch runs, new requests wait, and the next batch
-takes all of them at once (up to ``max_queries_per_request`` queries), so thousands of rollouts
-each sending a few queries still get batch search and batched reranking.
+Concurrent requests are merged into slices of up to ``slice_queries`` queries, repeated queries
+are served from a result cache, and BM25 of one slice overlaps reranking of the previous one
+(:mod:`spader.retrieval.batcher`), so thousands of rollouts each sending a few queries get batch
+search and batched reranking.
 """
 
 from __future__ import annotations
@@ -24,16 +31,17 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import deque
+import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
+from spader.retrieval.batcher import Batcher, SearchFailedError
+from spader.retrieval.cache import ResultCache
 from spader.retrieval.errors import BadSearchRequestError
+from spader.retrieval.payload import parse_json, read_limited
 
 log = logging.getLogger(__name__)
 
@@ -42,102 +50,60 @@ __all__ = ["create_app"]
 _FIELDS = {"queries", "topk", "initial_k", "return_scores"}
 
 
-@dataclass
-class _Job:
-    queries: list[str]
-    topk: int
-    initial_k: int
-    future: asyncio.Future
+def _json(payload: Any, status: int = 200) -> Response:
+    try:  # UTF-8 as is; escaped if some text (a message quoting the client, say) cannot be encoded
+        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        body = json.dumps(payload).encode("ascii")
+    return Response(body, status_code=status, media_type="application/json")
 
 
-class _Batcher:
-    """Runs backend searches one batch at a time on one worker thread, merging waiting requests."""
-
-    def __init__(self, backend, max_queries: int):
-        self.backend = backend
-        self.max_queries = max_queries
-        self._pending: deque[_Job] = deque()
-        self._wake = asyncio.Event()
-        # One thread: the JVM searcher and the tokenizer are used by one caller at a time.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search")
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._executor.shutdown(wait=True)
-
-    async def submit(self, queries: list[str], topk: int, initial_k: int) -> list[list[Any]]:
-        job = _Job(queries, topk, initial_k, asyncio.get_running_loop().create_future())
-        self._pending.append(job)
-        self._wake.set()
-        return await job.future
-
-    def _take_group(self) -> list[_Job]:
-        first = self._pending.popleft()
-        group, size, later = [first], len(first.queries), deque()
-        while self._pending:
-            job = self._pending.popleft()
-            if job.initial_k == first.initial_k and size + len(job.queries) <= self.max_queries:
-                group.append(job)
-                size += len(job.queries)
-            else:
-                later.append(job)
-        self._pending.extendleft(reversed(later))
-        return group
-
-    def _run(self, group: list[_Job]) -> list[list[list[Any]]]:
-        queries = [q for job in group for q in job.queries]
-        ranked = self.backend.search(queries, topk=max(j.topk for j in group), initial_k=group[0].initial_k)
-        out, start = [], 0
-        for job in group:
-            out.append([hits[: job.topk] for hits in ranked[start : start + len(job.queries)]])
-            start += len(job.queries)
-        return out
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                group = self._take_group()
-                try:
-                    results = await loop.run_in_executor(self._executor, self._run, group)
-                except Exception as exc:  # every waiting request learns about it (HTTP 500)
-                    log.exception("search of %d queries failed", sum(len(j.queries) for j in group))
-                    for job in group:
-                        if not job.future.done():
-                            job.future.set_exception(exc)
-                    continue
-                for job, result in zip(group, results, strict=True):
-                    if not job.future.done():  # the client may have gone away
-                        job.future.set_result(result)
+def _error(status: int, message: str) -> Response:
+    return _json({"error": message}, status)
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+async def _parse(request: Request, backend) -> tuple[list[str], int, int, bool]:
+    """The validated ``(queries, topk, initial_k, return_scores)`` of a ``/retrieve`` request.
+
+    Raises:
+        BadSearchRequestError: the request is refused (status and message as answered).
+    """
+    raw = await read_limited(
+        request.stream(), backend.settings.max_body_bytes, request.headers.get("content-length")
+    )
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise BadSearchRequestError("request body must be a JSON object with a 'queries' list", 400)
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        shown = ", ".join(ascii(k)[1:-1] for k in unknown[:5])
+        raise BadSearchRequestError(f"unknown field(s) {shown}; allowed: {', '.join(sorted(_FIELDS))}")
+    with_scores = body.get("return_scores", False)
+    if not isinstance(with_scores, bool):
+        raise BadSearchRequestError(f"'return_scores' must be true or false, got {with_scores!a:.60}")
+    queries, topk, initial_k = backend.check_request(
+        body.get("queries"), body.get("topk"), body.get("initial_k")
+    )
+    return queries, topk, initial_k, with_scores
 
 
 def create_app(load_backend: Callable[[], Any]) -> FastAPI:
     """Build the app; ``load_backend()`` runs at start-up (lifespan) and returns the backend.
 
     Args:
-        load_backend: returns an object with ``search``, ``check_request``, ``describe``,
-            ``warm_up`` and ``settings`` (see :class:`spader.retrieval.backend.Bm25RerankBackend`).
+        load_backend: returns an object with ``candidates``, ``rerank``, ``check_request``,
+            ``describe``, ``identity``, ``warm_up`` and ``settings`` (see
+            :class:`spader.retrieval.backend.Bm25RerankBackend`).
     """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         backend = await asyncio.to_thread(load_backend)
         await asyncio.to_thread(backend.warm_up)
+        s = backend.settings
+        cache = ResultCache(s.cache_entries, s.cache_bytes, identity=backend.identity())
         app.state.backend = backend
-        app.state.batcher = _Batcher(backend, backend.settings.max_queries_per_request)
+        app.state.batcher = Batcher(backend, cache, slice_queries=s.slice_queries, overlap=s.overlap)
         app.state.batcher.start()
         log.info("retrieval service ready: %s", backend.describe())
         try:
@@ -147,39 +113,34 @@ def create_app(load_backend: Callable[[], Any]) -> FastAPI:
 
     app = FastAPI(title="spader retrieval", lifespan=lifespan)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:  # JSON, never plain text
+        log.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return _error(500, f"internal error: {type(exc).__name__}")
+
     @app.get("/health")
-    async def health(request: Request) -> dict[str, Any]:
-        return {"status": "ok", **request.app.state.backend.describe()}
+    async def health(request: Request) -> Response:
+        state = request.app.state
+        return _json(
+            {"status": "ok", "pid": os.getpid(), **state.backend.describe(), "stats": state.batcher.stats()}
+        )
+
+    @app.get("/stats")
+    async def stats(request: Request) -> Response:
+        return _json(request.app.state.batcher.stats())
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"request body is not valid JSON: {exc}")
-        if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object with a 'queries' list")
-        unknown = sorted(set(body) - _FIELDS)
-        if unknown:
-            return _error(
-                422, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_FIELDS))}"
-            )
-        with_scores = body.get("return_scores", False)
-        if not isinstance(with_scores, bool):
-            return _error(422, f"'return_scores' must be true or false, got {with_scores!r}")
         state = request.app.state
         try:
-            queries, topk, initial_k = state.backend.check_request(
-                body.get("queries"), body.get("topk"), body.get("initial_k")
-            )
+            queries, topk, initial_k, with_scores = await _parse(request, state.backend)
         except BadSearchRequestError as exc:
             return _error(exc.status, str(exc))
         try:
             results = await state.batcher.submit(queries, topk, initial_k)
-        except Exception as exc:  # noqa: BLE001  answered as a JSON 500
-            return _error(500, f"search failed: {type(exc).__name__}: {exc}")
+        except SearchFailedError as exc:
+            return _error(500, str(exc))
         payload = {"result": [[p.to_dict(with_scores) for p in hits] for hits in results]}
-        return Response(json.dumps(payload, ensure_ascii=False), media_type="application/json")
+        return _json(payload)
 
     return app

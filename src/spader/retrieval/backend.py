@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from spader.retrieval.corpus import Passage
-from spader.retrieval.errors import BadSearchRequestError
+from spader.retrieval.errors import BadSearchRequestError, IndexUnavailableError
+from spader.retrieval.replicas import parse_devices
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class SearchSettings:
         reranker: hub id or local directory of the cross-encoder; ``None`` turns reranking off.
         rerank_batch_size: pairs per forward pass.
         rerank_max_length: tokens per (query, passage) pair.
+        rerank_max_batch_tokens: most tokens per forward pass (``None``: batch size x max length);
+            bounds the reranker's activation memory whatever the pair lengths.
         fp16: half precision on GPU.
         host: bind address of the service.
         max_queries_per_request: largest accepted batch.
@@ -41,6 +44,12 @@ class SearchSettings:
         startup_timeout_s: how long :func:`~spader.retrieval.service.running_service` waits for health.
         request_timeout_s: client timeout per request.
         retries: client retries on transient errors.
+        devices: reranker devices, one replica each (``None``: first GPU, else CPU).
+        cache_entries: most results the service's cache keeps (0: no cache).
+        cache_bytes: most bytes (estimated) the service's cache keeps.
+        slice_queries: most queries searched and reranked in one step; larger and merged requests
+            are cut into slices of this size, so others are served between the slices.
+        overlap: BM25 of the next slice runs while the current slice is reranked.
     """
 
     k1: float = 0.9
@@ -50,6 +59,7 @@ class SearchSettings:
     reranker: str | None = None
     rerank_batch_size: int = 64
     rerank_max_length: int = 512
+    rerank_max_batch_tokens: int | None = None
     fp16: bool = True
     host: str = "127.0.0.1"
     max_queries_per_request: int = 512
@@ -57,6 +67,11 @@ class SearchSettings:
     startup_timeout_s: float = 1800.0
     request_timeout_s: float = 120.0
     retries: int = 3
+    devices: tuple[str, ...] | None = None
+    cache_entries: int = 100_000
+    cache_bytes: int = 256 * 2**20
+    slice_queries: int = 64
+    overlap: bool = True
 
     def __post_init__(self):
         if not 1 <= self.topk <= self.initial_k <= MAX_INITIAL_K:
@@ -64,9 +79,30 @@ class SearchSettings:
                 f"retrieval settings need 1 <= topk ({self.topk}) <= initial_k ({self.initial_k}) "
                 f"<= {MAX_INITIAL_K}"
             )
-        for name in ("rerank_batch_size", "rerank_max_length", "max_queries_per_request", "max_query_chars"):
+        for name in (
+            "rerank_batch_size",
+            "rerank_max_length",
+            "max_queries_per_request",
+            "max_query_chars",
+            "slice_queries",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"retrieval setting {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("cache_entries", "cache_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"retrieval setting {name} must be >= 0, got {getattr(self, name)}")
+        if self.rerank_max_batch_tokens is not None and self.rerank_max_batch_tokens < 1:
+            raise ValueError(
+                f"retrieval setting rerank_max_batch_tokens must be >= 1, got {self.rerank_max_batch_tokens}"
+            )
+        if self.devices is not None:
+            object.__setattr__(self, "devices", parse_devices(self.devices))
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body accepted: the largest valid request with every character sent as
+        an escaped surrogate pair (12 bytes), plus room for the other fields."""
+        return 65536 + self.max_queries_per_request * (12 * self.max_query_chars + 8)
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any]) -> SearchSettings:
@@ -88,7 +124,9 @@ class SearchSettings:
             "reranker": None if model in (None, "none") else str(model),
             "rerank_batch_size": rr.get("batch_size"),
             "rerank_max_length": rr.get("max_length"),
+            "rerank_max_batch_tokens": rr.get("max_batch_tokens"),
             "fp16": rr.get("fp16"),
+            "devices": rr.get("devices"),
             **{k: v for k, v in service.items() if k in known},
         }
         return cls(**{k: v for k, v in values.items() if v is not None or k == "reranker"})
@@ -97,11 +135,15 @@ class SearchSettings:
 class Bm25RerankBackend:
     """BM25 candidates for many queries in one batch search, reranked in one batched pass.
 
+    The two stages are also callable apart (:meth:`candidates`, :meth:`rerank`), so the service
+    can run BM25 of one slice while the reranker works on the previous one.
+
     Args:
         index_dir: the Lucene index (checked on load; see :func:`spader.retrieval.index.verify_index`).
         settings: search settings; ``settings.reranker`` ``None`` means BM25 order and scores.
         threads: Java search threads and torch CPU threads.
-        device: reranker device (default: first GPU, else CPU).
+        devices: reranker devices, one replica each (default ``settings.devices``, else the first
+            GPU, else CPU).
     """
 
     def __init__(
@@ -110,43 +152,81 @@ class Bm25RerankBackend:
         settings: SearchSettings,
         *,
         threads: int = 1,
-        device: str | None = None,
+        devices: str | list[str] | tuple[str, ...] | None = None,
     ):
         from spader.retrieval.searcher import Bm25Searcher
 
         self.settings = settings
         self.index_dir = str(index_dir)
-        self.searcher = Bm25Searcher(index_dir, k1=settings.k1, b=settings.b, threads=threads)
+        # Lucene refuses a query of more than 1,024 clauses (distinct terms) and Anserini's batch
+        # search then fails for every query of the batch; a query of n characters has at most n
+        # terms, so lifting the limit to max_query_chars makes every accepted query searchable.
+        self.searcher = Bm25Searcher(
+            index_dir, k1=settings.k1, b=settings.b, threads=threads, max_clauses=settings.max_query_chars
+        )
         self.reranker = None
+        self.pairs_reranked = 0
+        self.gpu_memory_mib: dict[str, float] = {}
         if settings.reranker is not None:
-            import torch
+            from spader.retrieval.replicas import RerankerReplicas
 
-            from spader.retrieval.reranker import CrossEncoderReranker
-
-            torch.set_num_threads(max(1, threads))
-            self.reranker = CrossEncoderReranker(
+            self.reranker = RerankerReplicas(
                 settings.reranker,
+                parse_devices(devices if devices is not None else settings.devices),
                 batch_size=settings.rerank_batch_size,
                 max_length=settings.rerank_max_length,
                 fp16=settings.fp16,
-                device=device,
+                threads=threads,
+                max_batch_tokens=settings.rerank_max_batch_tokens,
             )
 
+    def identity(self) -> tuple:
+        """What the results depend on besides the request: index, BM25 and reranker settings.
+
+        Part of every cache key, so a cached result never answers for another index or model.
+        """
+        s, info = self.settings, self.searcher.info
+        reranker = None
+        if self.reranker is not None:
+            reranker = (s.reranker, s.rerank_max_length, s.fp16, self.reranker.device)
+        return (self.index_dir, info["documents"], info.get("generation"), s.k1, s.b, reranker)
+
     def warm_up(self) -> None:
-        """One throw-away search through the whole pipeline (JIT, first CUDA kernels)."""
+        """Throw-away searches through the whole pipeline (JIT, first CUDA kernels); the probe
+        query, built from a stored document, must find it.
+
+        Raises:
+            IndexUnavailableError: the probe failed; the message names the index.
+        """
         self.searcher.warm_up(self.settings.initial_k)
-        self.search(["warm up query"], topk=self.settings.topk, initial_k=self.settings.initial_k)
+        try:
+            self.searcher.probe()
+            self.search(["warm up query"], topk=self.settings.topk, initial_k=self.settings.initial_k)
+            if self.reranker is not None:
+                self.gpu_memory_mib = self.reranker.reserve_peak()
+        except IndexUnavailableError:
+            raise
+        except Exception as exc:  # a Java or torch error: the service must not start
+            raise IndexUnavailableError(
+                f"start-up probe search on BM25 index {self.index_dir} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        self.pairs_reranked = 0
 
     def describe(self) -> dict[str, Any]:
         """What ``/health`` reports."""
+        s = self.settings
         return {
             "index": self.index_dir,
             "documents": self.searcher.num_docs,
-            "reranker": self.settings.reranker,
+            "reranker": s.reranker,
             "reranker_device": self.reranker.device if self.reranker else None,
-            "initial_k": self.settings.initial_k,
-            "topk": self.settings.topk,
-            "max_queries_per_request": self.settings.max_queries_per_request,
+            "reranker_replicas": len(self.reranker.replicas) if self.reranker else 0,
+            "reranker_gpu_mib": self.gpu_memory_mib,
+            "initial_k": s.initial_k,
+            "topk": s.topk,
+            "max_queries_per_request": s.max_queries_per_request,
+            "slice_queries": s.slice_queries,
+            "overlap": s.overlap,
         }
 
     def check_request(
@@ -173,23 +253,68 @@ class Bm25RerankBackend:
                 raise BadSearchRequestError(
                     f"queries[{i}] has {len(q)} characters; the limit is {s.max_query_chars}", status=413
                 )
+            try:  # a lone surrogate (JSON "\ud800") decodes to a str that no encoder accepts
+                q.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise BadSearchRequestError(
+                    f"queries[{i}] cannot be encoded as UTF-8: {exc.reason} "
+                    f"({q[exc.start]!a} at character {exc.start})"
+                ) from None
         initial_k = s.initial_k if initial_k is None else initial_k
         topk = s.topk if topk is None else topk
         for name, value in (("topk", topk), ("initial_k", initial_k)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise BadSearchRequestError(f"'{name}' must be an integer, got {value!r}")
+                raise BadSearchRequestError(f"'{name}' must be an integer, got {value!r:.60}")
         if not 1 <= initial_k <= MAX_INITIAL_K:
             raise BadSearchRequestError(f"'initial_k' must be between 1 and {MAX_INITIAL_K}, got {initial_k}")
         if not 1 <= topk <= initial_k:
             raise BadSearchRequestError(f"'topk' must be between 1 and initial_k ({initial_k}), got {topk}")
         return queries, topk, initial_k
 
-    def search(self, queries: list[str], *, topk: int, initial_k: int) -> list[list[Passage]]:
-        """Top-``topk`` passages per query, in query order.
+    def candidates(self, queries: list[str], *, topk: int, initial_k: int) -> list[list[Passage]]:
+        """The BM25 stage: top-``initial_k`` per query (top-``topk`` without a reranker).
 
-        Identical queries are searched once. Without a reranker the BM25 top-``topk`` comes back
-        with BM25 scores; with one, the BM25 top-``initial_k`` of every query are scored in one
-        batched pass and the ``topk`` best (ties: BM25 order) are kept, with reranker scores.
+        Args:
+            queries: distinct, validated query strings.
+            topk: passages per query in the end.
+            initial_k: BM25 candidates per query for the reranker.
+
+        Returns:
+            One list of :class:`Passage` (BM25 scores) per query.
+        """
+        return self.searcher.search(queries, initial_k if self.reranker is not None else topk)
+
+    def rerank(
+        self, queries: list[str], candidates: list[list[Passage]], *, topk: int
+    ) -> list[list[Passage]]:
+        """The reranking stage: score every (query, candidate) pair in one batched pass.
+
+        Args:
+            queries: the queries of :meth:`candidates`.
+            candidates: its result.
+            topk: passages kept per query.
+
+        Returns:
+            The ``topk`` best candidates per query (ties: BM25 order), with reranker scores; the
+            BM25 top-``topk`` without a reranker.
+        """
+        if self.reranker is None:
+            return [hits[:topk] for hits in candidates]
+        pairs = [
+            (q, f"{p.title} {p.text}") for q, hits in zip(queries, candidates, strict=True) for p in hits
+        ]
+        scores = self.reranker.score(pairs).tolist()
+        self.pairs_reranked += len(pairs)
+        ranked, start = [], 0
+        for hits in candidates:
+            own = scores[start : start + len(hits)]
+            start += len(hits)
+            order = sorted(range(len(hits)), key=lambda i: -own[i])  # stable: BM25 order on ties
+            ranked.append([Passage(hits[i].id, hits[i].title, hits[i].text, own[i]) for i in order[:topk]])
+        return ranked
+
+    def search(self, queries: list[str], *, topk: int, initial_k: int) -> list[list[Passage]]:
+        """Top-``topk`` passages per query, in query order (both stages; identical queries once).
 
         Args:
             queries: validated query strings.
@@ -200,21 +325,6 @@ class Bm25RerankBackend:
             One list of :class:`Passage` per query.
         """
         unique = list(dict.fromkeys(queries))
-        if self.reranker is None:
-            ranked = self.searcher.search(unique, topk)
-        else:
-            candidates = self.searcher.search(unique, initial_k)
-            pairs = [
-                (q, f"{p.title} {p.text}") for q, hits in zip(unique, candidates, strict=True) for p in hits
-            ]
-            scores = self.reranker.score(pairs).tolist()
-            ranked, start = [], 0
-            for hits in candidates:
-                own = scores[start : start + len(hits)]
-                start += len(hits)
-                order = sorted(range(len(hits)), key=lambda i: -own[i])  # stable: BM25 order on ties
-                ranked.append(
-                    [Passage(hits[i].id, hits[i].title, hits[i].text, own[i]) for i in order[:topk]]
-                )
+        ranked = self.rerank(unique, self.candidates(unique, topk=topk, initial_k=initial_k), topk=topk)
         by_query = dict(zip(unique, ranked, strict=True))
         return [by_query[q] for q in queries]

@@ -1,23 +1,29 @@
 """Client of the retrieval service, used by the training search tool and by evaluation.
 
-Connection errors, timeouts and 5xx answers are retried (a bounded number of times, with
-exponential backoff); 4xx answers are not, and raise :class:`RetrievalRequestError` carrying the
-service's message (a bad request stays bad).
+Connection errors, timeouts and 5xx answers are retried with the project's one retry policy
+(:func:`spader.infra.retry.retrying`: bounded attempts, capped exponential backoff); 4xx answers
+are not, and raise :class:`RetrievalRequestError` carrying the service's message (a bad request
+stays bad).
+
+Requests to a loopback address (the service runs inside the job, on 127.0.0.1) never go through
+a proxy named in the environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``): cluster nodes
+often set one for outbound traffic, and a proxy would either fail the local request or see it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-import time
 from typing import Any
 
 import httpx
 
+from spader.infra.retry import retrying
 from spader.retrieval.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RetrievalClient", "RetrievalRequestError"]
+__all__ = ["RetrievalClient", "RetrievalRequestError", "is_loopback"]
 
 
 class RetrievalRequestError(ServiceError):
@@ -29,6 +35,24 @@ class RetrievalRequestError(ServiceError):
         self.server_message = message
 
 
+_CONNECTIONS = 128  # concurrent requests one client sends (rollouts of one process share it)
+
+
+class _Transient(Exception):
+    """A failure worth another attempt (connection error, timeout, 5xx)."""
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` points at this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    host = httpx.URL(url).host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class RetrievalClient:
     """Blocking client of ``POST /retrieve`` and ``GET /health`` (safe to share between threads).
 
@@ -36,14 +60,25 @@ class RetrievalClient:
         base_url: ``http://host:port`` of the service.
         timeout: seconds per attempt (connect, read, write).
         retries: further attempts after a transient failure.
-        backoff: the n-th retry waits ``backoff * 2**n`` seconds (at most 30).
+        backoff: the n-th retry waits ``backoff * 2**(n-1)`` seconds (at most 30).
     """
 
     def __init__(self, base_url: str, *, timeout: float, retries: int, backoff: float = 0.5):
         self.base_url = base_url.rstrip("/")
         self.retries = int(retries)
         self.backoff = float(backoff)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        # trust_env=False for the local service: no proxy (nor .netrc) from the environment.
+        # Idle connections are kept (not closed on release above a small keep-alive cap, as
+        # httpx's default of 20 does under many threads) and expire before the service's own
+        # keep-alive timeout (75 s), so the client never reuses a connection the server closes.
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            trust_env=not is_loopback(base_url),
+            limits=httpx.Limits(
+                max_connections=_CONNECTIONS, max_keepalive_connections=_CONNECTIONS, keepalive_expiry=60.0
+            ),
+        )
 
     def __enter__(self) -> RetrievalClient:
         return self
@@ -56,36 +91,33 @@ class RetrievalClient:
         self._http.close()
 
     def _request(self, method: str, path: str, **kwargs) -> Any:
-        last: str = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                wait = min(30.0, self.backoff * 2 ** (attempt - 1))
-                log.warning(
-                    "%s %s%s failed (%s); retry %d/%d in %.1f s",
-                    method,
-                    self.base_url,
-                    path,
-                    last,
-                    attempt,
-                    self.retries,
-                    wait,
-                )
-                time.sleep(wait)
+        def attempt() -> httpx.Response:
             try:
                 resp = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
+                raise _Transient(f"{type(exc).__name__}: {exc}") from exc
             if resp.status_code >= 500:
-                last = f"HTTP {resp.status_code}: {_message(resp)}"
-                continue
-            if resp.status_code >= 400:
-                raise RetrievalRequestError(resp.status_code, _message(resp))
-            try:
-                return resp.json()
-            except ValueError:
-                raise ServiceError(f"{self.base_url}{path} answered with a body that is not JSON") from None
-        raise ServiceError(f"{method} {self.base_url}{path} failed after {self.retries + 1} attempts: {last}")
+                raise _Transient(f"HTTP {resp.status_code}: {_message(resp)}")
+            return resp
+
+        policy = retrying(
+            retries=self.retries,
+            backoff=self.backoff,
+            on=(_Transient,),
+            what=f"{method} {self.base_url}{path}",
+        )
+        try:
+            resp = policy(attempt)
+        except _Transient as exc:
+            raise ServiceError(
+                f"{method} {self.base_url}{path} failed after {self.retries + 1} attempts: {exc}"
+            ) from exc.__cause__
+        if resp.status_code >= 400:
+            raise RetrievalRequestError(resp.status_code, _message(resp))
+        try:
+            return resp.json()
+        except ValueError:
+            raise ServiceError(f"{self.base_url}{path} answered with a body that is not JSON") from None
 
     def health(self) -> dict[str, Any]:
         """The service's ``/health`` answer (index, documents, reranker, ...)."""

@@ -279,15 +279,39 @@ def _segments_file(path: Path) -> bool:
     return any(p.name.startswith("segments_") for p in path.iterdir())
 
 
-def verify_index(index_dir: str | os.PathLike) -> dict[str, Any]:
-    """Check that ``index_dir`` is a readable Lucene index with raw chunk documents stored.
+def _fingerprint(path: Path) -> tuple:
+    """Names, sizes and modification times of the index files (what a rewrite would change)."""
+    return tuple(
+        sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file())
+    )
+
+
+# Indexes whose checksums were verified in this process, by fingerprint: the service checks the
+# index before it binds its port and again when it loads the searcher; reading a 25.9M-passage
+# index twice would double the start-up time.
+_VERIFIED: dict[str, tuple] = {}
+
+
+def verify_index(index_dir: str | os.PathLike, *, integrity: bool = True) -> dict[str, Any]:
+    """Check that ``index_dir`` is a readable, intact Lucene index with raw chunk documents stored.
+
+    The integrity check is Lucene's own: every file of every segment is read and its checksum
+    compared with the one in its footer (what ``CheckIndex`` does in checksum-only mode), so a
+    file garbled in place, even at the same size, is found. It reads the whole index once per
+    process (a second call for unchanged files skips it).
+
+    Args:
+        index_dir: the index directory.
+        integrity: verify the checksums of all files (else only open the index and read one document).
 
     Returns:
-        ``{"index", "documents", "unique_terms", "total_terms"}``.
+        ``{"index", "documents", "unique_terms", "total_terms", "generation", "probe_id",
+        "probe_text"}``; the last two are a stored document and words of its text, which a
+        search must find (:meth:`spader.retrieval.searcher.Bm25Searcher.probe`).
 
     Raises:
-        IndexUnavailableError: missing, not a Lucene index, unreadable, empty, or without raw
-            documents; the message names the path.
+        IndexUnavailableError: missing, not a Lucene index, unreadable, corrupt, empty, or without
+            raw documents; the message names the path.
     """
     path = Path(index_dir)
     if not path.is_dir():
@@ -303,6 +327,12 @@ def verify_index(index_dir: str | os.PathLike) -> dict[str, Any]:
     except JavaException as exc:
         raise IndexUnavailableError(f"BM25 index {path} cannot be opened: {exc}") from None
     try:
+        if integrity and _VERIFIED.get(str(path.resolve())) != _fingerprint(path):
+            started = time.perf_counter()
+            for leaf in reader.leaves().toArray():
+                leaf.reader().checkIntegrity()
+            _VERIFIED[str(path.resolve())] = _fingerprint(path)
+            log.info("BM25 index %s: checksums verified in %.1f s", path, time.perf_counter() - started)
         stats = {str(e.getKey()): int(e.getValue()) for e in utils.getIndexStats(reader).entrySet().toArray()}
         if reader.numDocs() == 0:
             raise IndexUnavailableError(f"BM25 index {path} holds no documents")
@@ -328,4 +358,7 @@ def verify_index(index_dir: str | os.PathLike) -> dict[str, Any]:
         "documents": stats.get("documents", 0),
         "unique_terms": stats.get("unique_terms", 0),
         "total_terms": stats.get("total_terms", 0),
+        "generation": max(f.name for f in path.iterdir() if f.name.startswith("segments_")),
+        "probe_id": str(record["id"]),
+        "probe_text": " ".join(str(record["contents"]).split()[:12]),
     }

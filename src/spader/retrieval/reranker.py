@@ -19,6 +19,7 @@ the scores against ``FlagReranker.compute_score``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +28,30 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CrossEncoderReranker", "default_device"]
+__all__ = ["CrossEncoderReranker", "chunk_slices", "default_device"]
 
 # Pairs tokenized at a time. Sorting by length happens within a chunk, which is enough for
 # little padding; chunks let tokenization of the next one overlap the model's work on this one.
 _CHUNK = 2048
+
+
+def chunk_slices(n: int, replicas: int) -> list[slice]:
+    """Split ``n`` pairs into contiguous chunks of near-equal size, at most ``_CHUNK`` each, their
+    number a multiple of ``replicas`` (so each replica gets the same share of the work).
+
+    Args:
+        n: number of pairs.
+        replicas: number of reranker replicas the chunks are spread over.
+
+    Returns:
+        The chunks in order (none for ``n == 0``).
+    """
+    if n <= 0:
+        return []
+    count = replicas * -(-n // (replicas * _CHUNK))
+    count = min(count, n)
+    bounds = [n * i // count for i in range(count + 1)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def default_device() -> str:
@@ -50,6 +70,10 @@ class CrossEncoderReranker:
         max_length: tokens per pair (query + passage + special tokens).
         fp16: half precision; applied on GPU only (CPU half-precision kernels are slow or missing).
         device: ``cpu``, ``cuda:0``, ...; default :func:`default_device`.
+        max_batch_tokens: most tokens in one forward pass (pairs x padded length); a batch of
+            longer pairs holds fewer than ``batch_size`` of them. Default ``batch_size * max_length``
+            (no cap). It bounds the activation memory whatever the pair lengths, so a large
+            ``batch_size`` (fast for the typical ~160-token pairs) cannot blow up on long ones.
     """
 
     def __init__(
@@ -60,6 +84,7 @@ class CrossEncoderReranker:
         max_length: int = 512,
         fp16: bool = True,
         device: str | None = None,
+        max_batch_tokens: int | None = None,
     ):
         from FlagEmbedding import FlagReranker
 
@@ -67,6 +92,7 @@ class CrossEncoderReranker:
         self.fp16 = bool(fp16) and self.device.startswith("cuda")
         self.batch_size = int(batch_size)
         self.max_length = int(max_length)
+        self.max_batch_tokens = int(max_batch_tokens or self.batch_size * self.max_length)
         self.query_max_length = self.max_length * 3 // 4  # FlagEmbedding's default split
         self.name = str(model)
         self._flag = FlagReranker(
@@ -92,11 +118,23 @@ class CrossEncoderReranker:
             self.max_length,
         )
 
+    def rows_for(self, width: int) -> int:
+        """Pairs per forward pass at ``width`` tokens per pair.
+
+        Args:
+            width: tokens per pair in the batch (its longest pair when padded).
+
+        Returns:
+            ``batch_size``, or fewer where that many pairs would exceed ``max_batch_tokens`` (at least 1).
+        """
+        return max(1, min(self.batch_size, self.max_batch_tokens // max(1, int(width))))
+
     def flag_reranker(self):
         """The underlying ``FlagEmbedding.FlagReranker`` (its ``compute_score`` is the reference)."""
         return self._flag
 
-    def _cut_queries(self, queries: list[str]) -> list[str]:
+    def cut_queries(self, queries: list[str]) -> list[str]:
+        """``queries`` with those over ``query_max_length`` tokens cut there (FlagEmbedding's rule)."""
         # Queries longer than query_max_length tokens are cut there, as FlagEmbedding does; the
         # service's max_query_chars keeps this rare, so only the unique queries are tokenized.
         unique = list(dict.fromkeys(queries))
@@ -119,12 +157,28 @@ class CrossEncoderReranker:
         """
         if not pairs:
             return np.zeros(0, dtype=np.float32)
-        queries = self._cut_queries([q for q, _ in pairs])
+        queries = self.cut_queries([q for q, _ in pairs])
         passages = [p for _, p in pairs]
-        chunks = [slice(s, min(s + _CHUNK, len(pairs))) for s in range(0, len(pairs), _CHUNK)]
         scores = np.empty(len(pairs), dtype=np.float32)
-        # The next chunk is tokenized (Rust, GIL released) while the model scores this one. Only
-        # that one thread touches the tokenizer: it is not safe to share between threads.
+        self.score_chunks(chunk_slices(len(pairs), 1), queries, passages, scores)
+        return scores
+
+    def score_chunks(
+        self, chunks: list[slice], queries: list[str], passages: list[str], out: np.ndarray
+    ) -> None:
+        """Score the pairs ``zip(queries, passages)[chunk]`` of every chunk into ``out[chunk]``.
+
+        The next chunk is tokenized (Rust, GIL released) while the model scores this one. Only
+        that one thread touches this replica's tokenizer: it is not safe to share between threads.
+
+        Args:
+            chunks: slices of the pair lists, scored in this order.
+            queries: queries (already cut by :meth:`cut_queries`), one per pair.
+            passages: passage texts, one per pair.
+            out: float32 array receiving the scores.
+        """
+        if not chunks:
+            return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as pool:
             pending = pool.submit(self._encode, queries[chunks[0]], passages[chunks[0]])
             for k, chunk in enumerate(chunks):
@@ -132,8 +186,7 @@ class CrossEncoderReranker:
                 if k + 1 < len(chunks):
                     nxt = chunks[k + 1]
                     pending = pool.submit(self._encode, queries[nxt], passages[nxt])
-                scores[chunk] = self._forward(encoded)
-        return scores
+                out[chunk] = self._forward(encoded)
 
     def _encode(self, queries: list[str], passages: list[str]) -> list[list[int]]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
@@ -171,24 +224,39 @@ class CrossEncoderReranker:
         full: list[np.ndarray] = []
         rest: list[np.ndarray] = []
         for group in np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1):
-            cut = len(group) - len(group) % self.batch_size
-            full.extend(group[s : s + self.batch_size] for s in range(0, cut, self.batch_size))
+            size = self.rows_for(int(lengths[group[0]]))
+            cut = len(group) - len(group) % size
+            full.extend(group[s : s + size] for s in range(0, cut, size))
             rest.append(group[cut:])
         rest_order = np.concatenate(rest) if rest else np.zeros(0, dtype=np.int64)
+        # Every batch of the chunk is launched before any result is read back: on a GPU the
+        # kernels queue up while Python prepares the next batch, instead of the GPU idling at a
+        # copy back after each batch (one synchronisation per chunk).
+        done_rows: list[np.ndarray] = []
+        logits = []
         with torch.inference_mode():
             for rows in full:
                 ids = torch.from_numpy(np.array([encoded[i] for i in rows], dtype=np.int64))
-                scores[rows] = self._logits(ids, None)
-            for start in range(0, len(rest_order), self.batch_size):
-                rows = rest_order[start : start + self.batch_size]
-                ids, mask = self._pad([encoded[i] for i in rows], int(lengths[rows[0]]))
-                scores[rows] = self._logits(ids, mask)
+                done_rows.append(rows)
+                logits.append(self._logits(ids, None))
+            start = 0
+            while start < len(rest_order):  # longest first: a batch's first row sets its width
+                width = int(lengths[rest_order[start]])
+                rows = rest_order[start : start + self.rows_for(width)]
+                start += len(rows)
+                ids, mask = self._pad([encoded[i] for i in rows], width)
+                done_rows.append(rows)
+                logits.append(self._logits(ids, mask))
+            if logits:
+                scores[np.concatenate(done_rows)] = torch.cat(logits).float().cpu().numpy()
         return scores
 
-    def _logits(self, ids, mask) -> np.ndarray:
-        mask = None if mask is None else mask.to(self.device)
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask).logits
-        return logits.view(-1).float().cpu().numpy()
+    def _logits(self, ids, mask):
+        """The model's logits of one batch, left on the device (a flat tensor)."""
+        mask = None if mask is None else mask.to(self.device, non_blocking=True)
+        return self.model(input_ids=ids.to(self.device, non_blocking=True), attention_mask=mask).logits.view(
+            -1
+        )
 
     def _pad(self, rows: list[list[int]], width: int):
         """``(len(rows), width)`` input ids and attention mask, padded on the tokenizer's side

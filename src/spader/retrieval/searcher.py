@@ -4,8 +4,7 @@ All queries of a call go through one multi-threaded Anserini ``batch_search``; t
 queries then cross into Python as one JSON string (Jackson serializes the result map on the Java
 side). Reading ``docid``/``score``/raw field of each hit through pyjnius instead costs several
 JNI calls per hit, about as much as the search itself at top-50, and looking documents up by id
-afterwards (``searcher.doc(docid).raw()``, what the per-query servers do) costs twice that
-(shared/spec/environment.md, "BM25 throughput").
+afterwards (``searcher.doc(docid).raw()``, what the per-query servers do) costs twice that.
 """
 
 from __future__ import annotations
@@ -39,6 +38,8 @@ class Bm25Searcher:
         b: BM25 length normalization.
         threads: Java threads of a batch search.
         heap: JVM heap, if this call starts the JVM.
+        max_clauses: Lucene's limit on terms per query is raised to at least this (it is 1,024
+            by default, and one query over it fails the whole batch search).
     """
 
     def __init__(
@@ -49,10 +50,15 @@ class Bm25Searcher:
         b: float = 0.4,
         threads: int = 1,
         heap: str | None = None,
+        max_clauses: int = 1024,
     ):
         start_jvm(heap)
         self.info = verify_index(index_dir)
         from jnius import autoclass
+
+        searcher_class = autoclass("org.apache.lucene.search.IndexSearcher")
+        if searcher_class.getMaxClauseCount() < max_clauses:  # a JVM-wide setting
+            searcher_class.setMaxClauseCount(int(max_clauses))
 
         self.index_dir = str(index_dir)
         self.threads = max(1, int(threads))
@@ -78,6 +84,20 @@ class Bm25Searcher:
         """Run a few throw-away batch searches so the first real request is not slow."""
         for _ in range(3):
             self.search(_WARM_UP, k)
+
+    def probe(self) -> None:
+        """Search words of a stored document, which must be found: the index answers queries.
+
+        Raises:
+            IndexUnavailableError: no hit; the message names the index.
+        """
+        text = self.info.get("probe_text") or ""
+        hits = self.search([text], 10)[0] if text.strip() else []
+        if not any(h.id == self.info.get("probe_id") for h in hits):
+            raise IndexUnavailableError(
+                f"BM25 index {self.index_dir}: the start-up probe query {text[:80]!r} did not find "
+                f"document {self.info.get('probe_id')!r} it was taken from; the index is damaged"
+            )
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-``k`` BM25 passages of each query, best first (ties broken by docid, as Anserini does).

@@ -1,10 +1,17 @@
 """Run the retrieval service: in the foreground (:func:`serve`, the ``serve`` CLI) or as a
 subprocess for the duration of a job (:func:`running_service`, used by the train and evaluate glue).
+
+A service started for a job never outlives it: :func:`running_service` stops it when the job
+leaves the ``with`` block (also on an exception or SIGTERM), and the service itself exits when the
+job's process dies in any way, SIGKILL included: it asks Linux for SIGTERM when its parent dies
+(``PR_SET_PDEATHSIG``) and a watchdog thread checks once a second that its parent is still the
+process that started it (for systems without that call, and for the moment before it is made).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -22,9 +29,74 @@ from spader.retrieval.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["running_service", "serve", "serve_command"]
+__all__ = ["exit_with_parent", "reranker_on_job_gpus", "running_service", "serve", "serve_command"]
 
 _STOP_GRACE_S = 30.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_ORPHAN_GRACE_S = 20.0  # after SIGTERM, an orphaned service that has not exited is ended hard
+
+
+def exit_with_parent(parent_pid: int, *, poll_s: float = 1.0) -> None:
+    """Make this process exit when ``parent_pid`` (the job that started it) dies.
+
+    Linux sends SIGTERM when the parent dies (``PR_SET_PDEATHSIG``; the server then shuts down
+    gracefully); a daemon thread also compares ``os.getppid()`` with ``parent_pid`` every
+    ``poll_s`` seconds, which covers a parent that died before the call and systems without
+    ``prctl``. An orphan still running ``_ORPHAN_GRACE_S`` seconds after its SIGTERM exits hard.
+
+    Args:
+        parent_pid: the pid of the process that started this one.
+        poll_s: watchdog period in seconds.
+    """
+    import ctypes
+    import threading
+
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the watchdog alone
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        log.warning("parent process %d is gone: retrieval service %d exits", parent_pid, os.getpid())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(_ORPHAN_GRACE_S)
+        log.error(
+            "retrieval service %d did not exit within %.0f s of SIGTERM; exiting hard",
+            os.getpid(),
+            _ORPHAN_GRACE_S,
+        )
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def reranker_on_job_gpus(retrieval: Mapping[str, Any], gpus: int) -> dict[str, Any]:
+    """The retrieval settings of a training job: one reranker replica on every GPU of the job,
+    unless ``retrieval.reranker.devices`` names devices.
+
+    Every GPU then carries the same reranker footprint, so the GPUs of a tensor-parallel group
+    keep equal free memory (sglang refuses to start otherwise) and all of them rerank. The
+    service starts before verl and holds its whole footprint from start-up (weights, the
+    activations of the largest pass, the CUDA context: ~3.9 GiB per GPU for bge-reranker-v2-m3 at
+    the paper config's 81,920 tokens per pass), so sglang sizes its KV cache from what is free
+    after the replicas loaded; measured numbers and the accounting are in docs/retrieval.md
+    ("Reranker replicas and GPU memory").
+
+    Args:
+        retrieval: ``config["retrieval"]`` as the job has it.
+        gpus: GPUs of the job (``cuda:0`` ... ``cuda:<gpus-1>`` as the job sees them).
+
+    Returns:
+        A copy with ``reranker.devices`` filled in (unchanged without a reranker, without GPUs, or
+        when devices are configured).
+    """
+    out = dict(retrieval)
+    reranker = dict(out.get("reranker") or {})
+    if reranker.get("devices") is None and (reranker.get("path") or reranker.get("model")) and gpus > 0:
+        reranker["devices"] = [f"cuda:{i}" for i in range(gpus)]
+    out["reranker"] = reranker
+    return out
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -43,7 +115,8 @@ def serve(
     port: int = 8000,
     port_file: str | os.PathLike | None = None,
     threads: int = 1,
-    device: str | None = None,
+    devices: str | list[str] | None = None,
+    parent_pid: int | None = None,
 ) -> None:
     """Serve ``index_dir`` until interrupted (SIGINT/SIGTERM).
 
@@ -57,8 +130,12 @@ def serve(
         port: TCP port; 0 picks a free one.
         port_file: where the bound port is written (for ``port=0``; written before start-up).
         threads: search and CPU reranking threads.
-        device: reranker device (default: first GPU, else CPU).
+        devices: reranker devices, one replica each (default ``settings.devices``, else the first
+            GPU, else CPU).
+        parent_pid: exit when this process dies (:func:`exit_with_parent`).
     """
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
     import uvicorn
 
     from spader.retrieval.app import create_app
@@ -73,8 +150,13 @@ def serve(
         tmp.write_text(str(bound))
         os.replace(tmp, port_file)
     log.info("retrieval service for %s on %s:%d (loading)", index_dir, host or settings.host, bound)
-    app = create_app(lambda: Bm25RerankBackend(index_dir, settings, threads=threads, device=device))
-    config = uvicorn.Config(app, log_level="info", access_log=False, timeout_graceful_shutdown=10)
+    app = create_app(lambda: Bm25RerankBackend(index_dir, settings, threads=threads, devices=devices))
+    # Idle keep-alive connections are closed by the client first (httpx: after 5 s), never by the
+    # server (uvicorn's default is also 5 s): when both close at once, a request sent on the
+    # closing connection fails with a read error (seen under 512 concurrent clients).
+    config = uvicorn.Config(
+        app, log_level="info", access_log=False, timeout_graceful_shutdown=10, timeout_keep_alive=75
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -85,8 +167,21 @@ def serve_command(
     port: int = 0,
     port_file: str | os.PathLike | None = None,
     threads: int = 1,
+    parent_pid: int | None = None,
 ) -> list[str]:
-    """The ``python -m spader.retrieval serve ...`` command line carrying ``settings``."""
+    """The ``python -m spader.retrieval serve ...`` command line carrying ``settings``.
+
+    Args:
+        index_dir: the index to serve.
+        settings: every search and service setting (the reranker devices included).
+        port: TCP port (0: a free one, written to ``port_file``).
+        port_file: where the service writes its port.
+        threads: search and CPU reranking threads.
+        parent_pid: the service exits when this process dies.
+
+    Returns:
+        The argv.
+    """
     flags = {
         "--index": index_dir,
         "--host": settings.host,
@@ -101,10 +196,20 @@ def serve_command(
         "--max-length": settings.rerank_max_length,
         "--max-queries": settings.max_queries_per_request,
         "--max-query-chars": settings.max_query_chars,
+        "--cache-entries": settings.cache_entries,
+        "--cache-bytes": settings.cache_bytes,
+        "--slice-queries": settings.slice_queries,
     }
+    if settings.rerank_max_batch_tokens is not None:
+        flags["--max-batch-tokens"] = settings.rerank_max_batch_tokens
+    if settings.devices is not None:
+        flags["--devices"] = ",".join(settings.devices)
     if port_file is not None:
         flags["--port-file"] = port_file
+    if parent_pid is not None:
+        flags["--parent-pid"] = parent_pid
     cmd = [sys.executable, "-m", "spader.retrieval", "serve", "--fp16" if settings.fp16 else "--no-fp16"]
+    cmd.append("--overlap" if settings.overlap else "--no-overlap")
     for flag, value in flags.items():
         cmd += [flag, str(value)]
     return cmd
@@ -121,10 +226,35 @@ def _tail(path: Path, lines: int = 25) -> str:
 def _healthy(url: str) -> bool:
     import httpx
 
-    try:
-        return httpx.get(f"{url}/health", timeout=5.0).status_code == 200
+    try:  # trust_env=False: a proxy set in the environment must not see a local request
+        return httpx.get(f"{url}/health", timeout=5.0, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _log_stats(url: str) -> None:
+    """Log the service's counters before it stops: how many of the job's queries repeated an
+    earlier one (served from the cache or shared while in flight) is measured here, per job."""
+    import httpx
+
+    try:
+        stats = httpx.get(f"{url}/stats", timeout=5.0, trust_env=False).json()
+        queries = max(1, int(stats["queries"]))
+        reused = int(stats["cache"]["hits"]) + int(stats["coalesced"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        log.warning("retrieval service at %s: no final stats (%s)", url, exc)
+        return
+    log.info(
+        "retrieval service stats: %d requests, %d queries, %d (%.1f%%) answered from the cache or "
+        "a computation in flight, %d computed, %d reranker pairs; %s",
+        stats["requests"],
+        stats["queries"],
+        reused,
+        100.0 * reused / queries,
+        stats["computed"],
+        stats["pairs_reranked"],
+        json.dumps(stats, sort_keys=True),
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -161,6 +291,10 @@ def running_service(
             in the error when the start fails).
         threads: search and CPU reranking threads (default 1).
 
+    The service exits by itself if this process dies (:func:`exit_with_parent`). Linux ties that
+    signal to the thread that started the child: enter the block from the thread that runs the
+    job (the main thread), not from a short-lived worker thread.
+
     Yields:
         The base URL, ``http://127.0.0.1:<free port>``.
 
@@ -178,17 +312,22 @@ def running_service(
         port_file = Path(tmp) / "port"
         log_file = Path(log_path) if log_path else Path(tmp) / "service.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        cmd = serve_command(index_dir, search, port=0, port_file=port_file, threads=threads or 1)
+        cmd = serve_command(
+            index_dir, search, port=0, port_file=port_file, threads=threads or 1, parent_pid=os.getpid()
+        )
         with open(log_file, "ab") as out:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         log.info("starting retrieval service for %s (pid %d, log %s)", index_dir, proc.pid, log_file)
+        url = None
         try:
             url = _wait_ready(proc, port_file, connect_host, index_dir, log_file, search.startup_timeout_s)
             log.info("retrieval service ready at %s", url)
             yield url
         finally:
+            if url is not None:
+                _log_stats(url)
             _stop(proc)
             log.info("retrieval service for %s stopped", index_dir)
 

@@ -1,0 +1,290 @@
+"""Throughput and GPU memory of a bge-reranker-v2-m3-sized cross-encoder, for the training-step
+projection of ``bench/retrieval.py`` and the memory accounting of the reranker replicas.
+
+The model is XLM-RoBERTa large with a one-logit head (the architecture of BAAI/bge-reranker-v2-m3:
+24 layers, hidden 1024, 16 heads, FFN 4096, vocabulary 250,002; 568M parameters) with random
+weights: throughput and memory do not depend on the weights, and none can be downloaded here. It
+runs in fp16 (what the service uses on GPU) through transformers' default attention, on batches of
+``batch`` pairs of one exact length (the service's exact-length batches need no mask) and, for
+comparison, with a padding mask.
+
+Prints one JSON line per (batch, tokens, masked) and a summary: pairs/s, achieved TFLOP/s, the
+weights' memory, the peak activation memory above the weights, and the whole process's footprint
+on the GPU (CUDA context included, read with nvidia-smi). Needs only torch and transformers.
+
+With ``--ours``, the same-sized model (random weights, a small locally trained tokenizer: no
+tokenizer can be downloaded) also runs through the service's own scoring code
+(``spader.retrieval.replicas.RerankerReplicas``: fp16, exact-length batches, tokenization of the
+next chunk overlapping the forward pass), with one replica at batch 64 and 512 (``--ours-batches``)
+and with two replicas on the same GPU:
+pairs/s, scores of two replicas against one, and the footprint ``reserve_peak`` holds. Needs the
+package (``PYTHONPATH=src``) and FlagEmbedding.
+
+Usage: python bench/reranker_gpu.py [--out results.json] [--tiny] [--ours]   (--tiny: a small
+model, for a quick check of the script on CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+# (pairs per batch, tokens per pair, with a padding mask)
+SHAPES = [
+    (64, 160, False),
+    (64, 160, True),
+    (128, 160, False),
+    (256, 160, False),
+    (512, 160, False),
+    (64, 96, False),
+    (64, 224, False),
+    (64, 512, False),
+    (64, 512, True),
+]
+
+
+def gpu_used_mib() -> float | None:
+    """Memory used on GPU 0 as nvidia-smi reports it (all processes), or None without it."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return float(out.strip().splitlines()[0])
+    except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
+        return None
+
+
+def model_config(tiny: bool) -> XLMRobertaConfig:
+    """bge-reranker-v2-m3's architecture (or a tiny one)."""
+    cfg = XLMRobertaConfig(
+        vocab_size=250002,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        max_position_embeddings=8194,
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        num_labels=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    if tiny:
+        cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads = 64, 2, 2
+        cfg.intermediate_size, cfg.vocab_size = 128, 1000
+    return cfg
+
+
+def flops_per_pair(cfg: XLMRobertaConfig, params: int, tokens: int) -> float:
+    """Forward FLOPs of one pair: 2 per non-embedding weight per token, plus attention scores and
+    the weighted sum of values (4 * layers * tokens^2 * hidden)."""
+    dense = params - (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * cfg.hidden_size
+    return 2.0 * dense * tokens + 4.0 * cfg.num_hidden_layers * tokens * tokens * cfg.hidden_size
+
+
+def ours(args, out: dict) -> None:
+    """Score 512 queries x 50 passages through ``RerankerReplicas``: one replica at each batch size
+    of ``--ours-batches`` (capped at batch x 160 tokens per pass, as the paper config), then two
+    replicas at the last one."""
+    import random
+    import tempfile
+
+    import numpy as np
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    from spader.models.tiny import save_random_cross_encoder
+    from spader.retrieval.replicas import RerankerReplicas
+
+    words = "the of film river album city director novel band lake village church market index".split()
+    rng = random.Random(0)
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer, tok.pre_tokenizer, tok.decoder = (
+        normalizers.NFKC(),
+        pre_tokenizers.Metaspace(),
+        decoders.Metaspace(),
+    )
+    corpus = [" ".join(rng.choices(words, k=20)) for _ in range(200)]
+    tok.train_from_iterator(
+        corpus, trainers.UnigramTrainer(vocab_size=60, special_tokens=specials, unk_token="<unk>")
+    )
+    work = Path(tempfile.mkdtemp(prefix="reranker_gpu_"))
+    small = save_random_cross_encoder(tok, work / "small")
+    # The same files with bge-reranker-v2-m3's layer sizes (the vocabulary stays the tokenizer's).
+    cfg = XLMRobertaConfig.from_pretrained(small)
+    big = model_config(args.tiny)
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "layer_norm_eps",
+    ):
+        setattr(cfg, key, getattr(big, key))
+    torch.manual_seed(0)
+    XLMRobertaForSequenceClassification(cfg).save_pretrained(work / "small")
+    pairs = []
+    for _ in range(512):
+        query = " ".join(rng.choices(words, k=rng.randint(3, 8)))
+        pairs += [(query, " ".join(rng.choices(words, k=rng.randint(18, 30)))) for _ in range(50)]
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    rows = {}
+    scores = {}
+    runs = [(batch, 1) for batch in args.ours_batches] + [(args.ours_batches[-1], 2)]
+    for batch, replicas in runs:
+        rr = RerankerReplicas(
+            work / "small",
+            (device,) * replicas,
+            batch_size=batch,
+            max_length=512,
+            fp16=True,
+            max_batch_tokens=batch * 160,  # the paper config's cap: batch x 160 tokens per pass
+        )
+        peak = rr.reserve_peak()
+        rr.score(pairs[:3200])  # warm-up
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        scores[batch, replicas] = rr.score(pairs)
+        seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        encoded = rr.replicas[0]._encode([q for q, _ in pairs], [p for _, p in pairs])
+        tokenize_s = time.perf_counter() - started
+        lengths = [len(e) for e in encoded]
+        rows[f"batch {batch}, {replicas} replica(s)"] = {
+            "batch": batch,
+            "replicas": replicas,
+            "pairs": len(pairs),
+            "seconds": round(seconds, 3),
+            "pairs_per_s": round(len(pairs) / seconds, 1),
+            "mean_tokens_per_pair": round(float(np.mean(lengths)), 1),
+            "tokenize_pairs_per_s": round(len(pairs) / tokenize_s, 1),
+            "reserve_peak_mib": peak,
+        }
+        print(json.dumps(rows[f"batch {batch}, {replicas} replica(s)"]), flush=True)
+        rr.close()
+        del rr
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    one, two = scores[runs[-2]], scores[runs[-1]]
+    diff = float(np.max(np.abs(one - two)))
+    same_top5 = sum(
+        list(np.argsort(-one[i : i + 50], kind="stable")[:5])
+        == list(np.argsort(-two[i : i + 50], kind="stable")[:5])
+        for i in range(0, len(pairs), 50)
+    )
+    out["ours"] = {
+        "runs": rows,
+        "max_score_diff_1_vs_2": diff,
+        "identical_top5_1_vs_2": same_top5,
+        "queries": 512,
+    }
+    print(json.dumps(out["ours"], indent=1), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--tiny", action="store_true", help="a small model (check the script on CPU)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--ours", action="store_true", help="also score through RerankerReplicas")
+    parser.add_argument("--only-ours", action="store_true", help="skip the plain model runs")
+    parser.add_argument(
+        "--ours-batches",
+        default="64,512",
+        type=lambda text: [int(x) for x in text.split(",")],
+        help="batch sizes of the --ours runs (one replica each; two replicas at the last)",
+    )
+    args = parser.parse_args()
+    if args.only_ours:
+        out = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+        ours(args, out)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+        return
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    before = gpu_used_mib() if dev == "cuda" else None
+    cfg = model_config(args.tiny)
+    torch.manual_seed(0)
+    model = XLMRobertaForSequenceClassification(cfg)
+    params = sum(p.numel() for p in model.parameters())
+    model = model.to(torch.float16 if dev == "cuda" else torch.float32).to(dev).eval()
+    out = {
+        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "params": params,
+        "attn_implementation": model.config._attn_implementation,
+        "flops_per_pair_160": flops_per_pair(cfg, params, 160),
+    }
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        out["weights_mib"] = torch.cuda.memory_allocated() / 2**20
+    runs = []
+    gen = torch.Generator().manual_seed(0)
+    for batch, tokens, masked in SHAPES:
+        ids = torch.randint(5, cfg.vocab_size, (batch, tokens), generator=gen)
+        ids[:, 0], ids[:, -1] = 0, 2
+        ids = ids.to(dev)
+        mask = None
+        if masked:  # half the rows padded by a quarter: what a padded remainder batch looks like
+            mask = torch.ones_like(ids)
+            mask[batch // 2 :, tokens * 3 // 4 :] = 0
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        repeats = 2 if args.tiny else args.repeats
+        with torch.inference_mode():
+            for _ in range(3):
+                model(input_ids=ids, attention_mask=mask).logits.float().cpu()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(repeats):
+                model(
+                    input_ids=ids, attention_mask=mask
+                ).logits.float().cpu()  # .cpu() syncs, as scoring does
+            seconds = (time.perf_counter() - started) / repeats
+        row = {
+            "batch": batch,
+            "tokens": tokens,
+            "masked": masked,
+            "ms_per_batch": round(seconds * 1e3, 3),
+            "pairs_per_s": round(batch / seconds, 1),
+            "tflops": round(batch * flops_per_pair(cfg, params, tokens) / seconds / 1e12, 1),
+        }
+        if dev == "cuda":
+            row["peak_activation_mib"] = round(
+                (torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()) / 2**20, 1
+            )
+            row["reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+        runs.append(row)
+        print(json.dumps(row), flush=True)
+    out["runs"] = runs
+    if dev == "cuda":
+        after = gpu_used_mib()
+        out["process_gpu_mib"] = None if before is None or after is None else after - before
+        out["max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
+    if args.ours:
+        del model
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+        ours(args, out)
+    print(json.dumps(out, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The service's result cache: LRU bounded by entries and bytes, shared across requests, in-flight
+duplicates served by the first computation, identical results with and without it, counters in
+/stats and /health; overlapping BM25 with reranking changes no result."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+from fastapi.testclient import TestClient
+
+from spader.retrieval.app import create_app
+from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
+from spader.retrieval.cache import ResultCache, passages_nbytes
+from spader.retrieval.corpus import Passage
+
+# A rollout-shaped stream: 4 "prompts", each repeated by several rollouts, later turns diverging.
+STREAM = [
+    ["films directed by Ilse Varga"],
+    ["films directed by Ilse Varga", "Salt Orchard drama 1961"],
+    ["river flowing into Lake Ørnes"],
+    ["films directed by Ilse Varga"],
+    ["river flowing into Lake Ørnes", "Kvitelva birch forest"],
+    ["Saint-Malo Express album", "Halcyon & Rust debut"],
+    ["films directed by Ilse Varga", "Winter Quay dock workers"],
+    ["Saint-Malo Express album"],
+    ["river flowing into Lake Ørnes"],
+    ["Lucene BM25 inverted index", "Saint-Malo Express album"],
+]
+
+
+def _p(i: int, text: str = "x" * 100) -> Passage:
+    return Passage(f"{i}__0", f"title {i}", text, float(i))
+
+
+def test_lru_evicts_least_recently_used_by_entries():
+    cache = ResultCache(max_entries=2, max_bytes=10**6, identity="idx")
+    a, b, c = (cache.key(q, 5, 50) for q in "abc")
+    cache.put(a, [_p(1)])
+    cache.put(b, [_p(2)])
+    assert cache.get(a)[0].id == "1__0"  # a is now the most recently used
+    cache.put(c, [_p(3)])
+    assert cache.get(b) is None and cache.get(a) is not None and cache.get(c) is not None
+    s = cache.stats
+    assert (s.hits, s.misses, s.evictions, s.entries) == (3, 1, 1, 2)
+    assert s.bytes == passages_nbytes([_p(1)]) + passages_nbytes([_p(3)])
+
+
+def test_lru_is_bounded_by_bytes_and_skips_oversized_results():
+    one = passages_nbytes([_p(0)])
+    cache = ResultCache(max_entries=100, max_bytes=3 * one)
+    for i in range(10):
+        cache.put(cache.key(str(i), 5, 50), [_p(i)])
+    assert len(cache) == 3 and cache.stats.bytes == 3 * one and cache.stats.evictions == 7
+    assert [cache.get(cache.key(str(i), 5, 50)) is not None for i in (6, 7, 8, 9)] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+    cache.put(cache.key("big", 5, 50), [_p(0, "y" * (4 * one))])  # larger than the whole cache
+    assert cache.get(cache.key("big", 5, 50)) is None and len(cache) == 3
+
+
+def test_key_holds_query_topk_initial_k_and_identity():
+    cache = ResultCache(10, 10**6, identity=("index A", "reranker A"))
+    other = ResultCache(10, 10**6, identity=("index B", "reranker A"))
+    keys = {cache.key("q", 5, 50), cache.key("q ", 5, 50), cache.key("q", 3, 50), cache.key("q", 5, 20)}
+    assert len(keys) == 4 and cache.key("q", 5, 50) != other.key("q", 5, 50)
+
+
+def test_disabled_cache_keeps_nothing():
+    cache = ResultCache(0, 10**6)
+    cache.put(cache.key("q", 5, 50), [_p(1)])
+    assert not cache.enabled and cache.get(cache.key("q", 5, 50)) is None and len(cache) == 0
+    with pytest.raises(ValueError, match=">= 0"):
+        ResultCache(-1, 10)
+
+
+@pytest.fixture(scope="module")
+def backend(bm25_index, tiny_reranker):
+    settings = SearchSettings(
+        reranker=str(tiny_reranker), fp16=False, rerank_batch_size=4, initial_k=6, topk=3, slice_queries=3
+    )
+    return Bm25RerankBackend(bm25_index, settings)
+
+
+def _run_stream(backend, settings: SearchSettings, monkeypatch, concurrent: bool) -> tuple[list, dict]:
+    monkeypatch.setattr(backend, "settings", settings)
+    results = [None] * len(STREAM)
+    with TestClient(create_app(lambda: backend)) as client:
+        before = client.get("/stats").json()["pairs_reranked"]
+
+        def send(i):
+            r = client.post("/retrieve", json={"queries": STREAM[i], "return_scores": True})
+            assert r.status_code == 200, r.text
+            results[i] = r.json()["result"]
+
+        if concurrent:
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(len(STREAM))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        else:
+            for i in range(len(STREAM)):
+                send(i)
+        stats = client.get("/stats").json()
+        health = client.get("/health").json()
+    stats["pairs"] = stats["pairs_reranked"] - before
+    assert health["stats"]["cache"] == stats["cache"]
+    return results, stats
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["sequential", "concurrent"])
+def test_identical_results_with_and_without_cache(backend, monkeypatch, concurrent):
+    on = replace(backend.settings, cache_entries=1000)
+    off = replace(backend.settings, cache_entries=0)
+    cached, stats_on = _run_stream(backend, on, monkeypatch, concurrent)
+    plain, stats_off = _run_stream(backend, off, monkeypatch, concurrent)
+    ids = [[[p["id"] for p in hits] for hits in r] for r in cached]
+    assert ids == [[[p["id"] for p in hits] for hits in r] for r in plain]
+    scores_on = [p["score"] for r in cached for hits in r for p in hits]
+    assert scores_on == pytest.approx([p["score"] for r in plain for hits in r for p in hits], abs=1e-5)
+    distinct = len({q for qs in STREAM for q in qs})
+    assert stats_on["computed"] == distinct  # each distinct query computed once in all
+    assert stats_on["cache"]["hits"] + stats_on["coalesced"] == sum(map(len, STREAM)) - distinct
+    assert stats_on["cache"]["misses"] >= distinct and stats_on["cache"]["entries"] == distinct
+    assert stats_off["cache"]["hits"] == 0 and stats_off["cache"]["entries"] == 0
+    assert stats_off["pairs"] > stats_on["pairs"] > 0  # fewer reranker pairs with the cache
+
+
+def test_in_flight_duplicates_wait_for_the_first_computation(backend, monkeypatch):
+    calls = []
+    candidates = backend.candidates
+
+    def slow(queries, **kw):
+        calls.append(list(queries))
+        time.sleep(0.4)
+        return candidates(queries, **kw)
+
+    with TestClient(create_app(lambda: backend)) as client:
+        monkeypatch.setattr(backend, "candidates", slow)
+        answers = []
+
+        def send():
+            answers.append(client.post("/retrieve", json={"queries": ["Winter Quay harbour"]}).json())
+
+        threads = [threading.Thread(target=send) for _ in range(6)]
+        for t in threads:
+            t.start()
+            time.sleep(0.02)
+        for t in threads:
+            t.join()
+        stats = client.get("/stats").json()
+        again = client.post("/retrieve", json={"queries": ["Winter Quay harbour"]}).json()
+    assert calls == [["Winter Quay harbour"]]  # searched once for 7 requests
+    assert stats["coalesced"] == 5 and stats["computed"] == 1
+    assert all(a == answers[0] for a in answers) and again == answers[0]
+    assert stats["cache"]["hits"] == 0 and client.app.state.batcher.cache.stats.hits == 1
+
+
+def test_overlap_changes_no_result(backend, monkeypatch):
+    overlapped, _ = _run_stream(
+        backend, replace(backend.settings, cache_entries=0, overlap=True), monkeypatch, True
+    )
+    serial, _ = _run_stream(
+        backend, replace(backend.settings, cache_entries=0, overlap=False), monkeypatch, True
+    )
+    assert [[[p["id"] for p in h] for h in r] for r in overlapped] == [
+        [[p["id"] for p in h] for h in r] for r in serial
+    ]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_bm25_of_the_next_slice_runs_while_the_current_one_reranks(backend, monkeypatch, overlap):
+    spans = []
+    candidates, rerank = backend.candidates, backend.rerank
+
+    def timed(stage, fn):
+        def run(*args, **kw):
+            start = time.perf_counter()
+            time.sleep(0.15)  # both stages take a while, so overlapping them is visible
+            out = fn(*args, **kw)
+            spans.append((stage, start, time.perf_counter()))
+            return out
+
+        return run
+
+    monkeypatch.setattr(backend, "settings", replace(backend.settings, cache_entries=0, overlap=overlap))
+    with TestClient(create_app(lambda: backend)) as client:
+        monkeypatch.setattr(backend, "candidates", timed("bm25", candidates))
+        monkeypatch.setattr(backend, "rerank", timed("rerank", rerank))
+        queries = list(dict.fromkeys(q for qs in STREAM for q in qs))[:8]
+        r = client.post("/retrieve", json={"queries": queries[:4]})  # slices of 3 and 1
+        r2 = client.post("/retrieve", json={"queries": queries[4:8]})
+    assert r.status_code == r2.status_code == 200
+    bm25 = [s for s in spans if s[0] == "bm25"]
+    rr = [s for s in spans if s[0] == "rerank"]
+    overlapping = any(b[1] < r[2] and r[1] < b[2] for b in bm25 for r in rr)
+    assert len(bm25) == len(rr) >= 4 and overlapping is overlap
