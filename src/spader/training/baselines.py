@@ -1,0 +1,169 @@
+"""What the training job of a StepSearch or R3-RAG variant adds to the verl launch.
+
+* Both: the search tool records turn details (tool config ``record_turns``).
+* ``stepsearch``: the evidence artifact (rule ``build_evidence``) and the TF-IDF processes.
+* ``r3rag`` with the LLM judge: the judge's endpoint. With ``judge.url`` the job uses it; without,
+  the job serves the judge on the last ``judge.gpus`` GPUs of its node
+  (:func:`spader.baselines.judge_server.running_judge`) and verl trains on the others.
+
+:func:`baseline_launch` is known when the launch is planned (and checked with it);
+:func:`judge_endpoint` runs around verl and adds the endpoint's URL and the GPU split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spader.training.launch import hydra_value
+
+__all__ = [
+    "OPERATIONAL_JUDGE_KEYS",
+    "BaselineLaunch",
+    "baseline_launch",
+    "judge_endpoint",
+    "judge_params",
+    "judge_settings",
+]
+
+#: Judge settings that cannot change a result (where it runs, how long and how often the client
+#: waits and retries): not params of the training rule; the job reads them from its config.
+OPERATIONAL_JUDGE_KEYS = ("url", "startup_timeout_s", "timeout_s", "retries", "concurrency")
+
+# The judge settings the trainer's client reads (algorithm.r3rag.judge.<key>: judge.<key>).
+_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature")
+
+
+@dataclass(frozen=True)
+class BaselineLaunch:
+    """The baseline's part of a launch.
+
+    Attributes:
+        record_turns: the search tool records turn details.
+        overrides: verl overrides known when planning.
+        judge_gpus: GPUs the served judge takes from training (0: none served).
+    """
+
+    record_turns: bool = False
+    overrides: list[str] = field(default_factory=list)
+    judge_gpus: int = 0
+
+
+def _judge_name(judge: Mapping[str, Any]) -> str:
+    return str(judge.get("model", "judge"))
+
+
+def baseline_launch(
+    variant: Mapping[str, Any],
+    *,
+    evidence: str | os.PathLike | None = None,
+    stepsearch: Mapping[str, Any] | None = None,
+    judge: Mapping[str, Any] | None = None,
+) -> BaselineLaunch:
+    """The launch additions of a variant (nothing for SPADER and the other variants).
+
+    Args:
+        variant: ``config["variants"][v]``.
+        evidence: the ``build_evidence`` output (``stepsearch`` variants).
+        stepsearch: ``config["stepsearch"]``.
+        judge: ``config["judge"]`` (``r3rag`` variants with ``judge: llm``).
+    Returns:
+        :class:`BaselineLaunch`.
+    Raises:
+        ValueError: a needed input is missing (the message names it).
+    """
+    reward = variant.get("reward")
+    if reward == "stepsearch":
+        if evidence is None:
+            raise ValueError(
+                "a stepsearch variant trains with the evidence of rule build_evidence (input 'evidence')"
+            )
+        workers = int((stepsearch or {}).get("workers", 0))
+        return BaselineLaunch(
+            record_turns=True,
+            overrides=[
+                f"++algorithm.stepsearch.evidence_path={hydra_value(os.path.abspath(evidence))}",
+                f"++algorithm.stepsearch.workers={workers}",
+            ],
+        )
+    if reward != "r3rag":
+        return BaselineLaunch()
+    if variant.get("judge", "llm") != "llm":
+        return BaselineLaunch(record_turns=True)
+    if judge is None:
+        raise ValueError("an r3rag variant with judge llm needs the 'judge' config block")
+    overrides = [f"++algorithm.r3rag.judge.model={hydra_value(_judge_name(judge))}"]
+    overrides += [f"++algorithm.r3rag.judge.{k}={hydra_value(judge[k])}" for k in _CLIENT_KEYS if k in judge]
+    served = 0 if judge.get("url") else int(judge.get("gpus", 1))
+    return BaselineLaunch(record_turns=True, overrides=overrides, judge_gpus=served)
+
+
+@contextlib.contextmanager
+def judge_endpoint(
+    launch: BaselineLaunch,
+    judge: Mapping[str, Any] | None,
+    *,
+    model_dir: str | os.PathLike | None,
+    training_gpus: int,
+    environ: Mapping[str, str],
+    log_path: str | os.PathLike | None = None,
+    command=None,
+) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """Around verl: the judge endpoint's overrides and the environment verl must run with.
+
+    Args:
+        launch: :func:`baseline_launch` of the variant.
+        judge: ``config["judge"]``.
+        model_dir: local directory of the judge model (served judge only).
+        training_gpus: GPUs verl trains on (the node's minus ``launch.judge_gpus``).
+        environ: the job's environment (its ``CUDA_VISIBLE_DEVICES``).
+        log_path: the judge server's log.
+        command: replaces the sglang command (tests).
+    Yields:
+        ``(overrides, env)`` to add to verl's launch; both empty when the variant has no LLM judge.
+    """
+    if judge is None or not any(o.startswith("++algorithm.r3rag.judge.") for o in launch.overrides):
+        yield [], {}
+        return
+    if judge.get("url"):
+        yield [f"++algorithm.r3rag.judge.url={hydra_value(str(judge['url']))}"], {}
+        return
+    from spader.baselines.judge_server import running_judge, split_gpus, visible_gpus
+
+    if model_dir is None:
+        raise ValueError("the served judge needs its model directory (input 'judge_model')")
+    gpus = visible_gpus(environ, training_gpus + launch.judge_gpus)
+    train, served = split_gpus(gpus, launch.judge_gpus)
+    tp = int(judge.get("tensor_parallel", 1))
+    with running_judge(
+        model_dir,
+        gpus=served,
+        served_name=_judge_name(judge),
+        startup_timeout_s=float(judge.get("startup_timeout_s", 1800)),
+        mem_fraction=float(judge.get("mem_fraction", 0.85)),
+        tensor_parallel=tp,
+        log_path=log_path,
+        command=command,
+    ) as url:
+        yield [f"++algorithm.r3rag.judge.url={hydra_value(url)}"], {"CUDA_VISIBLE_DEVICES": ",".join(train)}
+
+
+def judge_params(variant: Mapping[str, Any], judge: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The training rule's ``judge`` param: the judge settings that can change a result, for an
+    ``r3rag`` variant with the LLM judge only (None otherwise, so editing them retrains nothing else)."""
+    if variant.get("reward") != "r3rag" or variant.get("judge", "llm") != "llm":
+        return None
+    return {k: v for k, v in judge.items() if k not in OPERATIONAL_JUDGE_KEYS}
+
+
+def judge_settings(
+    params_judge: Mapping[str, Any] | None, config: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """A job's full judge settings: its ``judge`` param plus the operational keys from its config."""
+    if params_judge is None:
+        return None
+    configured = config.get("judge") or {}
+    return {**dict(params_judge), **{k: configured[k] for k in OPERATIONAL_JUDGE_KEYS if k in configured}}

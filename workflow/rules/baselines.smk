@@ -1,0 +1,33 @@
+# Step-level baselines (docs/baselines.md). StepSearch's evidence is built once per training mix,
+# index and reranker with the project's own search, and read by the training job of every
+# `stepsearch` variant; an `r3rag` variant with the LLM judge gets the judge model (served on its
+# node) or the configured judge.url. Their input functions live in common.smk (train.smk uses them).
+rule build_evidence:
+    input:
+        train="results/{suite}/data/mix/train.jsonl",
+        index=get_index(),
+        reranker=get_reranker,
+        qampari=get_evidence_release,
+    output:
+        evidence="results/{suite}/data/evidence/train.jsonl",
+        coverage=report(
+            "results/{suite}/data/evidence/coverage.json",
+            caption="../report/baselines.rst",
+            category="Baselines",
+            labels={"table": "StepSearch evidence coverage"},
+        ),
+    log:
+        job="logs/build_evidence/{suite}.log",
+        service="logs/build_evidence/{suite}.service.log",
+    threads: lambda wc: get_gpu_job_threads() if config["stepsearch"]["evidence"]["gpus"] > 0 else 2
+    resources:
+        gpu=config["stepsearch"]["evidence"]["gpus"],
+        mem_mb=32000,
+        runtime=720,
+    params:
+        evidence={k: v for k, v in config["stepsearch"]["evidence"].items() if k != "gpus"},
+        qampari_member=config["datasets"]["qampari"]["splits"]["train"].get("member"),
+        retrieval=retrieval_params(),
+        code=code_of("build_evidence"),
+    script:
+        "../scripts/build_evidence.py"

@@ -1,0 +1,22 @@
+"""Glue for rule build_evidence. Logic: spader.baselines.evidence."""
+
+from spader.baselines.evidence import EvidenceSettings, build_evidence_with_service, coverage_metrics
+from spader.infra.glue import job, retrieval_settings
+
+with job(snakemake) as run:
+    coverage = build_evidence_with_service(
+        snakemake.input.train,
+        snakemake.input.index,
+        retrieval_settings(snakemake.params.retrieval, snakemake.config),
+        snakemake.output.evidence,
+        snakemake.output.coverage,
+        settings=EvidenceSettings.from_config(snakemake.params.evidence),
+        threads=snakemake.threads,
+        service_log=snakemake.log.service,
+        qampari_release=snakemake.input.qampari[0] if snakemake.input.qampari else None,
+        qampari_member=snakemake.params.qampari_member,
+    )
+    if run is not None:
+        import mlflow
+
+        mlflow.log_metrics(coverage_metrics(coverage))
