@@ -1,0 +1,27 @@
+"""Glue for rule warmstart_policy. Logic: spader.models.warmstart (tests/models/)."""
+
+from spader.infra.glue import job, retrieval_settings
+from spader.models.warmstart import warmstart_policy
+
+with job(snakemake) as run:
+    summary = warmstart_policy(
+        snakemake.input.mix,
+        snakemake.input.eval_sets,
+        snakemake.input.index,
+        snakemake.input.model,
+        snakemake.output.model,
+        snakemake.output.trajectories,
+        snakemake.output.summary,
+        warmstart=snakemake.params.warmstart,
+        agent=snakemake.params.agent,
+        prompt=snakemake.params.prompt,
+        retrieval=retrieval_settings(snakemake.params.retrieval, snakemake.config),
+        threads=snakemake.threads,
+        service_log=snakemake.log.service,
+    )
+    if run is not None:
+        import mlflow
+
+        for step, loss in enumerate(summary["losses"]):
+            mlflow.log_metric("warmstart_loss", loss, step=step)
+        mlflow.log_metrics({k: summary[k] for k in ("train_seconds", "conversations", "kept_fraction")})
