@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bring up a single-node SLURM cluster on localhost for tests/slurm (Debian 12, run as root, no
 # systemd). Idempotent: does nothing when the node already answers `sinfo` as idle/mixed.
-# Recipe probed in shared/spec/slurm.md: Debian's slurmctld + slurmd + munge, no slurmdbd
+# Recipe: Debian's slurmctld + slurmd + munge, no slurmdbd
 # (the tests run the plugin with `--slurm-status-command squeue`, which needs no accounting).
 #
 # The node *claims* the resources the SLURM profile asks for on a real cluster (64 CPUs,

@@ -1,4 +1,4 @@
-"""Benchmark of the dataset stages (issue #4 point 8) on a full-size, generated training mix.
+"""Benchmark of the dataset stages on a full-size, generated training mix.
 
 Writes release files in the four real formats with enough questions for the paper mix (6,000
 QAMPARI + 2,000 Mintaka + 2,000 WebQSP + 2,000 QUEST, plus drops and test splits), then times, in

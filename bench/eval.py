@@ -1,4 +1,4 @@
-"""Benchmark of agent inference for evaluation (issue #7 point 7). Prints ratios measured side by
+"""Benchmark of agent inference for evaluation. Prints ratios measured side by
 side in one run:
 
 1. Loop overhead per turn, generation excluded: the loop driven by an instant scripted engine
@@ -158,7 +158,7 @@ def bench_throughput(model_dir: Path, n: int, threads: int) -> None:
         search_cm = lambda: contextlib.nullcontext(InstantSearch())  # noqa: E731
     else:
         items, search_cm, label = found
-    settings = AgentSettings(max_turns=3, max_new_tokens=48, max_context_tokens=4096)  # config/demo.yaml
+    settings = AgentSettings(max_turns=3, max_turn_tokens=48, max_context_tokens=4096)  # config/demo.yaml
     configs = [(8, threads), (1, threads), (8, threads + 1)]  # (batch size, torch threads)
     engines = {
         c: Timed(TransformersEngine(model_dir, device="cpu", batch_size=c[0], threads=c[1])) for c in configs
@@ -221,7 +221,7 @@ def bench_gpu(model_dir: Path | None, tiny_dir: Path, n: int, tmp: Path) -> None
     from spader.agent.engines import SglangEngine
 
     model_dir = model_dir or gpu_sized_random_qwen3(tiny_dir, tmp / "qwen3_gpu")
-    settings = AgentSettings(max_turns=3, max_new_tokens=256, max_context_tokens=8192)
+    settings = AgentSettings(max_turns=3, max_turn_tokens=256, max_context_tokens=8192)
     rates = {}
     for name in ("sglang", "transformers"):
         eng = (

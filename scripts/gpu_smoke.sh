@@ -7,6 +7,7 @@
 # sglang, the SPADER plug-in, the retrieval service and checkpointing work together.
 #
 #   scripts/gpu_smoke.sh [OUT_DIR]        (default OUT_DIR: results/gpu_smoke)
+#   scripts/gpu_smoke.sh --dry-run [OUT_DIR]   print the composed verl command, on any machine
 #
 # Steps (spader.training.smoke): build the inputs with the workflow's CPU rules (demo data in
 # verl's parquet format, the demo corpus's BM25 index, the tiny policy and reranker), then run the
@@ -21,4 +22,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "--dry-run" ]]; then
+  exec "${PYTHON:-python}" -m spader.training.smoke --dry-run --out "${2:-results/gpu_smoke}"
+fi
 "${PYTHON:-python}" -m spader.training.smoke --prepare --cores "${CORES:-4}" --out "${1:-results/gpu_smoke}"

@@ -20,8 +20,11 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 def run_snakemake(
     *args: str, cwd: Path = REPO, check: bool = True, timeout: float = 900
 ) -> subprocess.CompletedProcess:
-    """Run the project's snakemake; XDG_CACHE_HOME is kept inside the work dir."""
+    """Run the project's snakemake; XDG_CACHE_HOME is kept inside the work dir. In a copy of the
+    repository, the copy's own package is imported (jobs run it and code fingerprints hash it)."""
     env = dict(os.environ, XDG_CACHE_HOME=str(Path(cwd) / ".cache"))
+    if Path(cwd).resolve() != REPO.resolve() and (Path(cwd) / "src" / "spader").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(cwd) / "src"), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -120,3 +123,34 @@ class Smk:
 @pytest.fixture(scope="session")
 def smk() -> Smk:
     return Smk()
+
+
+# Tiny random models (spader.models.tiny), built once per test session and shared by every test
+# directory: their outputs are meaningless by design (no weights can be downloaded here).
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Qwen3 with its chat template."""
+    from spader.models.tiny import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tiny_model) -> Path:
+    return tiny_model
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model):
+    """The tiny Qwen3's tokenizer, loaded as the engines load it."""
+    from spader.agent.engines import load_tokenizer
+
+    return load_tokenizer(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker(tmp_path_factory) -> Path:
+    """A tiny random cross-encoder of bge-reranker-v2-m3's architecture."""
+    from spader.models.tiny import build_tiny_reranker
+
+    return build_tiny_reranker(tmp_path_factory.mktemp("tiny") / "reranker")

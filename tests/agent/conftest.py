@@ -10,12 +10,10 @@ The tokenizer and its chat template are the real tiny Qwen3's.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from spader.agent.engines import Generation
-from spader.models.tiny import build_tiny_qwen3
 
 PASSAGES = [
     {
@@ -87,18 +85,6 @@ class ScriptedEngine:
 
     def close(self):
         pass
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3_dir(tmp_path_factory) -> Path:
-    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3")
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_qwen3_dir):
-    from spader.agent.engines import load_tokenizer
-
-    return load_tokenizer(tiny_qwen3_dir)
 
 
 @pytest.fixture

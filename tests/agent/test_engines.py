@@ -102,7 +102,9 @@ def test_sglang_is_never_imported_and_its_absence_is_a_clear_error(tiny_qwen3_di
 @pytest.mark.parametrize("method", ["react", "rag"])
 def test_the_loop_runs_the_tiny_model_end_to_end(engine, fake_search, method):
     questions = [Question(f"q{i}", q, [["Tam"], ["Oure"]]) for i, q in enumerate(QUESTIONS)]
-    settings = AgentSettings(max_turns=3, max_new_tokens=24, max_context_tokens=4096, temperature=1.0, seed=1)
+    settings = AgentSettings(
+        max_turns=3, max_turn_tokens=24, max_context_tokens=4096, temperature=1.0, seed=1
+    )
     eps = run_episodes(questions, engine, fake_search, settings, method=method, progress=False)
     recs = [episode_record(ep, "demo") for ep in eps]
     assert [r["id"] for r in recs] == ["q0", "q1", "q2"]

@@ -1,5 +1,5 @@
 """The agent loop on scripted turns (ScriptedEngine and FakeSearch are fakes, see conftest.py):
-protocol, budgets, discovery per turn and every hostile output of issue #7 point 6."""
+protocol, budgets, discovery per turn and every hostile output a model can produce."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ FILMS_GOLD = [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"], ["Glass Har
 LAKE = "Which rivers flow into Lake Morrow?"
 LAKE_GOLD = [["Tam", "River Tam"], ["Oure"]]
 
-SETTINGS = AgentSettings(max_turns=4, max_new_tokens=64, max_context_tokens=100_000, max_queries_per_call=10)
+SETTINGS = AgentSettings(max_turns=4, max_turn_tokens=64, max_context_tokens=100_000, max_queries_per_call=10)
 
 
 def run(scripted, search, scripts, gold=None, settings=SETTINGS, method="react"):
@@ -133,7 +133,7 @@ def test_ten_thousand_item_answer_is_scored(scripted, fake_search):
 
 
 def test_endless_search_loop_is_stopped_by_the_turn_budget(scripted, fake_search):
-    settings = AgentSettings(max_turns=3, max_new_tokens=64, max_context_tokens=100_000)
+    settings = AgentSettings(max_turns=3, max_turn_tokens=64, max_context_tokens=100_000)
     (ep,), (rec,) = run(
         scripted, fake_search, {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>'] * 50}, settings=settings
     )
@@ -156,7 +156,7 @@ def test_context_budget_ends_the_episode(scripted, fake_search, tokenizer):
     from spader.core.prompt import build_messages
 
     first = len(render_prompt(tokenizer, build_messages(FILMS)))
-    settings = AgentSettings(max_turns=4, max_new_tokens=64, max_context_tokens=first + 40)
+    settings = AgentSettings(max_turns=4, max_turn_tokens=64, max_context_tokens=first + 40)
     scripts = {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>']}
     (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
     assert ep.steps[0].prompt_tokens == first
@@ -202,10 +202,118 @@ def test_a_generation_failure_is_kept_as_zero_and_the_others_continue(scripted, 
     assert lake["f1"] == 1.0
 
 
-def test_settings_come_from_the_evaluation_config_and_are_checked():
+def test_settings_come_from_the_agent_and_evaluation_config_and_are_checked():
     s = AgentSettings.from_config(
-        {"engine": "transformers", "max_turns": 3, "stop": ["</answer>"], "gpus": 0}
+        {"engine": "transformers", "max_context_tokens": 900, "temperature": 0.5, "gpus": 0},
+        {"max_turns": 3, "max_turn_tokens": 40, "stop": ["</answer>"], "prompt_template": None},
     )
-    assert s.max_turns == 3 and s.stop == ("</answer>",) and s.sampling.stop == ("</answer>",)
-    with pytest.raises(ValueError, match="evaluation.max_turns"):
+    assert (s.max_turns, s.max_turn_tokens, s.max_context_tokens, s.temperature) == (3, 40, 900, 0.5)
+    assert s.stop == ("</answer>",) and s.sampling.stop == ("</answer>",)
+    # turn settings are the agent block's only: an evaluation key of the same name is not read
+    assert AgentSettings.from_config({"max_turns": 7}, {}).max_turns == 16
+    with pytest.raises(ValueError, match="agent.max_turns"):
         AgentSettings(max_turns=0)
+    with pytest.raises(ValueError, match="evaluation.max_context_tokens"):
+        AgentSettings(max_context_tokens=0)
+
+
+class RejectingSearch:
+    """Fake retrieval (see conftest.py) that answers like the real client does when the service
+    rejects a request (HTTP 4xx): any request holding ``bad`` fails, the others are served."""
+
+    class Rejected(RuntimeError):
+        status = 422
+
+    def __init__(self, bad: str, inner):
+        self.bad, self.inner, self.calls = bad, inner, []
+
+    def __call__(self, queries):
+        self.calls.append(list(queries))
+        if self.bad in queries:
+            raise self.Rejected(f"query {self.bad!r} rejected")
+        return self.inner(queries)
+
+
+def test_text_after_the_first_closing_tag_is_not_part_of_the_turn(scripted, fake_search):
+    """A server that keeps generating after </tool_call>: the turn still ends there, as in training."""
+    scripts = {
+        FILMS: ['<tool_call>["Ilse Varga"]</tool_call><answer>["Invented"]</answer>', "<answer>[]</answer>"]
+    }
+    (ep,), (rec,) = run(scripted, fake_search, scripts)
+    assert ep.steps[0].kind == "search" and ep.steps[0].text == '<tool_call>["Ilse Varga"]</tool_call>'
+    assert fake_search.calls == [["Ilse Varga"]] and ep.status == "answered" and rec["predictions"] == []
+    assert next(m["content"] for m in ep.messages if m["role"] == "assistant").endswith("</tool_call>")
+
+
+def test_unusable_queries_are_that_episodes_error_observation(scripted, fake_search):
+    scripts = {
+        FILMS: ['<tool_call>["\\ud800 films"]</tool_call>', '<answer>["Winter Quay"]</answer>'],
+        LAKE: ["<tool_call>[" + "[" * 3000 + "]" * 3000 + "]</tool_call>", '<answer>["Tam"]</answer>'],
+    }
+    (films, lake), records = run(scripted, fake_search, scripts)
+    assert fake_search.calls == []  # nothing unusable reached the service
+    for ep in (films, lake):
+        assert "JSON list of query strings" in ep.steps[0].tool_error
+        assert ep.messages[2]["content"].startswith("Error:") and ep.status == "answered"
+    assert [r["f1"] for r in records] == [pytest.approx(0.5), pytest.approx(2 / 3)]
+    json.dumps(records)
+
+
+def test_a_rejected_search_costs_only_its_episode(scripted, fake_search):
+    search = RejectingSearch("poison", fake_search)
+    scripts = {
+        FILMS: ['<tool_call>["poison"]</tool_call>', '<answer>["Winter Quay"]</answer>'],
+        LAKE: ['<tool_call>["Lake Morrow"]</tool_call>', '<answer>["Tam", "Oure"]</answer>'],
+    }
+    (films, lake), (_rf, rl) = run(scripted, search, scripts)
+    assert search.calls == [["poison", "Lake Morrow"], ["poison"], ["Lake Morrow"]]
+    assert "rejected the queries" in films.steps[0].tool_error and films.status == "answered"
+    assert lake.steps[0].hits == [0, 1] and rl["f1"] == 1.0
+
+
+def test_a_search_service_that_stays_down_stops_the_run(scripted):
+    def dead(queries):
+        raise ConnectionError("retrieval service unreachable after retries")
+
+    with pytest.raises(ConnectionError):
+        run(scripted, dead, {FILMS: ['<tool_call>["x"]</tool_call>', "<answer>[]</answer>"]})
+
+
+def test_any_failure_of_one_episode_is_recorded_and_scored_zero(scripted, fake_search, monkeypatch):
+    import spader.agent.loop as loop
+
+    real = loop._record_passages
+
+    def flaky(ep, step, queries, passages, settings):
+        if ep.question.question == FILMS:
+            raise KeyError("corrupt passage")
+        return real(ep, step, queries, passages, settings)
+
+    monkeypatch.setattr(loop, "_record_passages", flaky)
+    scripts = {
+        FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>'],
+        LAKE: ['<tool_call>["Lake Morrow"]</tool_call>', '<answer>["Tam", "Oure"]</answer>'],
+    }
+    (films, _lake), (rf, rl) = run(scripted, fake_search, scripts)
+    assert films.status == "episode_error" and "recording search results: KeyError" in films.error
+    assert (rf["f1"], rf["status"]) == (0.0, "episode_error") and rl["f1"] == 1.0
+    from spader.evaluation.records import summarize
+
+    assert summarize([rf, rl])["failed"] == 1
+
+
+def test_an_engine_that_raises_fails_its_episodes_not_the_run(tokenizer, fake_search):
+    class Broken:
+        name, tokenizer_ = "broken", None
+
+        def __init__(self, tok):
+            self.tokenizer = tok
+
+        def generate(self, prompts, max_new_tokens, sampling):
+            raise RuntimeError("engine crashed")
+
+    questions = [Question("q0", FILMS, FILMS_GOLD), Question("q1", LAKE, LAKE_GOLD)]
+    episodes = run_episodes(questions, Broken(tokenizer), fake_search, SETTINGS, progress=False)
+    assert [(e.status, e.error) for e in episodes] == [
+        ("generation_error", "RuntimeError: engine crashed")
+    ] * 2

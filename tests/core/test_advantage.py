@@ -1,4 +1,4 @@
-"""Step-wise peer advantage: method.md's worked example, token mapping, properties, loop reference."""
+"""Step-wise peer advantage: docs/method.md's worked example, token mapping, properties, loop reference."""
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ from spader.core.advantage import (
     trajectory_peer_advantage,
 )
 
-# method.md, "Worked example (gamma 0.9, one group of 3)"
+# docs/method.md, "Worked example (gamma 0.9, one group of 3)"
 REWARDS = torch.tensor([[0.5, 0.2, 0.6], [0.1, 0.4, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
 MASK = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.float64)
 GROUP = torch.tensor([3, 3, 3])
@@ -228,3 +228,25 @@ def test_vectorised_equals_the_loop_reference(seed, trajectory_level):
         rewards.tolist(), mask.tolist(), groups.tolist(), gamma=gamma, trajectory_level=trajectory_level
     )
     assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-9)
+
+
+def test_inside_sqrt_epsilon_is_the_authors_spread():
+    """Option ``inside_sqrt``: (G - mu) / sqrt(var + eps) (sigma floored at sqrt(eps) = 1e-3)."""
+    returns = discounted_returns(REWARDS, MASK, 0.9)
+    mu = (returns * MASK).mean(dim=0)
+    var = ((returns * MASK - mu) ** 2).mean(dim=0)
+    expected = (returns - mu) / torch.sqrt(var + 1e-6) * MASK
+    got = step_peer_advantage(REWARDS, MASK, GROUP, gamma=0.9, eps_placement="inside_sqrt")
+    assert torch.allclose(got, expected, atol=1e-12)
+    # the default (paper) differs from it, and a spread far below 1e-3 shows the floor
+    assert not torch.allclose(got, step_peer_advantage(REWARDS, MASK, GROUP, gamma=0.9), rtol=0, atol=1e-9)
+    tiny = torch.tensor([1e-5, 0.0], dtype=torch.float64)
+    pair = torch.tensor([0, 0])
+    assert standardize_in_groups(tiny, pair, eps_placement="inside_sqrt")[0].item() == pytest.approx(
+        5e-6 / (25e-12 + 1e-6) ** 0.5
+    )
+    assert standardize_in_groups(tiny, pair)[0].item() == pytest.approx(5e-6 / (5e-6 + 1e-6))
+    traj = trajectory_peer_advantage(REWARDS, MASK, GROUP, eps_placement="inside_sqrt")
+    assert traj.shape == REWARDS.shape
+    with pytest.raises(ValueError, match="eps_placement must be one of"):
+        standardize_in_groups(tiny, pair, eps_placement="both")

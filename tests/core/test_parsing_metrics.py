@@ -2,11 +2,12 @@
 
 import subprocess
 import sys
+import time
 
 import pytest
 
 from spader.core.metrics import macro_average, prf
-from spader.core.parsing import parse_answer, parse_tool_call, parse_turn
+from spader.core.parsing import final_answer, parse_answer, parse_tool_call, parse_turn
 
 
 @pytest.mark.parametrize(
@@ -46,10 +47,74 @@ def test_parse_tool_call_table(text, queries, error):
 
 def test_parse_turn_kinds():
     assert parse_turn('<think>a</think><tool_call>["q"]</tool_call>').kind == "search"
-    # an answer ends the episode even next to a tool call
-    assert parse_turn('<tool_call>["q"]</tool_call><answer>["A"]</answer>').kind == "answer"
+    assert parse_turn('<think>a</think><answer>["A"]</answer>').kind == "answer"
     assert parse_turn("<think>a</think> nothing").kind == "none"
+    assert parse_turn('<answer>["A"]').answer.reason == "unclosed_answer"  # cut by the token cap
     assert parse_tool_call("no call") is None
+
+
+@pytest.mark.parametrize(
+    "text, kind, queries, answers",
+    [
+        # the first closed action tag ends the turn: text after it never counts
+        ('<tool_call>["q"]</tool_call><answer>["A"]</answer>', "search", ["q"], None),
+        ('<tool_call>["q"]</tool_call> more <tool_call>["r"]</tool_call>', "search", ["q"], None),
+        ('<answer>["A"]</answer><tool_call>["q"]</tool_call>', "answer", None, ["A"]),
+        ('<answer>["A"]</answer> <answer>["B"]</answer>', "answer", None, ["A"]),
+        # an answer opened but a tool call closed first: the call ends the turn
+        ('<answer>["A" <tool_call>["q"]</tool_call>', "search", ["q"], None),
+        # a stray closing tag with no call ends the turn without one
+        ('<think>x</think></tool_call><answer>["A"]</answer>', "none", None, None),
+    ],
+)
+def test_the_first_closed_action_tag_ends_the_turn(text, kind, queries, answers):
+    turn = parse_turn(text)
+    assert turn.kind == kind
+    assert (turn.tool_call.queries if turn.tool_call else None) == queries
+    if answers is not None:
+        assert turn.answer.valid and turn.answer.answers == answers
+    assert text.startswith(turn.text) and turn.text.endswith(("</tool_call>", "</answer>"))
+
+
+def test_final_answer_of_a_turn_that_ends_with_a_call_is_invalid():
+    assert final_answer('<tool_call>["q"]</tool_call><answer>["A"]</answer>').valid is False
+    assert final_answer('<think>x</think><answer>["A"]</answer> trailing').answers == ["A"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '["\\ud800"]',  # a lone surrogate: no UTF-8 encoder downstream accepts it
+        '["ok", "\\udfff tail"]',
+        "[1" + "0" * 5000 + "]",  # beyond Python's integer digit limit
+        "[" * 5000 + "]" * 5000,  # nesting deeper than the JSON decoder recurses
+        '[["nested"]]',
+        "[1e999]",
+    ],
+)
+def test_unusable_queries_are_a_call_error_never_an_exception(content):
+    call = parse_tool_call(f"<tool_call>{content}</tool_call>")
+    assert call is not None and call.queries == [] and "JSON list of query strings" in call.error
+    answer = parse_answer(f"<answer>{content}</answer>")
+    assert (answer.valid, answer.reason) == (False, "answer_not_json_list")
+
+
+@pytest.mark.timeout(60)
+def test_parser_is_linear_on_adversarial_tag_soup():
+    """1,000,000 characters of unclosed calls and unbalanced/nested think tags; the quadratic
+    regex took 12 s for 16,000 repeats. The guard is generous (a linear scan takes milliseconds)."""
+    soups = [
+        "<tool_call>" * (1_000_000 // 11),
+        "<think>" * 70_000 + "</think>" * 30_000 + "<answer>[" * 20_000,
+        ('<tool_call>["a"' + "<think>") * 45_000 + "</tool_call" * 10_000,
+    ]
+    for soup in soups:
+        start = time.perf_counter()
+        turn = parse_turn(soup)
+        final_answer(soup)
+        parse_tool_call(soup)
+        assert time.perf_counter() - start < 2.0, len(soup)
+        assert turn.kind in ("none", "answer") and not (turn.answer and turn.answer.valid)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Diversity-aware rewards: hand-computed tables (method.md, "Rewards")."""
+"""Diversity-aware rewards: hand-computed tables (docs/method.md, "Rewards")."""
 
 import math
 
@@ -91,7 +91,7 @@ def test_cost_scale_multiplies_the_tool_cost():
     [(1, 0.0), (100, 0.0), (101, 0.01), (150, 0.5), (200, 1.0), (375, 1.0)],
 )
 def test_cost_warmup_schedule_of_the_authors_code(step, expected):
-    # 100 free steps, then a 100-step linear ramp (method.md, "Known divergences")
+    # 100 free steps, then a 100-step linear ramp (docs/method.md, "Known divergences")
     assert cost_warmup_scale(step, free_steps=100, ramp_steps=100) == pytest.approx(expected)
 
 
@@ -157,3 +157,19 @@ def test_passage_hits_matches_titles_and_texts_separately():
     assert passage_hits(shown, entities) == {0, 1, 3}
     assert passage_hits([[]], entities) == set()
     assert passage_hits(shown, []) == set()
+
+
+def test_gold_count_is_one_number_for_rewards_and_f1():
+    from spader.core.metrics import gold_count, prf, unique_gold
+
+    # a duplicate alias set (another spelling) and an entity that normalizes to nothing
+    gold = [["The Salt Orchard", "Salt Orchard"], ["salt orchard", "SALT ORCHARD!"], ["?!"], ["Winter Quay"]]
+    assert unique_gold(gold) == [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"]]
+    assert gold_count(gold) == 2
+    # recall divides by the same |E_GT|: one of two entities found
+    assert prf(["Winter Quay"], gold)[1] == pytest.approx(1 / gold_count(gold))
+    # and a step that finds one of them earns (alpha + beta) / |E_GT|, as F1 counts it
+    hits = find_hits(["Winter Quay is a film."], unique_gold(gold))
+    assert hits == {1}
+    rewards = search_step_rewards([[hits]], [[0]], gold_count(gold), alpha=1.0, beta=0.0, cost=0.0)
+    assert rewards == [[0.5]]

@@ -63,7 +63,7 @@ GOOD = json.dumps(GOOD_QAMPARI)
         (
             _jsonl(json.dumps({**GOOD_QAMPARI, "answer_list": ["Winter Quay"]})),
             1,
-            "answer_list[0] must be an object",
+            "'answer_list[0]' must be an object",
         ),
     ],
 )
@@ -83,7 +83,7 @@ def test_quest_missing_docs(tmp_path):
     with pytest.raises(DataFormatError, match=r"test.jsonl, line 1: missing required field 'docs'"):
         normalize_release("quest", "test", path)
     path.write_text(json.dumps({"query": "b", "docs": [1, 2]}) + "\n")
-    with pytest.raises(DataFormatError, match=r"line 1: field 'docs' must hold strings"):
+    with pytest.raises(DataFormatError, match=r"line 1: field 'docs\[0\]' must be a string"):
         normalize_release("quest", "test", path)
 
 
@@ -113,7 +113,7 @@ def _mintaka_text(records) -> str:
         (
             lambda: _mintaka_text([{**GOOD_MINTAKA, "answer": {"answer": None}}]),
             2,
-            "missing required field 'answerType'",
+            "missing required field 'answer.answerType'",
         ),
         (lambda: _mintaka_text([GOOD_MINTAKA, "just a string"]), 14, "expected a JSON object"),
         (lambda: _mintaka_text([GOOD_MINTAKA]) + "\n]", 15, "unexpected content after the end"),

@@ -1,4 +1,4 @@
-"""build_entities (data.md 7.3) and the QUEST title rule (4.3), case by case."""
+"""build_entities (docs/data.md 7.3) and the QUEST title rule (4.3), case by case."""
 
 from __future__ import annotations
 

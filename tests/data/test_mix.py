@@ -1,4 +1,4 @@
-"""The training mix (data.md 7.4): the seeded recipe, de-duplication, eval-overlap removal, answer
+"""The training mix (docs/data.md 7.4): the seeded recipe, de-duplication, eval-overlap removal, answer
 count filters, the validation split, and the errors that name the dataset."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def pool_of(dataset: str, n: int, start: int = 0, **kw):
 def reference_sample(
     records: list[dict], eval_questions: list[str], k: int, seed: int, min_answers: int = 1
 ) -> list[str]:
-    """data.md 7.4 written out in plain Python, independently of the polars implementation."""
+    """docs/data.md 7.4 written out in plain Python, independently of the polars implementation."""
     evals = {normalize(q) for q in eval_questions}
     pool, seen_ids, seen_q = [], set(), set()
     for r in sorted(records, key=lambda r: r["id"]):

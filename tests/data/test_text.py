@@ -1,4 +1,4 @@
-"""norm_v1 (data.md 7.2): every example of the spec, each step on its own, and clean_text."""
+"""norm_v1 (docs/data.md 7.2): every example of the spec, each step on its own, and clean_text."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_spec_examples(raw, expected):
 
 
 def test_jay_z_is_not_jay_z():
-    # data.md: hyphens join tokens, so these two stay different answers.
+    # docs/data.md: hyphens join tokens, so these two stay different answers.
     assert normalize("Jay-Z") == "jayz"
     assert normalize("Jay Z") == "jay z"
     assert normalize("Jay-Z") != normalize("Jay Z")
@@ -73,7 +73,7 @@ def test_output_is_nfc():
 
 
 def reference_norm_v1(s):
-    """data.md 7.2 transcribed step by step, one character at a time (slow and obvious)."""
+    """docs/data.md 7.2 transcribed step by step, one character at a time (slow and obvious)."""
     text = "" if s is None else str(s)
     text = unicodedata.normalize("NFKC", text)
     text = text.lower()

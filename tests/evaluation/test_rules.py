@@ -41,6 +41,9 @@ def workdir(tmp_path: Path, overlay: dict) -> Path:
     work = tmp_path / "work"
     work.mkdir()
     (work / "config").symlink_to(REPO / "config")
+    # the evaluation rules are tested on the tiny model as built (the warm start: tests/models/);
+    # set in the caller's overlay, which some tests write again with a change
+    overlay.setdefault("backbones", {}).setdefault("demo", {}).setdefault("warmstart", None)
     (work / "test.yaml").write_text(json.dumps({"mlflow": {"enabled": False}, **overlay}))
     return work
 
@@ -74,7 +77,8 @@ def write_evaluation(work: Path, method: str, dataset: str, f1s: list[float]) ->
 
 
 def test_aggregate_results_tables_rerun_and_report(tmp_path):
-    work = workdir(tmp_path, {})
+    # the prompting baselines only: the tables must say that no variant was trained
+    work = workdir(tmp_path, {"backbones": {"demo": {"variants": []}}})
     for m in ("rag", "react"):
         for j, d in enumerate(DATASETS):
             write_evaluation(work, m, d, [0.1 * (j + 1), 0.0] if m == "rag" else [0.5, 0.5])
@@ -92,7 +96,7 @@ def test_aggregate_results_tables_rerun_and_report(tmp_path):
     ):
         table = pl.read_csv(res / f"{name}.tsv", separator="\t")
         assert table["method"].to_list() == rows and set(table["status"]) == {"not run for this backbone"}
-        assert table["avg"].null_count() == 4  # the demo trains nothing: no number is made up
+        assert table["avg"].null_count() == 4  # nothing trained here: no number is made up
     eff = pl.read_csv(res / "efficiency.tsv", separator="\t")
     assert set(zip(eff["method"], eff["dataset"], strict=True)) == {
         (m, d) for m in ("rag", "react") for d in [*DATASETS, "all"]
@@ -105,6 +109,8 @@ def test_aggregate_results_tables_rerun_and_report(tmp_path):
     }
     for png in ("efficiency.png", "temporal.png"):
         assert (res / png).read_bytes()[:4] == b"\x89PNG"
+    runs = pl.read_csv(res / "runs.tsv", separator="\t")
+    assert runs.columns == ["method", "training_run", "shared_with"]
 
     assert scheduled(work, "results/demo/f1.tsv", allowed=allowed) == []  # unchanged: nothing reruns
     write_evaluation(work, "react", "quest", [0.25, 0.5])  # a re-evaluation changed one input
@@ -142,7 +148,9 @@ def test_evaluate_policy_with_the_real_service_and_no_rerun_when_unchanged(tmp_p
     overlay = {
         "corpus": {"archive": str(DEMO_DUMP)},
         "retrieval": {"reranker": {"model": None}},
-        "evaluation": {"max_turns": 2, "max_new_tokens": 16, "batch_size": 4},
+        "variants": {"r3rag": {"judge": "llm"}},  # the demo's R3-RAG judge is the (absent) reranker
+        "agent": {"max_turns": 2, "max_turn_tokens": 16, "max_tool_response_chars": 11000},  # all 5 passages
+        "evaluation": {"batch_size": 4},
     }
     work = workdir(tmp_path, overlay)
     eval_dir = work / "results" / "demo" / "data" / "eval"
@@ -171,6 +179,13 @@ def test_evaluate_policy_with_the_real_service_and_no_rerun_when_unchanged(tmp_p
     assert react["n"] == 2 and 0.0 <= react["f1"] <= 1.0
 
     assert scheduled(work, *targets, allowed=allowed) == []  # unchanged model, set and settings
-    overlay["evaluation"]["max_turns"] = 3  # a setting that changes scores: both rerun
+    overlay["agent"]["max_turns"] = 3  # a setting that changes scores: both rerun
+    (work / "test.yaml").write_text(json.dumps({"mlflow": {"enabled": False}, **overlay}))
+    assert sorted(scheduled(work, *targets, allowed=allowed)) == ["evaluate_policy", "evaluate_policy"]
+    # so does another prompt template (its hash is the param); the file is read by the job
+    overlay["agent"]["max_turns"] = 2
+    template = work / "authors_prompt.txt"
+    template.write_text("Search, then answer as a JSON list.\nQuestion: {question}\n", encoding="utf-8")
+    overlay["agent"]["prompt_template"] = str(template)
     (work / "test.yaml").write_text(json.dumps({"mlflow": {"enabled": False}, **overlay}))
     assert sorted(scheduled(work, *targets, allowed=allowed)) == ["evaluate_policy", "evaluate_policy"]

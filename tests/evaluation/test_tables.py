@@ -196,3 +196,17 @@ def test_aggregate_refuses_stale_or_unpaired_files(tmp_path):
         aggregate_results([sm], [jl], outputs, methods=["rag"], variants={}, datasets=["qampari"])
     with pytest.raises(ValueError, match="not among the inputs"):
         aggregate_results([sm], [], outputs, methods=["rag"], variants={}, datasets=["qampari"])
+
+
+def test_training_runs_table_says_which_rows_share_a_run():
+    from spader.evaluation.aggregate import training_runs_table
+
+    shared = {"spader": "spader", "no_np": "no_np", "beta_0": "no_np", "beta_4": "spader", "grpo": "grpo"}
+    table = training_runs_table(["rag", "spader", "no_np", "beta_0", "beta_4", "grpo"], shared)
+    assert table.rows() == [
+        ("spader", "spader", "beta_4"),
+        ("no_np", "no_np", "beta_0"),
+        ("beta_0", "no_np", "no_np"),
+        ("beta_4", "spader", "spader"),
+        ("grpo", "grpo", ""),
+    ]

@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -45,6 +46,17 @@ def _dry_run_jobs(target: str) -> dict[str, list[dict]]:
     return jobs
 
 
+PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "profile.yaml").read_text())
+
+
+def test_profile_restates_no_resource_a_rule_gives():
+    """Threads, memory and runtime are stated once, in the rules; the profile sets threads only
+    for the GPU rules, whose rule value is the workstation's core count."""
+    assert set(PROFILE["set-threads"]) == {"train_policy", "evaluate_policy", "build_evidence"}
+    for rule, resources in PROFILE["set-resources"].items():
+        assert not {"mem_mb", "runtime", "cpus_per_task", "threads"} & set(resources), rule
+
+
 @pytest.fixture(scope="module")
 def paper_jobs():
     return _dry_run_jobs("results/qwen3_8b/f1.tsv")
@@ -67,18 +79,18 @@ def test_training_asks_for_one_node_with_its_gpus(paper_jobs, sbatch_line):
     for res in paper_jobs["train_policy"]:
         assert res["gpu"] == 8  # backbones.qwen3_8b.gpus, from the rule
         assert res["nodes"] == 1
-        assert res["cpus_per_task"] == 64
         assert res["tasks_per_gpu"] == 0
         assert res["mem_mb"] == 480000
         assert res["runtime"] == 2880
         assert "slurm_partition" not in res and "slurm_account" not in res  # set by users in the profile
-    line = sbatch_line(paper_jobs["train_policy"][0])
+    # --cpus-per-task follows the job's threads: the profile's set-threads for this GPU rule
+    line = sbatch_line(paper_jobs["train_policy"][0], threads=PROFILE["set-threads"]["train_policy"])
     assert " --gpus=8" in line
     assert " --nodes=1" in line
     assert " --cpus-per-task=64" in line
     assert " --mem 480000" in line
     assert " -t 2880" in line
-    # one task: the training command starts once (plugin issue #459)
+    # one task: the training command starts once (the plugin's issues/459 on GitHub)
     assert "--ntasks" not in line
 
 
@@ -90,8 +102,8 @@ def test_without_tasks_per_gpu_the_plugin_would_start_one_task_per_gpu(paper_job
 
 def test_indexing_asks_for_many_cpus(paper_jobs, sbatch_line):
     (res,) = paper_jobs["build_bm25_index"]
-    assert res["cpus_per_task"] == 16 and res["mem_mb"] == 64000 and "gpu" not in res
-    line = sbatch_line(res)
+    assert res["mem_mb"] == 32000 and "gpu" not in res  # the rule's, not restated by the profile
+    line = sbatch_line(res, threads=16)  # the rule's threads
     assert " --cpus-per-task=16" in line and " --ntasks=1" in line and "--gpus" not in line
 
 
@@ -102,8 +114,16 @@ def test_evaluation_asks_for_one_gpu_and_one_task(paper_jobs, sbatch_line):
     assert " --gpus=1" in line and "--ntasks" not in line
 
 
+def test_evidence_asks_for_one_gpu_and_one_task(paper_jobs, sbatch_line):
+    """StepSearch's evidence reranks every gold entity's search on one GPU (stepsearch.evidence.gpus)."""
+    (res,) = paper_jobs["build_evidence"]
+    assert res["gpu"] == 1 and res["tasks_per_gpu"] == 0
+    line = sbatch_line(res, threads=PROFILE["set-threads"]["build_evidence"])
+    assert " --gpus=1" in line and "--ntasks" not in line and " --cpus-per-task=16" in line
+
+
 def test_everything_else_is_small(paper_jobs, sbatch_line):
-    big = {"train_policy", "export_checkpoint", "build_bm25_index", "evaluate_policy"}
+    big = {"train_policy", "export_checkpoint", "build_bm25_index", "evaluate_policy", "build_evidence"}
     small = {rule: jobs for rule, jobs in paper_jobs.items() if rule not in big}
     assert {"download_dump", "normalize_dataset", "mix_training_set", "aggregate_results"} <= set(small)
     for rule, jobs in small.items():

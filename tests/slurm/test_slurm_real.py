@@ -6,11 +6,12 @@
   once; the request plugin 2.6.1 would make without the profile's tasks_per_gpu: 0 is refused.
 
 No slurmdbd runs here, so the plugin polls `squeue` (`--slurm-status-command squeue`; with the
-default `sacct` it would wait forever, shared/spec/slurm.md).
+default `sacct`, which needs accounting, it would wait forever).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -68,6 +69,11 @@ def _copy_workflow(dest: Path) -> Path:
 
 def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
     work = _copy_workflow(tmp_path / "repo")
+    # The executor's plumbing is what is tested here: the demo's prompting baselines only (its CPU
+    # training runs end to end in tests/workflow/test_demo.py).
+    (work / "baselines_only.yaml").write_text(
+        json.dumps({"backbones": {"demo": {"variants": [], "warmstart": None}}})
+    )
     # targets first: --configfile takes every following word as a config file
     rc, out = _snakemake(
         [
@@ -76,6 +82,7 @@ def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
             "slurm",
             "--configfile",
             "config/demo.yaml",
+            "baselines_only.yaml",
             *NO_ACCOUNTING,
             "--verbose",
         ],
@@ -99,8 +106,8 @@ def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
         assert any(f"--comment rule_{rule}" in c for c in calls), rule
     assert not any("--comment rule_download" in c for c in calls)
     index_call = next(c for c in calls if "--comment rule_build_bm25_index" in c)
-    assert "--cpus-per-task=16" in index_call and "--mem 64000" in index_call
-    assert not any("--gpus" in c for c in calls)  # the demo trains nothing and evaluates on CPU
+    assert "--cpus-per-task=16" in index_call and "--mem 32000" in index_call  # the rule's
+    assert not any("--gpus" in c for c in calls)  # the demo evaluates on the CPU
 
     # each job's MLflow run was recorded from inside its SLURM job
     db = work / "results" / "mlflow" / "mlflow.db"
@@ -128,10 +135,13 @@ def test_gpu_training_request_gets_one_task(slurm_cluster, tmp_path):
         line.split("=", 1) for line in (work / "results" / "allocation.txt").read_text().split("\n") if line
     )
     assert alloc["SLURM_NTASKS"] == "1"
-    assert alloc["SLURM_CPUS_PER_TASK"] == "64"
+    assert alloc["JOB_CPUS"] == "64"  # the allocation: one task of 64 CPUs
+    # set-threads: 64 (what verl's Ray gets), capped by Snakemake at the CPUs the node really has;
+    # the job step inside the allocation runs with that many CPUs per task
+    threads = min(64, os.cpu_count())
+    assert alloc["SLURM_CPUS_PER_TASK"] == str(threads)
     assert alloc["TRES_PER_JOB"] == "gres:gpu:8"
-    # set-threads: 64 (what verl's Ray gets), capped by Snakemake at the CPUs the node really has
-    assert int(alloc["SNAKEMAKE_THREADS"]) == min(64, os.cpu_count())
+    assert int(alloc["SNAKEMAKE_THREADS"]) == threads
     starts = (work / "results" / "starts.txt").read_text().splitlines()
     assert len(starts) == 1, starts
 

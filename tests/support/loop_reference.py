@@ -1,6 +1,6 @@
 """Slow, loop-based reference of the SPADER reward densification and SPA advantage.
 
-Written straight from method.md with plain Python loops over tokens and steps, independently of
+Written straight from docs/method.md with plain Python loops over tokens and steps, independently of
 the vectorised code in :mod:`spader.core.advantage` and :mod:`spader.core.densify`. The tests check that
 both agree on random batches, and ``bench/advantage.py`` times one against the other. Never used
 in training.

@@ -28,13 +28,6 @@ def paper_config() -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    from spader.models.tiny import build_tiny_qwen3
-
-    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3")
-
-
-@pytest.fixture(scope="session")
 def fsdp_actor(tmp_path_factory, tiny_model) -> Path:
     """``global_step_1/actor`` of a real 2-rank FSDP2 checkpoint of ``tiny_model``."""
     out = tmp_path_factory.mktemp("fsdp") / "global_step_1" / "actor"

@@ -141,7 +141,9 @@ def test_metrics_of_several_attempts(tmp_path):
     assert second.name == "attempt_002.jsonl"
     # resumed from the step-2 checkpoint: step 3 is trained again; verl logs validation separately
     second.write_text(
-        json.dumps({"step": 3, "data": {"loss": 30.0}})
+        json.dumps({"step": 2, "data": {"val-core/f1": 0.25}})  # validation before resuming
+        + "\n"
+        + json.dumps({"step": 3, "data": {"loss": 30.0}})
         + "\n"
         + json.dumps({"step": 4, "data": {"loss": 40.0}})
         + "\n"
@@ -150,6 +152,6 @@ def test_metrics_of_several_attempts(tmp_path):
     )
     steps = read_step_metrics(tmp_path)
     assert list(steps) == [1, 2, 3, 4]
-    assert steps[2] == {"loss": 2.0, "first": True}
+    assert steps[2] == {"loss": 2.0, "first": True, "val-core/f1": 0.25}  # joins the step's training metrics
     assert steps[3] == {"loss": 30.0}  # the later attempt replaces the step, stale keys do not survive
     assert steps[4] == {"loss": 40.0, "val-core/f1": 0.5}

@@ -16,6 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from spader.training.baselines import judge_params
 from spader.training.checkpoints import Checkpoint
 from spader.training.launch import (
     compose_config,
@@ -151,6 +152,9 @@ def _job(config: dict, variant: str, tmp_path: Path, model_dir: Path) -> TrainJo
         final_json=tmp_path / f"results/qwen3_8b/train/{variant}/final.json",
         threads=64,
         tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+        # what the step-level baselines add (tests/baselines): StepSearch's evidence, R3-RAG's judge
+        evidence=tmp_path / "results/paper/data/evidence/train.jsonl",
+        judge=judge_params(config["variants"][variant], config["judge"]),
     )
 
 
@@ -185,7 +189,7 @@ def test_composed_command_of_each_variant(variant, paper_config, tiny_model, tmp
         assert cfg.algorithm.gamma == training["gamma"]
     assert cfg.data.train_files == str(job.train_file) and cfg.data.val_files == str(job.val_file)
     assert cfg.actor_rollout_ref.model.path == str(tiny_model)
-    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8 - job.baseline.judge_gpus)
     assert list(cfg.trainer.logger) == ["console", "file", "mlflow"]
     assert cfg.trainer.default_local_dir == str(job.ckpt_dir)
     assert cfg.trainer.resume_mode == "disable"

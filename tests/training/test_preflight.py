@@ -69,7 +69,7 @@ def test_gpus_requested_vs_available(monkeypatch):
         match=r"8 GPU\(s\) requested \(config key 'backbones.qwen3_8b.gpus'\) but 2 available .*CUDA_VISIBLE_DEVICES=0,1",
     ):
         check_gpus(8, backbone="qwen3_8b", available=2)
-    with pytest.raises(PreflightError, match="'backbones.demo.gpus' is 0: verl trains only on GPUs"):
+    with pytest.raises(PreflightError, match="'backbones.demo.gpus' is 0: a GPU run needs at least 1"):
         check_gpus(0, backbone="demo", available=4)
     check_gpus(2, backbone="b", available=2)
     check_gpus(1, backbone="b", available=8)

@@ -2,9 +2,10 @@
 
 Stand-ins, each for something that cannot run here:
 
-* :class:`InMemoryTransferQueue` replaces TransferQueue's ``kv_batch_get``/``kv_batch_put``: the real
-  one needs a Ray cluster (its start-up hangs on this 2-core machine). Samples are stored and read
-  back as tensordicts with verl's own ``list_of_dict_to_tensordict``, as the agent loop writes them.
+* :class:`InMemoryTransferQueue` replaces TransferQueue's ``kv_batch_get``/``kv_batch_put`` so that
+  these unit tests run in one process; the real one needs a Ray cluster, and tests/cpu_training
+  runs it (with verl's whole trainer). Samples are stored and read back as tensordicts with verl's
+  own ``list_of_dict_to_tensordict``, as the agent loop writes them.
 * :class:`StubRetrievalService` is a stdlib HTTP server on 127.0.0.1 speaking the retrieval
   protocol (``POST /retrieve``, ``GET /health``) over a fixed passage table, instead of the
   BM25 + reranker service (a Lucene index and a JVM). The real ``RetrievalClient`` talks to it.
@@ -15,26 +16,9 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import torch
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    """A tiny random Qwen3 with its chat template (spader.models.tiny)."""
-    from spader.models.tiny import build_tiny_qwen3
-
-    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "qwen3")
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
 
 # ---------------------------------------------------------------------------------------------
 # TransferQueue stand-in

@@ -4,7 +4,7 @@ A synthetic batch shaped like verl's agent-loop output (``AgentLoopOutput.as_dic
 responses with assistant runs and tool spans, ``response_mask``, the scalar score on the last
 token, the uid and the extra fields our search tool writes) goes through the ``spader_sync``
 trainer mode's densification and verl's own ``_compute_advantage`` -> ``compute_advantage``
-dispatch -> the registered estimator. The expected token advantages are method.md's worked
+dispatch -> the registered estimator. The expected token advantages are docs/method.md's worked
 example. TransferQueue is the in-memory stand-in of conftest.py (the real one needs Ray).
 """
 
@@ -74,7 +74,7 @@ def read(queue, batch, field):
     return [r.tolist() for r in rows]
 
 
-# method.md worked example with alpha 1, beta 0, cost 0 and |E_GT| = 10:
+# docs/method.md worked example with alpha 1, beta 0, cost 0 and |E_GT| = 10:
 # A finds 5 new entities (0.5), then 2 new (0.2), answers F1 0.6; B finds 1 (0.1), answers 0.4; C answers 0.0
 A = rollout(
     [3, 2, 2, 2, 2],

@@ -48,7 +48,7 @@ def test_every_variant_composes_and_passes_verl_validation(name, tiny_model, com
     cfg = OmegaConf.merge(composed[name][1], OmegaConf.from_dotlist(launch_overrides(tiny_model)))
     validate(cfg)
     assert cfg.algorithm.adv_estimator == ESTIMATORS[spec["advantage"]]
-    assert cfg.trainer.v1.trainer_mode == ("spader_sync" if spec["reward"] == "step" else "sync")
+    assert cfg.trainer.v1.trainer_mode == ("sync" if spec["reward"] == "terminal" else "spader_sync")
     assert cfg.trainer.use_v1 is True
     if spec["advantage"] == "gae":
         assert OmegaConf.select(cfg, "critic.model.path", throw_on_resolution_failure=False) == str(
@@ -93,6 +93,7 @@ def test_method_overrides_set_the_divergence_options():
             "novelty": "exp_decay",
             "invalid_format_reward": 0.0,
             "cost_warmup": {"free_steps": 100, "ramp_steps": 100},
+            "epsilon": "inside_sqrt",
         },
     )
     cfg = compose("spader", method_overrides(spec, training))
@@ -103,6 +104,7 @@ def test_method_overrides_set_the_divergence_options():
         "cost": 0.01,
         "novelty": "exp_decay",
         "cost_warmup": {"free_steps": 100, "ramp_steps": 100},
+        "epsilon": "inside_sqrt",
     }
     assert cfg.reward.custom_reward_function.reward_kwargs.invalid_format_reward == 0.0
     # a step-reward variant over a YAML without the spader block still composes (++ adds the keys)
@@ -156,3 +158,139 @@ def test_validate_rejects_bad_settings(overrides, message, tiny_model):
     cfg = compose("spader", launch_overrides(tiny_model) + overrides)
     with pytest.raises(Exception, match=message):
         validate(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU path: what every model verl builds loads with, and the settings shared with evaluation
+# ---------------------------------------------------------------------------------------------
+
+AGENT = CONFIG["agent"]
+# Attention implementations torch itself provides (no extra package): what the `gpu` extra
+# installs without a flash-attn distribution.
+TORCH_ATTENTION = {"sdpa", "eager"}
+
+
+def _gpu_extra() -> list[str]:
+    import tomllib
+
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"]["gpu"]
+
+
+def test_composed_configs_load_every_model_with_what_the_gpu_extra_installs(composed):
+    from spader.integrations.verl.compose import gpu_path_settings
+
+    flash_installed = any(
+        r.replace("_", "-").startswith("flash-attn") and "flash-attn-4" not in r for r in _gpu_extra()
+    )
+    provided = TORCH_ATTENTION | ({"flash_attention_2"} if flash_installed else set())
+    for name, (_, cfg) in composed.items():
+        s = gpu_path_settings(cfg)
+        assert s["actor_rollout_ref.model.override_config.attn_implementation"] in provided, name
+        # packed micro-batches need flash-attention's varlen kernels; sdpa keeps padding + mask
+        assert s["actor_rollout_ref.model.use_remove_padding"] is False, name
+        # actor, reference (built from the actor's model config) and critic are FSDP2
+        assert s["actor_rollout_ref.actor.strategy"] == s["actor_rollout_ref.ref.strategy"] == "fsdp2", name
+        assert s["critic.strategy"] == "fsdp2", name
+        if s["critic.enable"]:
+            assert s["critic.model.override_config.attn_implementation"] in provided, name
+            assert s["critic.model.use_remove_padding"] is False, name
+        # sglang ends a turn at a stop string only with its tokenizer loaded
+        assert s["actor_rollout_ref.rollout.skip_tokenizer_init"] is False, name
+        assert s["trainer.max_actor_ckpt_to_keep"] == TRAINING["max_actor_ckpt_to_keep"] == 2
+        assert s["trainer.max_critic_ckpt_to_keep"] == TRAINING["max_critic_ckpt_to_keep"] == 2
+        # training.seed seeds the prompt order too (and the critic's mini-batches, the rollout)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        seeds = {
+            s["data.seed"],
+            resolved["critic"]["data_loader_seed"],
+            resolved["actor_rollout_ref"]["rollout"]["seed"],
+        }
+        assert seeds == {TRAINING["seed"]}, name
+
+
+def test_the_seed_override_moves_the_prompt_order_seed(tiny_model):
+    cfg = compose("spader", ["actor_rollout_ref.actor.data_loader_seed=7"])
+    assert OmegaConf.to_container(cfg, resolve=True)["data"]["seed"] == 7
+
+
+def test_agent_settings_reach_verl_and_equal_the_yaml_defaults():
+    from spader.integrations.verl.overrides import AGENT_DEFAULTS, AGENT_KEYS, agent_overrides
+
+    cfg = compose("grpo")
+    for key, verl_key in AGENT_KEYS.items():
+        assert OmegaConf.to_container(cfg, resolve=True) and OmegaConf.select(cfg, verl_key) is not None
+        value = OmegaConf.select(cfg, verl_key)
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        assert value == AGENT[key] == AGENT_DEFAULTS[key], key
+    assert set(AGENT) - {"max_queries_per_call", "prompt_template"} == set(AGENT_KEYS)
+    changed = dict(AGENT, max_turn_tokens=77, stop=["</answer>"], max_turns=3)
+    cfg = compose("spader", agent_overrides(changed))
+    assert cfg.spader_agent.max_turn_tokens == 77 and list(cfg.spader_agent.stop) == ["</answer>"]
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
+
+
+def test_identical_trainings_are_one_run():
+    from spader.integrations.verl.overrides import shared_training_runs
+
+    qwen = CONFIG["backbones"]["qwen3_8b"]["variants"]
+    runs = shared_training_runs(qwen, VARIANTS, TRAINING, REPO / "config" / "verl")
+    assert {v: r for v, r in runs.items() if v != r} == {"beta_0": "no_np", "beta_4": "spader"}
+    # a variant whose numbers differ trains on its own; the order of the backbone's list decides
+    variants = dict(VARIANTS, beta_4=dict(VARIANTS["beta_4"], beta=4.5))
+    assert shared_training_runs(qwen, variants, TRAINING, REPO / "config" / "verl")["beta_4"] == "beta_4"
+    assert shared_training_runs(["beta_4", "spader"], VARIANTS, TRAINING, REPO / "config" / "verl") == {
+        "beta_4": "beta_4",
+        "spader": "beta_4",
+    }
+
+
+def test_epsilon_option_reaches_the_estimator():
+    import torch
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    import spader.integrations.verl.plugin  # noqa: F401  (registration)
+
+    cfg = compose(
+        "spader", method_overrides(VARIANTS["spader"], dict(TRAINING, divergences={"epsilon": "inside_sqrt"}))
+    )
+    assert cfg.algorithm.spader.epsilon == "inside_sqrt"
+    # two trajectories whose returns differ by 1e-4: the floor sqrt(1e-6) of inside_sqrt shows
+    rewards = torch.tensor([[0.0, 1e-4], [0.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 1]])
+    fn = get_adv_estimator_fn("spader_spa")
+    inside, _ = fn(token_level_rewards=rewards, response_mask=mask, index=["u", "u"], config=cfg.algorithm)
+    outside, _ = fn(
+        token_level_rewards=rewards, response_mask=mask, index=["u", "u"], config=compose("spader").algorithm
+    )
+    half = 0.5e-4
+    assert inside[0, 1].item() == pytest.approx(half / (half**2 + 1e-6) ** 0.5, rel=1e-4)
+    assert outside[0, 1].item() == pytest.approx(half / (half + 1e-6), rel=1e-4)
+
+
+def test_the_critic_value_model_loads_with_the_configured_attention(tiny_model):
+    """verl 0.9.1's value-model loader hard-codes flash_attention_2; the plug-in makes it honour
+    critic.model.override_config (transformers has no flash-attn here, as on a `gpu` extra node)."""
+    import importlib.util
+
+    import verl.utils.model as verl_model
+    from transformers import AutoConfig
+
+    import spader.integrations.verl.plugin  # noqa: F401  (installs the adapter)
+    from spader.integrations.verl import attention
+
+    config = AutoConfig.from_pretrained(tiny_model, attn_implementation="sdpa")
+    config.num_labels = 1
+    model = verl_model.load_valuehead_model(
+        tiny_model, torch_dtype=None, model_config=config, trust_remote_code=False
+    )
+    assert (
+        type(model).__name__ == "Qwen3ForTokenClassification" and model.config._attn_implementation == "sdpa"
+    )
+    assert attention.install() is False  # installed once
+    if importlib.util.find_spec("flash_attn") is None:
+        original = verl_model.load_valuehead_model.keywords["_verl_loader"]
+        with pytest.raises(Exception) as failed:  # verl's own loader, as it runs without the adapter
+            original(tiny_model, None, config, False)
+        chain = f"{failed.value} {failed.value.__cause__!r}"
+        assert "flash" in chain.lower() or "FlashAttention" in chain, chain

@@ -93,7 +93,8 @@ def test_tool_caps_queries_and_sends_repeats_once(retrieval_service):
         _call(tool, {"queries": ["winter quay", "winter quay", " ", "harbour", "salt", "extra"]}, data)
     )
     assert retrieval_service.requests[-1]["queries"] == ["winter quay", "harbour"]
-    assert data.extra_fields[STEPS_KEY][0]["queries"] == 3  # the cap counts the queries run
+    # q_t counts every query issued, also the two beyond the cap that were not run
+    assert data.extra_fields[STEPS_KEY][0]["queries"] == 5
     assert data.extra_fields[STEPS_KEY][0]["hits"] == [1, 2]
 
 
@@ -132,8 +133,38 @@ def test_tool_error_observation_for_malformed_call_and_dead_service(retrieval_se
     response, _, metrics = asyncio.run(_call(tool, {"queries": ["salt"]}, data))
     assert response.text.startswith("Error: search service unavailable")
     assert [r["error"] is not None for r in data.extra_fields[STEPS_KEY]] == [True, True]
-    assert [r["queries"] for r in data.extra_fields[STEPS_KEY]] == [0, 0]
+    # a malformed call issues no query; a call the dead service could not serve issued one
+    assert [r["queries"] for r in data.extra_fields[STEPS_KEY]] == [0, 1]
     assert metrics["error"] is True
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"queries": ["\ud800 lone surrogate"]},
+        {"queries": [10**50]},
+        {"queries": [["nested"]]},
+        {"queries": "not a list"},
+    ],
+)
+def test_unusable_queries_are_an_error_observation_never_a_request(retrieval_service, parameters):
+    tool = _tool(retrieval_service.url)
+    data = _AgentData(turns=1)
+    response, _, metrics = asyncio.run(_call(tool, parameters, data))
+    assert response.text == "Error: the tool call must be a JSON list of query strings"
+    assert data.extra_fields[STEPS_KEY] == [
+        {"turn": 1, "queries": 0, "hits": [], "error": "the tool call must be a JSON list of query strings"}
+    ]
+    assert retrieval_service.requests == [] and metrics["error"] is True
+
+
+def test_entities_and_gold_count_are_deduplicated_as_f1_counts_them(retrieval_service):
+    tool = _tool(retrieval_service.url)
+    data = _AgentData(turns=1)
+    gold = [["Winter Quay"], ["winter quay!"], ["Harbour Lights"], ["?"]]
+    asyncio.run(_call(tool, {"queries": ["ilse varga film"]}, data, entities=gold))
+    assert data.extra_fields[N_GOLD_KEY] == 2  # |E_GT| as the F1 metric counts it
+    assert data.extra_fields[STEPS_KEY][0]["hits"] == [0, 1]  # indices into the distinct entities
 
 
 def test_tool_requires_entities_and_config(retrieval_service):
@@ -181,7 +212,9 @@ def test_write_tool_config_is_loaded_by_verl(tmp_path, retrieval_service):
             "<tool_call>not json</tool_call>",
             [{"queries": [], "error": "the tool call must be a JSON list of query strings"}],
         ),
-        ('<tool_call>["a"]</tool_call><answer>["A"]</answer>', []),  # an answer ends the episode
+        # the first closing tag ends the turn: what follows it is not part of the turn
+        ('<tool_call>["a"]</tool_call><answer>["A"]</answer>', [{"queries": ["a"]}]),
+        ('<answer>["A"]</answer><tool_call>["a"]</tool_call>', []),  # an answer ends the episode
         ("<think>only thinking</think>", []),
     ],
 )

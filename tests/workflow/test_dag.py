@@ -37,9 +37,10 @@ def test_paper_dag_lists_every_stage(smk, paper_config, backbone):
     variants, methods = set(spec["variants"]), set(spec["variants"]) | set(spec["baselines"])
     evals = {(j.wildcards["method"], j.wildcards["dataset"]) for j in jobs if j.rule == "evaluate_policy"}
     assert evals == {(m, d) for m in methods for d in DATASETS}
+    # identical trainings (spader/beta_4, no_np/beta_0) are one run, trained under the first name
     trained = {j.wildcards["variant"] for j in jobs if j.rule == "train_policy"}
-    assert trained == variants
-    assert {j.wildcards["variant"] for j in jobs if j.rule == "export_checkpoint"} == variants
+    assert trained == variants - {"beta_0", "beta_4"}
+    assert {j.wildcards["variant"] for j in jobs if j.rule == "export_checkpoint"} == trained
     assert rules["normalize_dataset"] == 8  # 4 datasets x (train, test)
     assert rules["aggregate_results"] == 1
 
@@ -51,6 +52,8 @@ def test_paper_dag_lists_every_stage(smk, paper_config, backbone):
             assert int(job.fields["threads"]) >= 1
         elif job.rule in {"evaluate_policy"}:
             assert int(job.resources["gpu"]) == paper_config["evaluation"]["gpus"]
+        elif job.rule == "build_evidence":  # StepSearch's evidence: the reranker on a GPU
+            assert int(job.resources["gpu"]) == paper_config["stepsearch"]["evidence"]["gpus"]
         else:
             assert "gpu" not in job.resources or job.resources["gpu"] == "0", job.rule
 
@@ -68,11 +71,13 @@ def test_paper_dag_variants(smk, paper_config):
         "beta_8",
         "grpo",
         "ppo",
+        "stepsearch",
+        "r3rag",
     }
     llama = set(paper_config["backbones"]["llama3_1_8b"]["variants"]) | set(
         paper_config["backbones"]["llama3_1_8b"]["baselines"]
     )
-    assert {"spader", "grpo", "ppo", "rag", "react"} <= llama
+    assert {"spader", "grpo", "ppo", "stepsearch", "r3rag", "rag", "react"} <= llama
 
 
 def test_default_target_builds_every_configured_backbone(smk, paper_config):
@@ -84,7 +89,6 @@ def test_default_target_builds_every_configured_backbone(smk, paper_config):
 def test_demo_dag_runs_only_cpu_stages(smk):
     jobs = smk.dry_run_jobs("--cores", "2", "--configfile", "config/demo.yaml")
     rules = set(j.rule for j in jobs)
-    assert "train_policy" not in rules
     assert {
         "download_dump",
         "build_bm25_index",
@@ -118,3 +122,24 @@ def test_lint_is_clean_apart_from_environments(smk):
     ]
     assert findings, "lint produced no output at all"
     assert all(f.startswith("* Specify a conda environment or container") for f in findings), findings
+
+
+def test_identical_trainings_are_trained_once_and_evaluated_under_every_name(smk, paper_config):
+    jobs = smk.dry_run_jobs("--cores", "all", "results/qwen3_8b/f1.tsv", "results/llama3_1_8b/f1.tsv")
+    train = [j for j in jobs if j.rule == "train_policy"]
+    variants = {b: set(spec["variants"]) for b, spec in paper_config["backbones"].items()}
+    # beta_0 trains as no_np and beta_4 as spader on Qwen3-8B; Llama-3.1-8B has no duplicate
+    assert len(train) == len(variants["qwen3_8b"]) - 2 + len(variants["llama3_1_8b"])
+    assert {(j.wildcards["backbone"], j.wildcards["variant"]) for j in train} >= {
+        ("qwen3_8b", "spader"),
+        ("qwen3_8b", "no_np"),
+        ("llama3_1_8b", "spader"),
+    }
+    assert not {("qwen3_8b", "beta_0"), ("qwen3_8b", "beta_4")} & {
+        (j.wildcards["backbone"], j.wildcards["variant"]) for j in train
+    }
+    # every variant keeps its evaluations (and so its table rows), on the shared checkpoint
+    evals = {(j.wildcards["backbone"], j.wildcards["method"]) for j in jobs if j.rule == "evaluate_policy"}
+    assert {("qwen3_8b", "beta_0"), ("qwen3_8b", "beta_4")} <= evals
+    beta_4 = next(j for j in jobs if j.rule == "evaluate_policy" and j.wildcards["method"] == "beta_4")
+    assert "results/qwen3_8b/models/spader" in beta_4.fields["input"]

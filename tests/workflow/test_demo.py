@@ -1,5 +1,5 @@
 """The CPU demo end to end, as the README runs it, in a fresh copy of the repository; then the
-rerun cases on the stages it ran (issue #2 point 7, issue #7 point 8).
+rerun cases on the stages it ran.
 
 One demo run (module fixture) is shared by the tests below, which then mutate that copy in order.
 """
@@ -55,7 +55,7 @@ def test_demo_writes_the_tables(demo):
     results = demo["work"] / "results" / "demo"
     with open(results / "f1.tsv", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    assert [r["method"] for r in rows] == ["rag", "react"]
+    assert [r["method"] for r in rows] == ["rag", "react", "spader", "grpo"]
     assert list(rows[0]) == ["method", *DATASETS, "avg"]
     for row in rows:
         values = [float(row[d]) for d in DATASETS]
@@ -94,6 +94,9 @@ def test_demo_logs_every_job_and_tracks_it(demo):
         "mix_training_set",
         "export_rl_dataset",
         "export_eval_set",
+        "warmstart_policy",
+        "train_policy",
+        "export_checkpoint",
         "evaluate_policy",
         "aggregate_results",
     } <= rules
@@ -108,6 +111,31 @@ def test_demo_logs_every_job_and_tracks_it(demo):
     assert all(r.info.status == "FINISHED" for r in jobs)
     assert all(r.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for r in jobs)
     assert len(jobs) == len(logs)
+
+
+def test_demo_leaves_the_checkout_clean(demo, smk):
+    """Everything the demo generates (downloads, their records, results, logs) is ignored: a
+    checkout of the copied files shows no change after the demo. Runs before the tests below,
+    which add files of their own."""
+    import subprocess
+
+    def git(*args: str, stdin: str | None = None) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=demo["work"], input=stdin, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=smk.repo, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    copied = [f for f in listed if (demo["work"] / f).is_file() or (demo["work"] / f).is_symlink()]
+    git("init", "-q")
+    # the test harness points XDG_CACHE_HOME into the copy (tests/conftest.py); the README's command does not
+    (demo["work"] / ".git" / "info" / "exclude").write_text(".cache/\n")
+    git("add", "--pathspec-from-file=-", stdin="\n".join(copied) + "\n")
+    git("commit", "-q", "-m", "checkout")
+    assert git("status", "--porcelain", "--untracked-files=all") == ""
 
 
 def test_second_run_does_nothing(demo, smk):
@@ -125,14 +153,24 @@ def _edit_first_question(path: Path, key: str) -> None:
 
 def test_changing_one_raw_dataset_file_reruns_its_normalization_and_the_mix(demo, smk):
     work = demo["work"]
-    _edit_first_question(work / "resources/demo/datasets/mintaka/mintaka_train.json", "question")
-    jobs = _scheduled(smk, work)
+    raw = work / "resources/demo/datasets/mintaka/mintaka_train.json"
+    original = raw.read_bytes()
+    _edit_first_question(raw, "question")
+    try:
+        jobs = _scheduled(smk, work)
+    finally:  # the original content back is no change at all (a real rerun would retrain everything)
+        raw.write_bytes(original)
     assert ("normalize_dataset", "dataset=mintaka,split=train,suite=demo") in jobs
-    assert {"mix_training_set", "export_rl_dataset"} <= _rules(jobs)
+    # the mix feeds the warm start and the training, so every policy is retrained and evaluated
+    assert {
+        "mix_training_set",
+        "export_rl_dataset",
+        "warmstart_policy",
+        "train_policy",
+        "evaluate_policy",
+    } <= _rules(jobs)
     assert not {j for j in jobs if j[0] == "normalize_dataset" and "mintaka" not in j[1]}
-    assert not {"build_bm25_index", "download_dump", "evaluate_policy"} & _rules(jobs)
-    # and it really reruns (cheap stages), after which nothing is left to do
-    smk.run(*_demo_args(smk), cwd=work)
+    assert not {"build_bm25_index", "download_dump", "export_eval_set"} & _rules(jobs)
     assert _scheduled(smk, work) == set()
 
 
@@ -141,12 +179,17 @@ def test_changing_an_eval_split_reruns_that_dataset_evaluations(demo, smk):
     raw = work / "resources/demo/datasets/quest/test.jsonl"
     original = raw.read_bytes()
     _edit_first_question(raw, "query")
-    jobs = _scheduled(smk, work)
-    evals = {j for j in jobs if j[0] == "evaluate_policy"}
-    assert evals and all("dataset=quest" in j[1] for j in evals)
-    assert "build_bm25_index" not in _rules(jobs)
-    # putting the original content back is no change at all (Snakemake compares checksums)
-    raw.write_bytes(original)
+    try:
+        jobs = _scheduled(smk, work)
+    finally:  # putting the original content back is no change at all (Snakemake compares checksums)
+        raw.write_bytes(original)
+    normalized = {j for j in jobs if j[0] == "normalize_dataset"}
+    assert normalized and all("dataset=quest" in j[1] for j in normalized)
+    # neither the training mix nor the warm start may hold an evaluation question, so both are
+    # redone, and so is everything after them
+    assert {"mix_training_set", "warmstart_policy", "train_policy", "evaluate_policy"} <= _rules(jobs)
+    assert len({j for j in jobs if j[0] == "evaluate_policy"}) == 16
+    assert not {"build_bm25_index", "download_dump"} & _rules(jobs)
     assert _scheduled(smk, work) == set()
 
 
@@ -158,13 +201,26 @@ def test_changing_the_corpus_reruns_index_and_downstream_not_datasets(demo, smk,
     overlay.write_text("corpus:\n  url: file:resources/demo/chunked_wikipedia_v2.tar.gz\n")
     jobs = _scheduled(smk, work, "--configfile", "config/demo.yaml", str(overlay))
     assert {"download_dump", "build_bm25_index", "evaluate_policy", "aggregate_results"} <= _rules(jobs)
-    assert len({j for j in jobs if j[0] == "evaluate_policy"}) == 8
+    assert len({j for j in jobs if j[0] == "evaluate_policy"}) == 16  # 4 methods x 4 datasets
     assert not {"normalize_dataset", "mix_training_set", "download_dataset"} & _rules(jobs)
 
 
 def test_evaluation_setting_reruns_only_evaluation(demo, smk, tmp_path):
     overlay = tmp_path / "eval.yaml"
-    overlay.write_text("evaluation:\n  max_turns: 2\n")
+    overlay.write_text("evaluation:\n  max_context_tokens: 2048\n")
     jobs = _scheduled(smk, demo["work"], "--configfile", "config/demo.yaml", str(overlay))
-    assert {"evaluate_policy", "aggregate_results"} <= _rules(jobs)
-    assert not {"normalize_dataset", "mix_training_set", "export_eval_set"} & _rules(jobs)
+    assert _rules(jobs) - {"all"} == {"evaluate_policy", "aggregate_results"}
+    assert len({j for j in jobs if j[0] == "evaluate_policy"}) == 16
+
+
+def test_reward_setting_reruns_only_that_variants_training(demo, smk, tmp_path):
+    overlay = tmp_path / "beta.yaml"
+    overlay.write_text("variants:\n  spader:\n    beta: 2.0\n")
+    jobs = _scheduled(smk, demo["work"], "--configfile", "config/demo.yaml", str(overlay))
+    assert {j for j in jobs if j[0] in ("train_policy", "export_checkpoint")} == {
+        ("train_policy", "backbone=demo,variant=spader"),
+        ("export_checkpoint", "backbone=demo,variant=spader"),
+    }
+    evals = {j for j in jobs if j[0] == "evaluate_policy"}
+    assert len(evals) == 4 and all("method=spader" in j[1] for j in evals)
+    assert "warmstart_policy" not in _rules(jobs)

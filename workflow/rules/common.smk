@@ -1,33 +1,85 @@
 import re
 from pathlib import Path
 
-import spader
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 from spader.infra.config import (
     BASELINES,
     DATASETS,
     check_config,
     hub_slug,
+    missing_sources,
     model_kind,
     verl_config_chain,
+    verl_config_dir,
 )
-from spader.core.prompt import PROMPT_VERSION
+from spader.core.prompt import load_template
+from spader.infra.glue import without_operational
+from spader.integrations.verl.overrides import shared_training_runs
+from spader.infra.stage_code import stage_fingerprints
+from spader.training.baselines import judge_params
+
+# The repository that holds this workflow. Files shipped with the workflow (default config, verl
+# YAMLs, schemas, report captions, bundled demo files) resolve against it; outputs against the
+# working directory (`snakemake -d DIR` or the current directory).
+REPO = Path(workflow.basedir).parent
+
+
+def workflow_file(path):
+    """A file shipped with the workflow, relative to the working directory when it lies inside it
+    (job inputs and params then do not change with where the repository is checked out), else
+    absolute (running with `-d` elsewhere)."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
 
 # ---------------------------------------------------------------------------------------------
 # Configuration: checked (keys named in every error) and completed with the schema's defaults
 # before any rule is defined.
 # ---------------------------------------------------------------------------------------------
+VERL_CONFIG_DIR = verl_config_dir(REPO)
 check_config(
-    config,
-    Path(workflow.basedir) / "schemas" / "config.schema.yaml",
-    verl_config_dir=Path(workflow.basedir).parent / "config" / "verl",
+    config, Path(workflow.basedir) / "schemas" / "config.schema.yaml", verl_config_dir=VERL_CONFIG_DIR
 )
 validate(config, "../schemas/config.schema.yaml")
+for _key, _hint in missing_sources(config):
+    logger.warning(f"config key '{_key}' is not set: {_hint} (jobs that need it will fail)")
 
 SUITE = config["suite"]
-VERSION = spader.__version__
 VARIANTS = list(config["variants"])
+
+# The prompt template (agent.prompt_template, or the project's default file) is read by the jobs,
+# not imported: its hash is the param that reruns data export (and so training) and evaluation.
+PROMPT = {
+    "path": config["agent"]["prompt_template"],
+    "version": load_template(config["agent"]["prompt_template"]).version,
+}
+
+# Variants whose resolved training config is identical (no_np and beta_0, spader and beta_4 in the
+# paper setup) share one training run per backbone: the first of them in the backbone's list.
+TRAINING_RUN = {
+    b: shared_training_runs(spec["variants"], config["variants"], config["training"], VERL_CONFIG_DIR)
+    for b, spec in config["backbones"].items()
+}
+
+# ---------------------------------------------------------------------------------------------
+# Code fingerprints: a param of every rule that computes something, so that editing the package
+# reruns exactly the stages whose scripts can execute the edited module (spader.infra.stage_code).
+# Downloads have none: their outputs are fixed by their source.
+# ---------------------------------------------------------------------------------------------
+CODE = stage_fingerprints(Path(workflow.basedir) / "scripts")
+
+
+def code_of(rule):
+    """Code fingerprint of `rule` (its script workflow/scripts/<rule>.py and the modules it runs)."""
+    try:
+        return CODE[rule]
+    except KeyError:
+        raise WorkflowError(f"no script workflow/scripts/{rule}.py to fingerprint") from None
 
 
 def _alternatives(names):
@@ -83,14 +135,71 @@ def model_dir(name):
     return name
 
 
-def get_backbone_model(wildcards):
+def hub_revision(repo):
+    """The pinned revision of hub repository `repo` (`org--name`), from the config entries that
+    name it (backbones and the reranker share one download per repository)."""
+    specs = [*config["backbones"].values(), config["retrieval"]["reranker"], config["judge"]]
+    revisions = {
+        s.get("revision")
+        for s in specs
+        if s.get("model") and model_kind(s["model"]) == "hub" and hub_slug(s["model"]) == repo
+    }
+    if len(revisions) > 1:
+        raise WorkflowError(
+            f"hub model {repo.replace('--', '/', 1)} is configured with revisions {revisions}"
+        )
+    return revisions.pop() if revisions else None
+
+
+def backbone_params(backbone):
+    """What training needs of `backbones.<backbone>` (not its method lists: adding a baseline
+    must not retrain)."""
+    return {k: v for k, v in config["backbones"][backbone].items() if k not in ("variants", "baselines")}
+
+
+def get_base_model(wildcards):
+    """The backbone's model as built (tiny) or released."""
     return model_dir(config["backbones"][wildcards.backbone]["model"])
+
+
+def get_backbone_model(wildcards):
+    """The policy the backbone's methods start from: its warm start (rule warmstart_policy) when
+    `backbones.<name>.warmstart` is set (tiny models only), else the model itself."""
+    if config["backbones"][wildcards.backbone].get("warmstart"):
+        return f"results/{wildcards.backbone}/warmstart/model"
+    return get_base_model(wildcards)
 
 
 def get_policy_model(wildcards):
     if wildcards.method in BASELINES:
         return get_backbone_model(wildcards)
-    return f"results/{wildcards.backbone}/models/{wildcards.method}"
+    return f"results/{wildcards.backbone}/models/{training_run(wildcards.backbone, wildcards.method)}"
+
+
+def training_run(backbone, variant):
+    """The variant whose training run `variant` evaluates (itself unless an identical one comes
+    first in the backbone's variants)."""
+    return TRAINING_RUN[backbone][variant]
+
+
+def table_variants():
+    """What the ablation and beta-sweep tables read of `variants`: every configured name (a row
+    that a backbone did not run says so) and the beta of the `beta_*` rows, nothing else, so that
+    editing a variant's training settings does not rerun the tables of backbones that skip it."""
+    return {
+        name: {"beta": spec["beta"]} if name.startswith("beta_") else {}
+        for name, spec in config["variants"].items()
+    }
+
+
+def shared_runs_of(backbone):
+    """`{variant: the variant whose training run it evaluates}` for the backbone's variants."""
+    return {v: training_run(backbone, v) for v in config["backbones"][backbone]["variants"]}
+
+
+def agent_params():
+    """The turn settings shared by training and evaluation (the template is a param of its own)."""
+    return {k: v for k, v in config["agent"].items() if k != "prompt_template"}
 
 
 def get_reranker(wildcards):
@@ -99,8 +208,9 @@ def get_reranker(wildcards):
 
 
 def retrieval_params():
-    """Search settings as the jobs see them (reranker given by its resolved local directory)."""
-    settings = dict(config["retrieval"])
+    """Search settings that can change a result (reranker given by its resolved local directory);
+    jobs add the operational ones (host, timeouts, retries) from their config."""
+    settings = without_operational(config["retrieval"])
     reranker = dict(settings["reranker"])
     if reranker["model"] not in (None, "none"):
         reranker["path"] = model_dir(reranker["model"])
@@ -148,8 +258,9 @@ def get_mix_files(split):
 # Training
 # ---------------------------------------------------------------------------------------------
 def get_verl_configs(wildcards):
-    """The variant's verl YAML and the project YAMLs it inherits from."""
-    return verl_config_chain(config["variants"][wildcards.variant]["verl_config"], "config/verl")
+    """The variant's verl YAML and the project YAMLs it inherits from (shipped with the workflow)."""
+    chain = verl_config_chain(config["variants"][wildcards.variant]["verl_config"], VERL_CONFIG_DIR)
+    return [workflow_file(p) for p in chain]
 
 
 def get_gpu_job_threads():
@@ -160,3 +271,29 @@ def get_gpu_job_threads():
         return workflow.cores
     except WorkflowError:
         return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Step-level baselines (docs/baselines.md): StepSearch's evidence, R3-RAG's judge
+# ---------------------------------------------------------------------------------------------
+def get_evidence(wildcards):
+    """StepSearch's evidence for a variant that needs it, else nothing."""
+    if config["variants"][wildcards.variant]["reward"] != "stepsearch":
+        return []
+    return f"results/{SUITE}/data/evidence/train.jsonl"
+
+
+def get_judge_model(wildcards):
+    """The judge model directory for a variant that serves the LLM judge, else nothing."""
+    params = judge_params(config["variants"][wildcards.variant], config["judge"])
+    if params is None or config["judge"]["url"]:
+        return []
+    return model_dir(config["judge"]["model"])
+
+
+def get_evidence_release(wildcards):
+    """The QAMPARI train release when evidence comes from its proof_text, else nothing."""
+    if not config["stepsearch"]["evidence"]["qampari_proof_text"]:
+        return []
+    split = config["datasets"]["qampari"]["splits"]["train"]
+    return f"resources/{SUITE}/datasets/qampari/{split['file']}"

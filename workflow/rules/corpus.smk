@@ -1,4 +1,4 @@
-# Corpus: the QAMPARI Wikipedia 2021 chunk dump and its BM25 index (issue #3). Shortcuts in the
+# Corpus: the QAMPARI Wikipedia 2021 chunk dump and its BM25 index. Shortcuts in the
 # config: corpus.archive (an already downloaded dump: no download_dump job) and
 # corpus.prebuilt_index (a Lucene index with raw documents: neither job; the retrieval service
 # checks it when it starts). The service itself runs inside the jobs that search
@@ -14,7 +14,6 @@ rule download_dump:
         url=config["corpus"]["url"],
         sha256=config["corpus"]["sha256"],
         size_bytes=config["corpus"]["size_bytes"],
-        version=VERSION,
     script:
         "../scripts/download_dump.py"
 
@@ -33,6 +32,6 @@ rule build_bm25_index:
         runtime=720,
     params:
         expected_documents=config["corpus"]["expected_documents"],
-        version=VERSION,
+        code=code_of("build_bm25_index"),
     script:
         "../scripts/build_bm25_index.py"

@@ -1,5 +1,5 @@
 # Datasets: release files -> unified records (norm_v1) -> 6k/2k/2k/2k training mix, verl parquet
-# and one evaluation file per dataset (issue #4; shared/spec/data.md). Logic: spader.data.
+# and one evaluation file per dataset (docs/data.md). Logic: spader.data.
 
 
 rule download_dataset:
@@ -10,7 +10,6 @@ rule download_dataset:
     params:
         source=lambda wc: config["datasets"][wc.dataset]["files"][wc.file],
         key=lambda wc: f"datasets.{wc.dataset}.files.{wc.file}",
-        version=VERSION,
     script:
         "../scripts/download_dataset.py"
 
@@ -25,7 +24,7 @@ rule normalize_dataset:
         "logs/normalize_dataset/{suite}/{dataset}/{split}.log",
     params:
         member=get_split_member,
-        version=VERSION,
+        code=code_of("normalize_dataset"),
     script:
         "../scripts/normalize_dataset.py"
 
@@ -43,7 +42,7 @@ rule mix_training_set:
     params:
         datasets=get_mix_datasets(),
         mix={k: v for k, v in config["mix"].items() if k != "eval_limit"},
-        version=VERSION,
+        code=code_of("mix_training_set"),
     script:
         "../scripts/mix_training_set.py"
 
@@ -58,8 +57,8 @@ rule export_rl_dataset:
     log:
         "logs/export_rl_dataset/{suite}.log",
     params:
-        prompt_version=PROMPT_VERSION,
-        version=VERSION,
+        prompt=PROMPT,
+        code=code_of("export_rl_dataset"),
     script:
         "../scripts/export_rl_dataset.py"
 
@@ -74,6 +73,6 @@ rule export_eval_set:
     params:
         limit=config["mix"]["eval_limit"],
         seed=config["mix"]["seed"],
-        version=VERSION,
+        code=code_of("export_eval_set"),
     script:
         "../scripts/export_eval_set.py"

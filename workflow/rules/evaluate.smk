@@ -1,5 +1,5 @@
 # Evaluation: every method (trained variants and prompting baselines) on every dataset, then the
-# paper's tables, plots and report (issue #7). An unchanged checkpoint on an unchanged set is not
+# paper's tables, plots and report. An unchanged checkpoint on an unchanged set is not
 # re-evaluated: the model, index and set are inputs, everything that changes a score is a param.
 
 
@@ -23,10 +23,10 @@ rule evaluate_policy:
     params:
         method=lambda wc: wc.method,
         evaluation=config["evaluation"],
+        agent=agent_params(),
+        prompt=PROMPT,
         retrieval=retrieval_params(),
-        prompt_version=PROMPT_VERSION,
-        suite=SUITE,
-        version=VERSION,
+        code=code_of("evaluate_policy"),
     script:
         "../scripts/evaluate_policy.py"
 
@@ -50,57 +50,64 @@ rule aggregate_results:
             "results/{backbone}/f1.tsv",
             caption="../report/f1.rst",
             category="Results",
-            labels={"table": "F1"},
+            labels={"backbone": "{backbone}", "table": "F1"},
         ),
         prf=report(
             "results/{backbone}/prf.tsv",
             caption="../report/prf.rst",
             category="Results",
-            labels={"table": "P/R/F1"},
+            labels={"backbone": "{backbone}", "table": "P/R/F1"},
         ),
         ablation=report(
             "results/{backbone}/ablation.tsv",
             caption="../report/ablation.rst",
             category="Analyses",
-            labels={"table": "ablation"},
+            labels={"backbone": "{backbone}", "table": "ablation"},
         ),
         beta_sweep=report(
             "results/{backbone}/beta_sweep.tsv",
             caption="../report/beta_sweep.rst",
             category="Analyses",
-            labels={"table": "beta sweep"},
+            labels={"backbone": "{backbone}", "table": "beta sweep"},
         ),
         efficiency=report(
             "results/{backbone}/efficiency.tsv",
             caption="../report/efficiency.rst",
             category="Analyses",
-            labels={"table": "search efficiency"},
+            labels={"backbone": "{backbone}", "table": "search efficiency"},
         ),
         temporal=report(
             "results/{backbone}/temporal.tsv",
             caption="../report/temporal.rst",
             category="Analyses",
-            labels={"table": "temporal dynamics"},
+            labels={"backbone": "{backbone}", "table": "temporal dynamics"},
         ),
         efficiency_plot=report(
             "results/{backbone}/efficiency.png",
             caption="../report/efficiency.rst",
             category="Plots",
-            labels={"figure": "search efficiency"},
+            labels={"backbone": "{backbone}", "figure": "search efficiency"},
+        ),
+        runs=report(
+            "results/{backbone}/runs.tsv",
+            caption="../report/runs.rst",
+            category="Results",
+            labels={"backbone": "{backbone}", "table": "training runs"},
         ),
         temporal_plot=report(
             "results/{backbone}/temporal.png",
             caption="../report/temporal.rst",
             category="Plots",
-            labels={"figure": "temporal dynamics"},
+            labels={"backbone": "{backbone}", "figure": "temporal dynamics"},
         ),
     log:
         "logs/aggregate_results/{backbone}.log",
     params:
         methods=lambda wc: methods_of(wc.backbone),
-        variants=config["variants"],
+        variants=table_variants(),
         datasets=list(DATASETS),
+        shared_runs=lambda wc: shared_runs_of(wc.backbone),
         tiny_model=lambda wc: config["backbones"][wc.backbone]["model"].startswith("tiny:"),
-        version=VERSION,
+        code=code_of("aggregate_results"),
     script:
         "../scripts/aggregate_results.py"

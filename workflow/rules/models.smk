@@ -9,7 +9,7 @@ rule download_model:
         "logs/download_model/{repo}.log",
     params:
         repo_id=lambda wc: wc.repo.replace("--", "/", 1),
-        version=VERSION,
+        revision=lambda wc: hub_revision(wc.repo),
     script:
         "../scripts/download_model.py"
 
@@ -21,6 +21,37 @@ rule build_tiny_model:
         "logs/build_tiny_model/{kind}.log",
     params:
         seed=0,
-        version=VERSION,
+        code=code_of("build_tiny_model"),
     script:
         "../scripts/build_tiny_model.py"
+
+
+# CPU demo only: a tiny random policy never writes a valid action, so it is first taught the
+# action format by supervised fine-tuning on scripted episodes with real search results
+# (spader.models.warmstart). It starts its own retrieval service, like evaluation.
+rule warmstart_policy:
+    input:
+        mix=f"results/{SUITE}/data/mix/train.jsonl",
+        eval_sets=expand("results/{suite}/data/eval/{dataset}.jsonl", suite=SUITE, dataset=DATASETS),
+        index=get_index(),
+        model=get_base_model,
+        reranker=get_reranker,
+    output:
+        model=directory("results/{backbone}/warmstart/model"),
+        trajectories="results/{backbone}/warmstart/trajectories.jsonl",
+        summary="results/{backbone}/warmstart/summary.json",
+    log:
+        job="logs/warmstart_policy/{backbone}.log",
+        service="logs/warmstart_policy/{backbone}.service.log",
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=30,
+    params:
+        warmstart=lambda wc: config["backbones"][wc.backbone]["warmstart"],
+        agent=agent_params(),
+        prompt=PROMPT,
+        retrieval=retrieval_params(),
+        code=code_of("warmstart_policy"),
+    script:
+        "../scripts/warmstart_policy.py"

@@ -4,7 +4,9 @@ from spader.infra.tracking import end_pipeline_run, start_pipeline_run
 
 
 onstart:
-    start_pipeline_run(config, targets=[str(t) for t in workflow.dag.targetfiles])
+    start_pipeline_run(
+        config, targets=[str(t) for t in workflow.dag.targetfiles], code_root=workflow.basedir
+    )
 
 
 onsuccess:

@@ -1,4 +1,4 @@
-# Training: verl per backbone x variant (issues #5, #6; logic in spader.training). Checkpoints
+# Training: verl per backbone x variant (logic in spader.training; docs/method.md). Checkpoints
 # are written to results/{backbone}/train/{variant}/work/, which is deliberately not a declared
 # output: Snakemake deletes the outputs of a failed job, and a rerun resumes from the newest
 # complete checkpoint there. The job starts its own retrieval service on the node, and its MLflow
@@ -14,6 +14,8 @@ rule train_policy:
         model=get_backbone_model,
         reranker=get_reranker,
         verl_configs=get_verl_configs,
+        evidence=get_evidence,
+        judge_model=get_judge_model,
     output:
         final="results/{backbone}/train/{variant}/final.json",
     log:
@@ -24,13 +26,14 @@ rule train_policy:
         mem_mb=lambda wc: max(64000, 60000 * config["backbones"][wc.backbone]["gpus"]),
         runtime=2880,
     params:
-        backbone=lambda wc: config["backbones"][wc.backbone],
+        backbone=lambda wc: backbone_params(wc.backbone),
         variant=lambda wc: config["variants"][wc.variant],
         training=config["training"],
+        agent=agent_params(),
         retrieval=retrieval_params(),
         workdir=lambda wc: f"results/{wc.backbone}/train/{wc.variant}/work",
-        suite=SUITE,
-        version=VERSION,
+        judge=lambda wc: judge_params(config["variants"][wc.variant], config["judge"]),
+        code=code_of("train_policy"),
     script:
         "../scripts/train_policy.py"
 
@@ -43,11 +46,11 @@ rule export_checkpoint:
         meta="results/{backbone}/models/{variant}.json",
     log:
         "logs/export_checkpoint/{backbone}/{variant}.log",
-    threads: 4
+    threads: 8
     resources:
         mem_mb=64000,
         runtime=120,
     params:
-        version=VERSION,
+        code=code_of("export_checkpoint"),
     script:
         "../scripts/export_checkpoint.py"

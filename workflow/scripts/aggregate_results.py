@@ -12,4 +12,5 @@ with job(snakemake):
         variants=snakemake.params.variants,
         datasets=snakemake.params.datasets,
         backbone=snakemake.wildcards.backbone,
+        shared_runs=snakemake.params.shared_runs,
     )

@@ -1,7 +1,12 @@
 """Glue for rule download_dataset. Logic: spader.data.download (tests/data/test_download.py)."""
 
 from spader.data import download_dataset
-from spader.infra.glue import job
+from spader.infra.glue import job, workflow_root
 
 with job(snakemake):
-    download_dataset(snakemake.params.source, snakemake.output.raw, key=snakemake.params.key)
+    download_dataset(
+        snakemake.params.source,
+        snakemake.output.raw,
+        key=snakemake.params.key,
+        base_dir=workflow_root(snakemake),  # relative paths in the config name files of the repository
+    )

@@ -1,11 +1,11 @@
 """Glue for rule download_dump. Logic: spader.infra.download.fetch (resume, retries, checks, atomic rename)."""
 
-from spader.infra.download import fetch
-from spader.infra.glue import job
+from spader.infra.download import anchor_source, fetch
+from spader.infra.glue import job, workflow_root
 
 with job(snakemake):
     fetch(
-        snakemake.params.url,
+        anchor_source(snakemake.params.url, workflow_root(snakemake)),
         snakemake.output.archive,
         sha256=snakemake.params.sha256,
         size=snakemake.params.size_bytes,

@@ -4,4 +4,4 @@ from spader.infra.glue import job
 from spader.models.hub import download_model
 
 with job(snakemake):
-    download_model(snakemake.params.repo_id, snakemake.output.model)
+    download_model(snakemake.params.repo_id, snakemake.output.model, revision=snakemake.params.revision)

@@ -1,7 +1,7 @@
 """Glue for rule evaluate_policy. Logic: spader.evaluation.evaluate."""
 
 from spader.evaluation import evaluate_policy
-from spader.infra.glue import job
+from spader.infra.glue import job, retrieval_settings
 
 # sglang's engine starts worker processes that import the main module again: run only as __main__.
 if __name__ == "__main__":
@@ -14,7 +14,9 @@ if __name__ == "__main__":
             snakemake.output.summary,
             method=snakemake.params.method,
             evaluation=snakemake.params.evaluation,
-            retrieval=snakemake.params.retrieval,
+            agent=snakemake.params.agent,
+            prompt=snakemake.params.prompt,
+            retrieval=retrieval_settings(snakemake.params.retrieval, snakemake.config),
             threads=snakemake.threads,
             service_log=snakemake.log.service,
         )

@@ -1,4 +1,4 @@
-"""Glue for rule export_checkpoint. Logic: spader.training.export (issue #6)."""
+"""Glue for rule export_checkpoint. Logic: spader.training.export."""
 
 from spader.infra.glue import job
 from spader.training.export import export_checkpoint

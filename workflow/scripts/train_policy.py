@@ -1,4 +1,4 @@
-"""Glue for rule train_policy. Logic: spader.training.run (issue #6)."""
+"""Glue for rule train_policy. Logic: spader.training.run."""
 
 from spader.infra.glue import job
 from spader.training.run import TrainJob, run_training

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from spader.agent.decoding import DecodeParams, DecodeResult, decode_batch
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -150,40 +152,37 @@ class TransformersEngine:
             "transformers engine: %s on %s (%s), batch %d", model_dir, self.device, dtype, self.batch_size
         )
 
-    def _generate_batch(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], sampling: Sampling):
-        torch = self.torch
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, p in enumerate(prompts):  # left padding: every prompt ends at the same column
-            ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[row, width - len(p) :] = 1
-        kwargs = dict(max_new_tokens=max(budgets), pad_token_id=self._pad_id)
-        if sampling.temperature > 0:
-            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
-        else:
-            kwargs.update(do_sample=False)
-        if sampling.stop:
-            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs
-            )
-        results = []
+    @property
+    def eos_ids(self) -> list[int]:
+        """End-of-sequence ids: the model's generation config and the tokenizer's."""
         eos = set(_as_list(self.model.generation_config.eos_token_id)) | {self.tokenizer.eos_token_id}
-        for row, budget in enumerate(budgets):
-            new = out[row, width:].tolist()[:budget]
-            finish = "length"
-            for k, t in enumerate(new):
-                if t in eos:
-                    new, finish = new[:k], "stop"
-                    break
-            text = self.tokenizer.decode(new, skip_special_tokens=False)
-            text = _cut_at_markers(text, self._markers)
-            stopped = _ensure_stop_kept(text, sampling.stop)
-            if stopped != text or any(text.endswith(s) for s in sampling.stop):
-                finish = "stop"
-            results.append(Generation(stopped, completion_tokens=len(new), finish=finish))
+        return sorted(int(e) for e in eos if e is not None)
+
+    def decode(self, prompts: Sequence[Sequence[int]], params: Sequence[DecodeParams]) -> list[DecodeResult]:
+        """Token-level generation with sglang's request semantics (:mod:`spader.agent.decoding`);
+        the CPU rollout replica of training serves verl's generate calls with it."""
+        if self.threads and self.torch.get_num_threads() != self.threads:
+            self.torch.set_num_threads(self.threads)  # here: OpenMP settings are per calling thread
+        return decode_batch(self.model, self.tokenizer, prompts, params, self.eos_ids)
+
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], sampling: Sampling):
+        # the stop string is kept (the parser needs the closing tag), like SglangEngine's no_stop_trim
+        params = [
+            DecodeParams(
+                max_new_tokens=int(b),
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                stop=tuple(sampling.stop),
+                no_stop_trim=True,
+                skip_special_tokens=False,
+                spaces_between_special_tokens=False,
+            )
+            for b in budgets
+        ]
+        results = []
+        for out in decode_batch(self.model, self.tokenizer, prompts, params, self.eos_ids):
+            text = _ensure_stop_kept(_cut_at_markers(out.text, self._markers), sampling.stop)
+            results.append(Generation(text, completion_tokens=len(out.token_ids), finish=out.finish))
         return results
 
     def generate(self, prompts, max_new_tokens, sampling: Sampling) -> list[Generation]:

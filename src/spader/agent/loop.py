@@ -1,4 +1,4 @@
-"""The agent's search/answer loop used for evaluation (method.md, "Episode", "Prompt and format").
+"""The agent's search/answer loop used for evaluation (docs/method.md, "Episode", "Prompt and format").
 
 One loop serves every method. ``react`` and the trained variants run up to ``max_turns``
 assistant turns: a turn with ``<tool_call>`` runs its queries and the observation comes back as a
@@ -10,11 +10,18 @@ Episodes are advanced turn by turn in lock-step: the prompts of all running epis
 engine together and all queries of a turn go to the search service in one call. The prompt, the
 observation format and the parser are the project's single ones (``spader.core.prompt``,
 ``spader.core.parsing``), also used by training. Discovery of ground-truth entities per turn uses
-``spader.core.rewards.find_hits`` on the returned passages (never on the queries).
+``spader.core.matching.find_hits`` on the returned passages (never on the queries).
 
-Nothing here raises on model output: malformed calls become error observations, a missing or
-malformed answer becomes an invalid-format episode, and a generation failure is recorded on the
-episode (``status == "generation_error"``) while the other episodes go on.
+One turn is the same as in training (config ``agent``: ``max_turns``, ``max_turn_tokens``,
+``max_tool_response_chars``, ``max_queries_per_call``, ``stop``): generation stops after the first
+stop tag or the per-turn token cap, and the same parser reads the turn up to that tag.
+
+Nothing here raises on model output: malformed calls (unusable queries included) become error
+observations, a missing or malformed answer becomes an invalid-format episode, a generation
+failure is recorded on the episode (``status == "generation_error"``), and any other failure of
+one episode (``status == "episode_error"``) ends that episode only, with its reason in
+``error``; each scores 0 while the other episodes go on. Only a search service that stays
+unreachable after its retries stops the run: scoring against a dead search engine would be wrong.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from spader.agent.engines import Engine, Sampling
-from spader.core.parsing import AnswerParse, parse_turn
-from spader.core.prompt import build_messages, fit_observation, format_observation
-from spader.core.rewards import passage_hits
+from spader.core.matching import passage_hits
+from spader.core.metrics import unique_gold
+from spader.core.parsing import TURN_END_TAGS, AnswerParse, parse_turn
+from spader.core.prompt import PromptTemplate, build_messages, fit_observation, format_observation
 
 log = logging.getLogger(__name__)
 
@@ -51,32 +59,39 @@ SearchFn = Callable[[list[str]], list[list[dict]]]
 METHODS_PROMPTING = ("rag", "react")
 
 
+#: Settings read from config ``agent`` (shared with training); the others come from ``evaluation``.
+AGENT_KEYS = ("max_turns", "max_turn_tokens", "max_queries_per_call", "max_tool_response_chars", "stop")
+
+
 @dataclass(frozen=True)
 class AgentSettings:
-    """Budgets and decoding of the loop (``config["evaluation"]``; keys documented in the schema)."""
+    """Budgets and decoding of the loop: the turn settings of ``config["agent"]`` (the same in
+    training) and the decoding and context budget of ``config["evaluation"]``."""
 
     max_turns: int = 16
-    max_new_tokens: int = 1024
+    max_turn_tokens: int = 1024
     max_context_tokens: int = 16384
     max_queries_per_call: int = 10
     max_query_chars: int = 1000  # the search service's limit (retrieval.service.max_query_chars)
     max_tool_response_chars: int = 11000
     temperature: float = 0.0
     top_p: float = 1.0
-    stop: tuple[str, ...] = ("</tool_call>", "</answer>")
+    stop: tuple[str, ...] = TURN_END_TAGS
     seed: int = 0
 
     def __post_init__(self):
         positive = (
             "max_turns",
-            "max_new_tokens",
+            "max_turn_tokens",
             "max_context_tokens",
             "max_queries_per_call",
             "max_query_chars",
+            "max_tool_response_chars",
         )
         for name in positive:
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"evaluation.{name} must be >= 1, got {getattr(self, name)!r}")
+                section = "agent" if name in AGENT_KEYS else "evaluation"
+                raise ValueError(f"{section}.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(
                 "evaluation.temperature must be >= 0 and top_p in (0, 1], "
@@ -85,10 +100,15 @@ class AgentSettings:
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> AgentSettings:
-        """Take the loop's keys from ``config["evaluation"]`` (engine/GPU keys are ignored here)."""
+    def from_config(
+        cls, evaluation: Mapping[str, Any], agent: Mapping[str, Any] | None = None
+    ) -> AgentSettings:
+        """The loop's keys: turn settings from ``config["agent"]``, decoding and the context budget
+        from ``config["evaluation"]`` (engine/GPU keys are ignored here)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in cfg.items() if k in names})
+        values = {k: v for k, v in evaluation.items() if k in names and k not in AGENT_KEYS}
+        values.update({k: v for k, v in (agent or {}).items() if k in names and k in AGENT_KEYS})
+        return cls(**values)
 
     @property
     def sampling(self) -> Sampling:
@@ -126,8 +146,8 @@ class Episode:
     """State and outcome of one question.
 
     ``status``: ``running`` while active, then ``answered`` (an ``<answer>`` turn, valid or not),
-    ``no_action`` (a turn with neither tool call nor answer), ``turn_budget``, ``context_budget``
-    or ``generation_error`` (``error`` says why).
+    ``no_action`` (a turn with neither tool call nor answer), ``turn_budget``, ``context_budget``,
+    ``generation_error`` or ``episode_error`` (``error`` says why; both score 0).
     """
 
     question: Question
@@ -137,6 +157,20 @@ class Episode:
     answer: AnswerParse | None = None
     error: str | None = None
     _seen: set[int] = field(default_factory=set, repr=False)
+    _gold: list[list[str]] | None = field(default=None, repr=False)
+
+    @property
+    def gold(self) -> list[list[str]]:
+        """The question's distinct gold entities (:func:`spader.core.metrics.unique_gold`), the
+        list discovery indices refer to, as in training's search tool."""
+        if self._gold is None:
+            self._gold = unique_gold(self.question.gold)
+        return self._gold
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        """End this episode as ``episode_error`` with the reason (it scores 0)."""
+        self.status, self.error = "episode_error", f"{stage}: {type(exc).__name__}: {exc}"
+        log.warning("episode %s failed at %s", self.question.id, self.error)
 
     @property
     def format_valid(self) -> bool:
@@ -168,25 +202,60 @@ def _record_passages(
     training), matched on titles and texts, never on the queries."""
     text, shown = fit_observation(queries, passages, settings.max_tool_response_chars)
     step.passage_ids = [[str(p.get("id", "")) for p in ps] for ps in shown]
-    hits = passage_hits(shown, ep.question.gold)
+    hits = passage_hits(shown, ep.gold)
     step.hits = sorted(hits)
     step.new_entities = sorted(hits - ep._seen)
     ep._seen |= hits
     ep.messages.append({"role": "tool", "content": text})
 
 
+def _rejected(exc: BaseException) -> bool:
+    """Whether a search failure is the request's fault (the service answered 4xx, or the queries
+    could not even be encoded), not the service's: such a step becomes an error observation."""
+    status = getattr(exc, "status", None)
+    return isinstance(exc, ValueError) or (isinstance(status, int) and 400 <= status < 500)
+
+
+def _search_one(ep: Episode, step: Step, search: SearchFn, settings: AgentSettings) -> None:
+    """One episode's step searched on its own: a rejected request is that episode's error
+    observation; a service that stays down raises (the run must not go on without search)."""
+    try:
+        results = search(step.queries)
+    except Exception as exc:
+        if not _rejected(exc):
+            raise
+        step.tool_error = f"the search service rejected the queries ({type(exc).__name__}: {exc})"
+        ep.messages.append({"role": "tool", "content": format_observation([], error=step.tool_error)})
+        return
+    if len(results) != len(step.queries):
+        raise RuntimeError(f"search returned {len(results)} result lists for {len(step.queries)} queries")
+    _record_passages(ep, step, step.queries, results, settings)
+
+
 def _run_searches(pending: list[tuple[Episode, Step]], search: SearchFn, settings: AgentSettings) -> None:
-    """All queries of one turn in one call to the search service."""
+    """All queries of one turn in one call to the search service; when the service rejects that
+    request, each episode's queries again on their own, so one bad step costs only its episode."""
     flat = [q for _, step in pending for q in step.queries]
     if not flat:
         return
-    results = search(flat)
+    try:
+        results = search(flat)
+    except Exception as exc:
+        if not _rejected(exc):
+            raise
+        log.warning("search rejected a batch of %d queries (%s); searching per episode", len(flat), exc)
+        for ep, step in pending:
+            _search_one(ep, step, search, settings)
+        return
     if len(results) != len(flat):
         raise RuntimeError(f"search returned {len(results)} result lists for {len(flat)} queries")
     at = 0
     for ep, step in pending:
         n = len(step.queries)
-        _record_passages(ep, step, step.queries, results[at : at + n], settings)
+        try:
+            _record_passages(ep, step, step.queries, results[at : at + n], settings)
+        except Exception as exc:  # noqa: BLE001 (this episode's failure, scored 0)
+            ep.fail("recording search results", exc)
         at += n
 
 
@@ -209,8 +278,8 @@ def format_tool_call(queries: Sequence[str]) -> str:
 
 def _apply_turn(ep: Episode, step: Step, last_turn: bool, settings: AgentSettings) -> bool:
     """Classify the generated turn; returns True when its queries must be run now."""
-    turn = parse_turn(step.text)
-    step.kind = turn.kind
+    turn = parse_turn(step.text, settings.stop)
+    step.text, step.kind = turn.text, turn.kind  # the turn ends at its first stop tag
     ep.messages.append({"role": "assistant", "content": step.text})
     if turn.kind in ("answer", "none"):
         ep.answer = turn.answer
@@ -239,6 +308,7 @@ def run_episodes(
     *,
     method: str = "react",
     progress: bool = True,
+    template: PromptTemplate | None = None,
 ) -> list[Episode]:
     """Run one episode per question to completion.
 
@@ -249,10 +319,11 @@ def run_episodes(
         settings: budgets and decoding.
         method: ``rag`` (one retrieval with the question, then one answer turn) or anything else
             (``react`` / a trained variant: the search loop up to ``settings.max_turns``).
+        template: the user-prompt template (``agent.prompt_template``; default: the project's).
     Returns:
         The finished episodes, in the order of ``questions``.
     """
-    episodes = [Episode(question=q, messages=build_messages(q.question)) for q in questions]
+    episodes = [Episode(question=q, messages=build_messages(q.question, template)) for q in questions]
     if method == "rag":
         _rag_retrieval(episodes, search, settings)
         turns = 1
@@ -276,8 +347,16 @@ def run_episodes(
                 continue
             live.append(ep)
             prompts.append(ids)
-            budgets.append(min(settings.max_new_tokens, room))
-        gens = engine.generate(prompts, budgets, settings.sampling) if prompts else []
+            budgets.append(min(settings.max_turn_tokens, room))
+        try:
+            gens = engine.generate(prompts, budgets, settings.sampling) if prompts else []
+            if len(gens) != len(prompts):
+                raise RuntimeError(f"the engine returned {len(gens)} generations for {len(prompts)} prompts")
+        except Exception as exc:  # noqa: BLE001 (recorded on every episode of the call, scored 0)
+            log.error("generation failed for %d prompts: %s: %s", len(prompts), type(exc).__name__, exc)
+            for ep in live:
+                ep.status, ep.error = "generation_error", f"{type(exc).__name__}: {exc}"
+            live, prompts, gens = [], [], []
         pending = []
         for ep, ids, gen in zip(live, prompts, gens, strict=True):
             step = Step(
@@ -291,8 +370,11 @@ def run_episodes(
             if gen.error is not None:
                 ep.status, ep.error, step.kind = "generation_error", gen.error, "error"
                 continue
-            if _apply_turn(ep, step, last_turn=turn == turns - 1, settings=settings):
-                pending.append((ep, step))
+            try:
+                if _apply_turn(ep, step, last_turn=turn == turns - 1, settings=settings):
+                    pending.append((ep, step))
+            except Exception as exc:  # noqa: BLE001 (this episode's failure, scored 0)
+                ep.fail("reading the turn", exc)
         _run_searches(pending, search, settings)
         done = sum(ep.status != "running" for ep in episodes)
         bar.update(done - bar.n)

@@ -1,4 +1,4 @@
-"""Step-wise peer advantage (SPA) and its token mapping (method.md, "SPA advantage").
+"""Step-wise peer advantage (SPA) and its token mapping (docs/method.md, "SPA advantage").
 
 All functions are vectorised torch over a batch of trajectories (no per-token Python loop, no
 ``.item()`` in a loop); the only framework-facing code is the verl adapter in
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "EPS_PLACEMENTS",
     "Steps",
     "discounted_returns",
     "group_index",
@@ -29,6 +30,11 @@ __all__ = [
     "steps_to_tokens",
     "trajectory_peer_advantage",
 ]
+
+
+#: Where the spread's epsilon goes: ``outside`` is the paper's ``(x - mu) / (sigma + eps)``,
+#: ``inside_sqrt`` the authors' code's ``(x - mu) / sqrt(var + eps)`` (sigma floored at sqrt(eps)).
+EPS_PLACEMENTS = ("outside", "inside_sqrt")
 
 
 @dataclass(frozen=True)
@@ -244,7 +250,9 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     return inverse, int(uniq.numel())
 
 
-def standardize_in_groups(values: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+def standardize_in_groups(
+    values: Tensor, group_ids: Tensor, *, eps: float = 1e-6, eps_placement: str = "outside"
+) -> Tensor:
     """``(x - mean) / (std + eps)`` per group and column, with the population std (divide by G).
 
     A column in which all members of a group are equal (a group of one included) yields 0, tested
@@ -253,10 +261,13 @@ def standardize_in_groups(values: Tensor, group_ids: Tensor, *, eps: float = 1e-
     Args:
         values: (B,) or (B, S) float.
         group_ids: (B,) int64 group of each row.
-        eps: added to the std.
+        eps: added to the std (``outside``) or to the variance under the root (``inside_sqrt``).
+        eps_placement: one of :data:`EPS_PLACEMENTS`.
     Returns:
         Same shape as ``values``; every group's column mean is 0.
     """
+    if eps_placement not in EPS_PLACEMENTS:
+        raise ValueError(f"eps_placement must be one of {EPS_PLACEMENTS}, got {eps_placement!r}")
     squeeze = values.dim() == 1
     x = (values.unsqueeze(1) if squeeze else values).to(torch.float64)
     inverse, k = group_index(group_ids.to(values.device))
@@ -265,17 +276,23 @@ def standardize_in_groups(values: Tensor, group_ids: Tensor, *, eps: float = 1e-
     mean = torch.zeros(k, x.size(1), dtype=x.dtype, device=x.device).index_add_(0, inverse, x) / counts
     centred = x - mean[inverse]
     var = torch.zeros_like(mean).index_add_(0, inverse, centred * centred) / counts
-    std = var.sqrt()
+    spread = (var + eps).sqrt() if eps_placement == "inside_sqrt" else var.sqrt() + eps
     gmax = torch.full_like(mean, -torch.inf).scatter_reduce_(0, idx, x, reduce="amax")
     gmin = torch.full_like(mean, torch.inf).scatter_reduce_(0, idx, x, reduce="amin")
     constant = (gmax == gmin)[inverse]
-    z = torch.where(constant, torch.zeros_like(x), centred / (std[inverse] + eps))
+    z = torch.where(constant, torch.zeros_like(x), centred / spread[inverse])
     z = z.to(values.dtype)
     return z.squeeze(1) if squeeze else z
 
 
 def step_peer_advantage(
-    step_rewards: Tensor, step_mask: Tensor, group_ids: Tensor, *, gamma: float, eps: float = 1e-6
+    step_rewards: Tensor,
+    step_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    gamma: float,
+    eps: float = 1e-6,
+    eps_placement: str = "outside",
 ) -> Tensor:
     """Step-wise peer advantage of SPADER.
 
@@ -289,7 +306,9 @@ def step_peer_advantage(
         step_mask: (B, S) 1 where the step exists (``t <= L_i``), a prefix of each row.
         group_ids: (B,) int64 prompt group of each trajectory.
         gamma: discount per decision step.
-        eps: added to the std.
+        eps: added to the std (see ``eps_placement``).
+        eps_placement: ``outside`` (paper, the default) or ``inside_sqrt`` (authors' code:
+            ``sqrt(var + eps)``), see :data:`EPS_PLACEMENTS`.
     Returns:
         (B, S) advantages, 0 where ``step_mask`` is 0.
 
@@ -300,11 +319,16 @@ def step_peer_advantage(
     """
     mask = step_mask.to(step_rewards.dtype)
     returns = discounted_returns(step_rewards, mask, gamma)
-    return standardize_in_groups(returns, group_ids, eps=eps) * mask
+    return standardize_in_groups(returns, group_ids, eps=eps, eps_placement=eps_placement) * mask
 
 
 def trajectory_peer_advantage(
-    step_rewards: Tensor, step_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6
+    step_rewards: Tensor,
+    step_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    eps: float = 1e-6,
+    eps_placement: str = "outside",
 ) -> Tensor:
     """Trajectory-level GRPO advantage on the summed return (the ``no_spa`` ablation).
 
@@ -316,10 +340,10 @@ def trajectory_peer_advantage(
         step_rewards: (B, S) float.
         step_mask: (B, S) 1 where the step exists.
         group_ids: (B,) int64.
-        eps: added to the std.
+        eps, eps_placement: as in :func:`step_peer_advantage`.
     Returns:
         (B, S) advantages, constant over each row's existing steps, 0 elsewhere.
     """
     mask = step_mask.to(step_rewards.dtype)
     total = (step_rewards * mask).sum(dim=1)
-    return standardize_in_groups(total, group_ids, eps=eps).unsqueeze(1) * mask
+    return standardize_in_groups(total, group_ids, eps=eps, eps_placement=eps_placement).unsqueeze(1) * mask

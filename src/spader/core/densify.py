@@ -1,4 +1,4 @@
-"""Dense step rewards for a batch of rollouts (method.md, "Rewards" + "Token mapping").
+"""Dense step rewards for a batch of rollouts (docs/method.md, "Rewards" + "Token mapping").
 
 The search tool records, for each search step of a trajectory, which ground-truth entities the
 returned passages contained (:class:`StepRecord`, stored in the rollout's extra fields under
@@ -31,6 +31,7 @@ from spader.core.advantage import place_step_rewards, segment_steps
 from spader.core.rewards import NOVELTY, _search_rewards
 
 __all__ = [
+    "FAILURE_KEY",
     "FINAL_TURN_KEY",
     "N_GOLD_KEY",
     "STEPS_KEY",
@@ -48,6 +49,8 @@ STEPS_KEY = "spader_steps"
 N_GOLD_KEY = "spader_n_gold"
 #: Extra-field key of the text of the trajectory's last assistant turn (read by the reward).
 FINAL_TURN_KEY = "spader_final_turn"
+#: Extra-field key of why an episode failed (set only then): it is scored 0 and trains nothing.
+FAILURE_KEY = "spader_episode_error"
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class StepRecord:
 
     Attributes:
         turn: 1-based assistant turn that issued the search.
-        queries: number of queries run at that step.
+        queries: number of queries issued at that step (``q_t``: all of them, also those beyond
+            the per-call cap that the tool did not run).
         hits: indices of the ground-truth entities found in the returned passages.
         error: why the step returned an error observation instead of passages (None if it did not).
     """

@@ -1,4 +1,4 @@
-"""Instance-level set precision / recall / F1 with aliases (method.md, "Evaluation").
+"""Instance-level set precision / recall / F1 with aliases (docs/method.md, "Evaluation").
 
 A gold entity is a list of aliases; it is matched by a prediction when one of its aliases and the
 prediction normalize (``spader.core.text.normalize``) to the same string. Each gold entity counts at most
@@ -13,19 +13,45 @@ from collections.abc import Iterable, Sequence
 
 from spader.core.text import normalize
 
-__all__ = ["gold_alias_sets", "macro_average", "match_count", "prf"]
+__all__ = ["gold_alias_sets", "gold_count", "macro_average", "match_count", "prf", "unique_gold"]
+
+
+def _unique(gold: Iterable[Sequence[str]]) -> list[tuple[list[str], frozenset[str]]]:
+    """``(aliases, normalized alias set)`` of each distinct gold entity, first occurrence kept."""
+    seen: set[frozenset[str]] = set()
+    out = []
+    for aliases in gold:
+        aliases = [aliases] if isinstance(aliases, str) else [str(a) for a in aliases]
+        norm = frozenset(a for a in (normalize(x) for x in aliases) if a)
+        if norm and norm not in seen:
+            seen.add(norm)
+            out.append((aliases, norm))
+    return out
 
 
 def gold_alias_sets(gold: Iterable[Sequence[str]]) -> list[frozenset[str]]:
     """Normalized alias sets of the gold entities, deduplicated, empty ones dropped."""
-    seen: set[frozenset[str]] = set()
-    out: list[frozenset[str]] = []
-    for aliases in gold:
-        norm = frozenset(a for a in (normalize(x) for x in aliases) if a)
-        if norm and norm not in seen:
-            seen.add(norm)
-            out.append(norm)
-    return out
+    return [norm for _, norm in _unique(gold)]
+
+
+def unique_gold(gold: Iterable[Sequence[str]]) -> list[list[str]]:
+    """The gold entities counted once, as alias lists in their original spelling.
+
+    The same entities, in the same order, as :func:`gold_alias_sets`: an entity whose aliases
+    normalize to the same set as an earlier one is a duplicate, one whose aliases all normalize
+    to nothing is dropped. The search tool and evaluation match passages against this list, so
+    entity indices and ``|E_GT|`` mean the same thing for rewards and for F1.
+
+    >>> unique_gold([["Paris", "Paname"], ["paname", "PARIS"], ["!"], ["Lyon"]])
+    [['Paris', 'Paname'], ['Lyon']]
+    """
+    return [aliases for aliases, _ in _unique(gold)]
+
+
+def gold_count(gold: Iterable[Sequence[str]]) -> int:
+    """``|E_GT|``: the number of distinct gold entities, the denominator of recall and of the
+    search-step rewards (docs/method.md, "Rewards")."""
+    return len(_unique(gold))
 
 
 def _unique_predictions(predicted: Iterable[str]) -> list[str]:

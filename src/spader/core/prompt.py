@@ -1,53 +1,122 @@
-"""The one prompt template of the project (method.md, "Prompt and format").
+"""The prompt template of the project and the observation format (docs/method.md, "Prompt and format").
 
-Trained checkpoints depend on this wording: data export (training parquet), the verl agent loop
-and evaluation all call :func:`build_user_prompt`. Changing the text changes ``PROMPT_VERSION``,
-which the data-export rules take as a param so that everything downstream reruns.
+The template is a text file, :data:`DEFAULT_TEMPLATE_PATH` (``spader/core/prompts/default.txt``),
+which ``agent.prompt_template`` in the workflow config can replace (for example to evaluate a
+released checkpoint with its authors' own wording). Trained checkpoints depend on its wording:
+data export (the training parquet's prompts, which the verl agent loop starts from) and evaluation
+both fill it through :class:`PromptTemplate`, and its :attr:`PromptTemplate.version` (a hash of
+the text) is the param of the rules that read it, so editing the file reruns data export,
+training and evaluation.
+
+A template is plain text with exactly one ``{question}`` placeholder; nothing else in it is
+special (braces in a JSON example stay as written). Trailing newlines of the file are dropped so
+that the message ends with the question.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "DEFAULT_TEMPLATE_PATH",
+    "PLACEHOLDER",
     "PROMPT_TEMPLATE",
     "PROMPT_VERSION",
+    "PromptTemplate",
     "build_messages",
     "build_user_prompt",
+    "checked_template",
     "fit_observation",
     "format_observation",
     "format_passages",
+    "load_template",
 ]
 
-PROMPT_TEMPLATE = (
-    "Answer the question below by listing every entity that satisfies it. Many questions have "
-    "a long list of valid answers, so keep searching until you believe you have found all of them.\n"
-    "\n"
-    "Each time you act, first think step by step inside <think> and </think>. Then do exactly one "
-    "of the following:\n"
-    '- Search: write <tool_call>["first query", "second query"]</tool_call>, a JSON list of one '
-    "or more search queries. For every query the search engine returns its top 5 Wikipedia passages "
-    "(about 100 words each) inside <tool_response> and </tool_response>. You may search as many "
-    "times as you need.\n"
-    '- Answer: write <answer>["Entity A", "Entity B"]</answer>, a JSON list with the name of '
-    "every answer entity you found. This ends the episode, so answer only once and only at the end.\n"
-    "\n"
-    "Question: {question}"
-)
-
-PROMPT_VERSION = hashlib.sha256(PROMPT_TEMPLATE.encode("utf-8")).hexdigest()[:12]
+DEFAULT_TEMPLATE_PATH = Path(__file__).resolve().with_name("prompts") / "default.txt"
+PLACEHOLDER = "{question}"
 
 
-def build_user_prompt(question: str) -> str:
-    """Fill the template with one question."""
-    return PROMPT_TEMPLATE.format(question=question)
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A user-prompt template: ``text`` with one :data:`PLACEHOLDER`, read from ``source``."""
+
+    text: str
+    source: str = "<string>"
+
+    def __post_init__(self):
+        count = self.text.count(PLACEHOLDER)
+        if count != 1:
+            raise ValueError(
+                f"prompt template {self.source}: needs exactly one {PLACEHOLDER} placeholder, found {count}"
+            )
+
+    @property
+    def version(self) -> str:
+        """12 hex digits of the sha256 of the text: the rerun param of the rules that use it."""
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:12]
+
+    def user_prompt(self, question: str) -> str:
+        """The template filled with one question."""
+        return self.text.replace(PLACEHOLDER, question)
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        """Chat messages for one episode's start: a single user turn, no system prompt."""
+        return [{"role": "user", "content": self.user_prompt(question)}]
 
 
-def build_messages(question: str) -> list[dict[str, str]]:
+def load_template(path: str | os.PathLike | None = None) -> PromptTemplate:
+    """Read a template file (the project's default when ``path`` is None).
+
+    Raises:
+        ValueError: the file is not UTF-8 text or lacks a single ``{question}`` (message names it).
+        FileNotFoundError: no such file.
+    """
+    path = Path(path) if path is not None else DEFAULT_TEMPLATE_PATH
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"prompt template {path}: not UTF-8 text ({exc})") from exc
+    return PromptTemplate(text.rstrip("\n"), source=str(path))
+
+
+def checked_template(prompt: Mapping[str, Any] | None) -> PromptTemplate:
+    """The prompt template a job was planned with: ``prompt["path"]`` (None: the project's
+    default), verified against ``prompt["version"]`` when given.
+
+    Raises:
+        ValueError: the file changed since the workflow computed the version (names the file).
+    """
+    prompt = prompt or {}
+    template = load_template(prompt.get("path"))
+    expected = prompt.get("version")
+    if expected is not None and expected != template.version:
+        raise ValueError(
+            f"prompt template {template.source} has version {template.version}, but the job was planned "
+            f"with {expected}: it changed while the workflow ran; run snakemake again"
+        )
+    return template
+
+
+_DEFAULT = load_template()
+#: The default template's text and version.
+PROMPT_TEMPLATE = _DEFAULT.text
+PROMPT_VERSION = _DEFAULT.version
+
+
+def build_user_prompt(question: str, template: PromptTemplate | None = None) -> str:
+    """Fill ``template`` (default: the project's) with one question."""
+    return (template or _DEFAULT).user_prompt(question)
+
+
+def build_messages(question: str, template: PromptTemplate | None = None) -> list[dict[str, str]]:
     """Chat messages for one episode's start: a single user turn, no system prompt."""
-    return [{"role": "user", "content": build_user_prompt(question)}]
+    return (template or _DEFAULT).messages(question)
 
 
 def format_passages(passages: Sequence[dict]) -> str:

@@ -1,11 +1,11 @@
-"""Diversity-aware exploration rewards (method.md, "Entity normalisation and matching", "Rewards").
+"""Diversity-aware exploration rewards (docs/method.md, "Entity normalisation and matching", "Rewards").
 
 Pure Python over plain types; the verl adapters live in ``spader.integrations.verl``.
 
 For one group of G trajectories sampled for the same prompt:
 
 * step discovery: entity ``e`` is *hit* at step t when one of its aliases occurs in the passages
-  returned at t (:func:`find_hits`); the *new* entities at t are the hits not hit earlier in the
+  returned at t (:func:`spader.core.matching.find_hits`); the *new* entities at t are the hits not hit earlier in the
   same trajectory;
 * ``N(e)`` is the number of trajectories of the group that hit ``e`` at any step;
 * a search step earns ``(sum over new e of R(e) - c * q_t) / |E_GT|`` with
@@ -14,7 +14,7 @@ For one group of G trajectories sampled for the same prompt:
   (:func:`terminal_reward`).
 
 The options ``novelty="exp_decay"``, ``invalid_format_reward=0.0`` and ``cost_scale`` (with
-:func:`cost_warmup_scale`) reproduce the authors' published code (method.md, "Known divergences");
+:func:`cost_warmup_scale`) reproduce the authors' published code (docs/method.md, "Known divergences");
 the defaults are the paper's.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from spader.core.text import normalize
+from spader.core.matching import find_hits, passage_hits  # re-exported: the rewards' hit definition
 
 __all__ = [
     "NOVELTY",
@@ -39,46 +39,6 @@ __all__ = [
 #: Novelty premium shapes: ``inverse`` is the paper's ``1 / N``, ``exp_decay`` the authors' code
 #: ``exp(-(N - 1))``.
 NOVELTY = ("inverse", "exp_decay")
-
-
-def _normalized_aliases(entities: Sequence[Sequence[str]]) -> list[list[str]]:
-    return [[a for a in (normalize(x) for x in aliases) if a] for aliases in entities]
-
-
-def find_hits(passages: Iterable[str], entities: Sequence[Sequence[str]]) -> set[int]:
-    """Indices of ground-truth entities that occur in the passages as whole-word sequences.
-
-    Passage text and every alias go through ``normalize`` (norm_v1); normalized text is a sequence
-    of single-space-separated words, so a whole-word occurrence is a substring match with a space
-    (or the text boundary) on both sides. Only passage text is searched, never the agent's queries.
-
-    Args:
-        passages: texts returned by the search tool at one step (title and body).
-        entities: ground-truth entities, each a list of aliases.
-    Returns:
-        The set of entity indices hit.
-
-    >>> sorted(find_hits(["Parish records of Paris, France"], [["Paris"], ["Paris, France"], ["Ari"]]))
-    [0, 1]
-    """
-    # "|" is punctuation, so it never survives normalization: no alias can span two passages.
-    text = " " + " | ".join(normalize(p) for p in passages) + " "
-    hits: set[int] = set()
-    for i, aliases in enumerate(_normalized_aliases(entities)):
-        if any(f" {a} " in text for a in aliases):
-            hits.add(i)
-    return hits
-
-
-def passage_hits(shown: Sequence[Sequence[dict]], entities: Sequence[Sequence[str]]) -> set[int]:
-    """Entities hit by the passages one search step showed (``shown[q]``: passages of query q).
-
-    Titles and texts are matched separately, so no alias spans the two; queries are never
-    searched. Training's search tool and evaluation both call this on the passages that
-    :func:`spader.core.prompt.fit_observation` kept in the observation.
-    """
-    texts = [s for passages in shown for p in passages for s in (p.get("title", ""), p.get("text", ""))]
-    return find_hits(texts, entities) if texts and entities else set()
 
 
 def novelty_premium(n_found: int, *, novelty: str = "inverse") -> float:

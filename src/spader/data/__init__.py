@@ -1,6 +1,6 @@
 """Datasets: release files -> unified records (norm_v1) -> training mix, verl parquet, evaluation sets.
 
-Normative description: shared/spec/data.md (sections 1-4 release formats, 7 records and mix).
+Normative description: docs/data.md (sections 1-4 release formats, 7 records and mix).
 
 Modules: :mod:`~spader.data.readers` (release files, errors with file and line),
 :mod:`~spader.data.sources` (one extractor per dataset), :mod:`~spader.data.records` (the unified

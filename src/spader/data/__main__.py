@@ -17,7 +17,7 @@ from spader.data.sources import drops_path_for, normalize_file
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m spader.data", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    n = sub.add_parser("normalize", help="release file -> unified records (data.md 7.1)")
+    n = sub.add_parser("normalize", help="release file -> unified records (docs/data.md 7.1)")
     n.add_argument("--dataset", required=True, choices=DATASETS)
     n.add_argument("--split", required=True, help="split name written into the records (train, dev, test)")
     n.add_argument("--input", required=True, help="release file or zip archive")

@@ -1,5 +1,5 @@
 """Fetching release files (rule ``download_dataset``): a URL or local path through
-:func:`spader.infra.download.fetch`, or a Hugging Face hub copy through ``huggingface_hub`` (data.md 5).
+:func:`spader.infra.download.fetch`, or a Hugging Face hub copy through ``huggingface_hub`` (docs/data.md 5).
 
 Config entry of one release file (``datasets.<dataset>.files.<name>``)::
 
@@ -26,38 +26,41 @@ from typing import Any
 import polars as pl
 
 from spader.data.layout import dump_mintaka_json
+from spader.infra.config import USER_SUPPLIED as _USER_SUPPLIED
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DatasetSourceError", "download_dataset", "fetch_from_hub", "mintaka_records_from_parquet"]
-
-# Release files the project cannot fetch for the user.
-_USER_SUPPLIED = {
-    "WebQSP.zip": "WebQSP is not redistributable: download WebQSP.zip from "
-    "https://www.microsoft.com/en-us/download/details.aspx?id=52763",
-}
 
 
 class DatasetSourceError(ValueError):
     """A release file cannot be obtained as configured; the message names the config key."""
 
 
-def download_dataset(source: Mapping[str, Any], dest: str | os.PathLike, *, key: str) -> Path:
+def download_dataset(
+    source: Mapping[str, Any], dest: str | os.PathLike, *, key: str, base_dir: str | os.PathLike | None = None
+) -> Path:
     """Fetch one release file to ``dest``.
 
     Args:
         source: the config entry ``{url, hub}``.
         dest: output path (its name is the release file name).
         key: dotted config key of the entry, for messages (``datasets.webqsp.files.WebQSP.zip``).
+        base_dir: where relative local paths in ``url`` and ``hub.local_dir`` point from (the
+            workflow passes its repository); default: the current directory.
     Returns:
         ``dest``.
     Raises:
         DatasetSourceError when the entry has neither a URL nor a hub location, or the hub copy is
         unavailable; :class:`spader.infra.download.DownloadError` when a download fails.
     """
+    from spader.infra.download import anchor_source, fetch  # the project's one downloader
+
     dest = Path(dest)
     hub = source.get("hub")
     if hub:
+        if base_dir is not None and hub.get("local_dir"):
+            hub = {**hub, "local_dir": anchor_source(str(hub["local_dir"]), base_dir)}
         return fetch_from_hub(hub, dest, key=f"{key}.hub")
     url = source.get("url")
     if not url:
@@ -66,8 +69,8 @@ def download_dataset(source: Mapping[str, Any], dest: str | os.PathLike, *, key:
             f"config key '{key}.url' is null. {hint}; then set '{key}.url' to its local path "
             f"(or a file:/http(s) URL), or give a hub location in '{key}.hub'."
         )
-    from spader.infra.download import fetch  # the project's one downloader (retries, checks, atomic rename)
-
+    if base_dir is not None:
+        url = anchor_source(str(url), base_dir)
     dest.parent.mkdir(parents=True, exist_ok=True)
     return Path(fetch(str(url), dest, desc=dest.name))
 

@@ -1,6 +1,6 @@
 """Exports of normalized records: the verl training parquet and the per-dataset evaluation files.
 
-verl parquet (data.md 7.1; read by ``verl.utils.dataset.rl_dataset.RLHFDataset``), one row per
+verl parquet (docs/data.md 7.1; read by ``verl.utils.dataset.rl_dataset.RLHFDataset``), one row per
 question::
 
     data_source   "qampari" | "mintaka" | "webqsp" | "quest"   (reward dispatch key)
@@ -29,7 +29,7 @@ import random
 
 import polars as pl
 
-from spader.core.prompt import build_messages
+from spader.core.prompt import PromptTemplate, build_messages
 from spader.data.records import MIX_SCHEMA, read_records, record_schema, write_frame
 
 log = logging.getLogger(__name__)
@@ -90,12 +90,13 @@ EVAL_SCHEMA = pl.Schema(
 )
 
 
-def verl_rows(records: pl.DataFrame, split: str) -> pl.DataFrame:
+def verl_rows(records: pl.DataFrame, split: str, template: PromptTemplate | None = None) -> pl.DataFrame:
     """verl training rows of normalized (or mixed) records, in their order.
 
     Args:
         records: frame with ``id``, ``dataset``, ``question``, ``answers``.
         split: written to ``extra_info.split`` (``train`` or ``val``).
+        template: the user-prompt template (default: the project's).
     Returns:
         Frame with :data:`VERL_SCHEMA`, checked (``index`` = row number).
     """
@@ -105,7 +106,7 @@ def verl_rows(records: pl.DataFrame, split: str) -> pl.DataFrame:
         rows.append(
             {
                 "data_source": r["dataset"],
-                "prompt": build_messages(r["question"]),
+                "prompt": build_messages(r["question"], template),
                 "ability": ABILITY,
                 "reward_model": {
                     "style": "rule",
@@ -158,19 +159,24 @@ def check_verl(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def export_rl_dataset(
-    train: str | os.PathLike, val: str | os.PathLike, out_train: str | os.PathLike, out_val: str | os.PathLike
+    train: str | os.PathLike,
+    val: str | os.PathLike,
+    out_train: str | os.PathLike,
+    out_val: str | os.PathLike,
+    template: PromptTemplate | None = None,
 ) -> dict[str, int]:
     """Write the verl training and validation parquet files from the mix.
 
     Args:
         train, val: mix record files (:data:`~spader.data.records.MIX_SCHEMA`).
         out_train, out_val: ``.parquet`` outputs.
+        template: the user-prompt template (``agent.prompt_template``; default: the project's).
     Returns:
         Row counts ``{"train": n, "val": m}``.
     """
     counts = {}
     for split, src, dst in (("train", train, out_train), ("val", val, out_val)):
-        rows = verl_rows(read_records(src, MIX_SCHEMA), split)
+        rows = verl_rows(read_records(src, MIX_SCHEMA), split, template)
         write_frame(rows, dst)
         counts[split] = len(rows)
         log.info("verl %s: %d rows -> %s", split, len(rows), dst)

@@ -1,4 +1,4 @@
-"""The training mix (data.md 7.4): 6,000 QAMPARI + 2,000 Mintaka + 2,000 WebQSP + 2,000 QUEST.
+"""The training mix (docs/data.md 7.4): 6,000 QAMPARI + 2,000 Mintaka + 2,000 WebQSP + 2,000 QUEST.
 
 Per dataset, the pool is the normalized *train* split, sorted by id, with duplicate ids removed,
 filtered by answer count (``min_answers``/``max_answers``), without questions whose normalized

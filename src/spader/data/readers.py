@@ -2,7 +2,9 @@
 
 Every malformed input becomes a :class:`~spader.data.records.DataFormatError` that names the file
 (``archive.zip/member`` for zip members) and the line: a truncated or otherwise invalid JSON line,
-invalid UTF-8, a wrong top-level type, a missing or mistyped field. Records of JSON documents
+invalid UTF-8, a value nested too deeply for the decoder, an integer too long to convert, a wrong
+top-level type, a missing or mistyped field (named by its path in the record, e.g.
+``answer_list[0].aliases[1]``), text holding a lone surrogate escape. Records of JSON documents
 (Mintaka's array, WebQSP's ``Questions``) are decoded one by one with ``raw_decode`` so that each
 carries the line it starts on, too.
 """
@@ -13,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +23,17 @@ from typing import IO, Any
 
 from spader.data.records import DataFormatError
 
-__all__ = ["Source", "iter_json_records", "iter_jsonl", "open_release", "require"]
+__all__ = [
+    "Source",
+    "check_type",
+    "has_lone_surrogate",
+    "iter_json_records",
+    "iter_jsonl",
+    "lone_surrogate_path",
+    "open_release",
+    "optional",
+    "require",
+]
 
 _BOM = b"\xef\xbb\xbf"
 _WS = re.compile(r"[ \t\n\r]*")
@@ -107,9 +120,29 @@ def iter_jsonl(stream: IO[bytes], src: Source) -> Iterator[tuple[int, dict]]:
             raise DataFormatError(
                 src.name, lineno, f"invalid JSON ({e.msg}, column {e.colno}){hint}"
             ) from None
+        except (RecursionError, ValueError) as e:
+            raise DataFormatError(src.name, lineno, _limit_message(e)) from None
         if not isinstance(obj, dict):
             raise DataFormatError(src.name, lineno, f"expected a JSON object, got {_kind(obj)}")
         yield lineno, obj
+
+
+_DIGITS = re.compile(r"value has (\d+) digits")
+
+
+def _limit_message(err: Exception) -> str:
+    """What a decoder failure other than a syntax error means: the stdlib decoder recurses once per
+    nesting level (RecursionError) and refuses integers longer than ``sys.get_int_max_str_digits()``
+    (a plain ValueError). Neither is a property of valid release data."""
+    if isinstance(err, RecursionError):
+        return "invalid JSON: a value is nested too deeply (hundreds of levels of arrays or objects)"
+    digits = _DIGITS.search(str(err))
+    if digits:
+        return (
+            f"invalid JSON: a number with {digits.group(1)} digits "
+            f"(more than the {sys.get_int_max_str_digits()} digits an integer may have)"
+        )
+    return f"invalid JSON ({err})"
 
 
 def _at_end(err: json.JSONDecodeError, text: str) -> bool:
@@ -164,6 +197,8 @@ class _Cursor:
             raise DataFormatError(
                 self.src.name, e.lineno, f"invalid JSON ({e.msg}, column {e.colno}){hint}"
             ) from None
+        except (RecursionError, ValueError) as e:  # no position is known: the line the value starts on
+            raise self.fail(_limit_message(e)) from None
         return obj
 
     def expect(self, chars: str, what: str) -> str:
@@ -241,28 +276,102 @@ def _first_kind(c: str) -> str:
     return {"{": "an object", "[": "an array", '"': "a string", "": "an empty file"}.get(c, "a scalar")
 
 
-_TYPE_NAMES = {str: "a string", list: "an array", dict: "an object", int: "an integer", bool: "a boolean"}
+_TYPE_NAMES = {
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
+def _wanted(types: tuple[type, ...], nullable: bool) -> str:
+    return " or ".join([*(_TYPE_NAMES.get(t, t.__name__) for t in types), *(["null"] if nullable else [])])
+
+
+def check_type(
+    value: Any, types: type | tuple[type, ...], src: Source, line: int, path: str, *, nullable: bool = False
+) -> Any:
+    """``value`` (found at ``path`` inside the record) checked for its JSON type.
+
+    Args:
+        value: the value.
+        types: accepted Python types (``bool`` is never an ``int`` here unless listed).
+        src, line: where the record is, for the message.
+        path: the value's place in the record, e.g. ``answer_list[0].aliases[1]``.
+        nullable: whether ``null`` is accepted.
+    Returns:
+        ``value``.
+    Raises:
+        DataFormatError naming the file, the line and ``path``.
+    """
+    types = _as_tuple(types)
+    if value is None and nullable:
+        return None
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise DataFormatError(
+            src.name, line, f"field '{path}' must be {_wanted(types, nullable)}, got {_kind(value)}"
+        )
+    return value
 
 
 def require(
-    obj: dict, key: str, types: type | tuple[type, ...], src: Source, line: int, *, nullable: bool = False
+    obj: dict,
+    key: str,
+    types: type | tuple[type, ...],
+    src: Source,
+    line: int,
+    *,
+    nullable: bool = False,
+    at: str = "",
 ) -> Any:
     """``obj[key]`` checked for presence and type.
 
+    Args:
+        at: path of ``obj`` inside the record (``"answer."``), prefixed to ``key`` in messages.
     Raises:
         DataFormatError naming the file, the line and the field.
     """
     if not isinstance(obj, dict):
         raise DataFormatError(src.name, line, f"expected a JSON object, got {_kind(obj)}")
     if key not in obj:
-        raise DataFormatError(src.name, line, f"missing required field '{key}'")
-    value = obj[key]
-    if value is None and nullable:
+        raise DataFormatError(src.name, line, f"missing required field '{at}{key}'")
+    return check_type(obj[key], types, src, line, f"{at}{key}", nullable=nullable)
+
+
+def optional(
+    obj: dict, key: str, types: type | tuple[type, ...], src: Source, line: int, *, at: str = ""
+) -> Any:
+    """``obj[key]`` when present and not null (type-checked), else None."""
+    return check_type(obj.get(key), types, src, line, f"{at}{key}", nullable=True)
+
+
+# Strings decoded from JSON hold a surrogate code point only when the file escapes half of a pair
+# (``"\ud800"``): not valid Unicode, and unencodable when the record is written back as UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_path(value: Any, path: str = "") -> str | None:
+    """Path of the first string inside ``value`` that holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
         return None
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
-        wanted = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in _as_tuple(types))
-        raise DataFormatError(src.name, line, f"field '{key}' must be {wanted}, got {_kind(value)}")
-    return value
+    for sub_path, sub in items:
+        found = lone_surrogate_path(sub, sub_path)
+        if found is not None:
+            return found
+    return None
+
+
+def has_lone_surrogate(texts: list[str]) -> bool:
+    """Whether any of ``texts`` holds a lone surrogate (one regex pass over all of them)."""
+    return _SURROGATE.search("\x00".join(texts)) is not None
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:

@@ -1,4 +1,4 @@
-"""The unified record (data.md 7.1), ``build_entities`` (7.3) and typed record tables.
+"""The unified record (docs/data.md 7.1), ``build_entities`` (7.3) and typed record tables.
 
 A normalized record is one question with its gold entities::
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from spader.core.text import clean_text, normalize
+from spader.infra import integrity
 
 __all__ = [
     "DATASETS",
@@ -47,7 +48,7 @@ __all__ = [
 
 DATASETS = ("qampari", "mintaka", "webqsp", "quest")
 
-# data.md 7.3; ``non_list_answer_type`` is followed by ":<answerType>".
+# docs/data.md 7.3; ``non_list_answer_type`` is followed by ":<answerType>".
 DROP_REASONS = (
     "empty_answer_list",
     "non_list_answer_type",
@@ -70,7 +71,7 @@ class DataFormatError(ValueError):
 
 
 class Drop(Exception):
-    """Raised by a dataset extractor for a record that data.md says to drop (counted, not an error)."""
+    """Raised by a dataset extractor for a record that docs/data.md says to drop (counted, not an error)."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -142,7 +143,7 @@ _REQUIRED = ("id", "dataset", "split", "question", "answers", "answers_norm")
 
 
 def build_entities(groups: Iterable[Sequence[object]]) -> tuple[list[list[str]], list[list[str]]]:
-    """Gold entities from raw alias groups (data.md 7.3).
+    """Gold entities from raw alias groups (docs/data.md 7.3).
 
     Each group is a list of strings, primary name first. Strings are ``clean_text``'ed; empty
     strings, exact duplicates and strings that normalize to ``""`` are dropped, and a group left
@@ -188,7 +189,7 @@ _TRAILING_PAREN = re.compile(r"\s*\([^()]*\)\s*$")
 
 
 def strip_parenthetical(title: str) -> str:
-    """``"Heat (1995 film)"`` -> ``"Heat"``: remove one trailing ``" (...)"`` (data.md 4.3)."""
+    """``"Heat (1995 film)"`` -> ``"Heat"``: remove one trailing ``" (...)"`` (docs/data.md 4.3)."""
     return _TRAILING_PAREN.sub("", title)
 
 
@@ -256,7 +257,8 @@ def write_frame(df: pl.DataFrame, path: str | os.PathLike, schema: pl.Schema | N
         df: the table; checked against ``schema`` when given.
         path: output path; the suffix picks the format.
     Returns:
-        The written path.
+        The written path; its integrity record (rows, sha256, producing rule) is written beside
+        it (:mod:`spader.infra.integrity`).
     """
     path = Path(path)
     if schema is not None:
@@ -269,7 +271,9 @@ def write_frame(df: pl.DataFrame, path: str | os.PathLike, schema: pl.Schema | N
         df.write_parquet(tmp)
     else:
         raise ValueError(f"{path}: output must end in .jsonl or .parquet")
+    integrity.forget(path)  # never a stale record next to new content
     tmp.replace(path)
+    integrity.write_record(path, rows=len(df))
     return path
 
 
@@ -277,10 +281,12 @@ def read_records(path: str | os.PathLike, schema: pl.Schema) -> pl.DataFrame:
     """Read a record table written by :func:`write_frame` (``.jsonl`` or ``.parquet``).
 
     Raises:
-        DataFormatError naming the file (and line, for JSON Lines) when it does not parse or does
-        not match ``schema``.
+        IntegrityError naming the file and the rule that rebuilds it when the file no longer
+        matches its integrity record (lines deleted, truncated...); DataFormatError naming the file
+        (and line, for JSON Lines) when it does not parse or does not match ``schema``.
     """
     path = Path(path)
+    integrity.verify(path)
     if path.suffix == ".parquet":
         try:
             df = pl.read_parquet(path)

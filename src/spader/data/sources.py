@@ -1,4 +1,4 @@
-"""One extractor per dataset: release record -> unified record (data.md sections 1.3, 2.3, 3.3, 4.3).
+"""One extractor per dataset: release record -> unified record (docs/data.md sections 1.3, 2.3, 3.3, 4.3).
 
 Each extractor takes one raw record and returns ``(source_id, question, groups, meta)``, where
 ``groups`` are raw alias groups for :func:`~spader.data.records.build_entities`, or raises
@@ -21,7 +21,17 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from spader.core.text import clean_text
-from spader.data.readers import Source, iter_json_records, iter_jsonl, open_release, require
+from spader.data.readers import (
+    Source,
+    check_type,
+    has_lone_surrogate,
+    iter_json_records,
+    iter_jsonl,
+    lone_surrogate_path,
+    open_release,
+    optional,
+    require,
+)
 from spader.data.records import (
     DATASETS,
     DataFormatError,
@@ -37,7 +47,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MEMBERS", "NormalizeSummary", "drops_path_for", "normalize_file", "normalize_release"]
 
-# Zip members of the official archives (data.md 1.1, 3.1), used when no member is named.
+# Zip members of the official archives (docs/data.md 1.1, 3.1), used when no member is named.
 DEFAULT_MEMBERS = {
     "qampari": "qampari_data/{split}_data.jsonl",
     "webqsp": "WebQSP/data/WebQSP.{split}.json",
@@ -62,12 +72,13 @@ def extract_qampari(obj: dict, src: Source, line: int, split: str) -> Extracted:
         raise Drop("empty_answer_list")
     groups = []
     for i, item in enumerate(answers):
-        if not isinstance(item, dict):
-            raise DataFormatError(src.name, line, f"answer_list[{i}] must be an object")
-        aliases = item.get("aliases") or []
-        if not isinstance(aliases, list):
-            raise DataFormatError(src.name, line, f"answer_list[{i}].aliases must be an array")
-        groups.append([item.get("answer_text"), *aliases])
+        at = f"answer_list[{i}]"
+        check_type(item, dict, src, line, at)
+        text = optional(item, "answer_text", str, src, line, at=f"{at}.")
+        aliases = optional(item, "aliases", list, src, line, at=f"{at}.") or []
+        for j, alias in enumerate(aliases):
+            check_type(alias, str, src, line, f"{at}.aliases[{j}]", nullable=True)
+        groups.append([text, *aliases])
     parts = qid.split("__")
     return qid, question, groups, {"qtype": parts[1] if len(parts) >= 3 else None}
 
@@ -75,15 +86,17 @@ def extract_qampari(obj: dict, src: Source, line: int, split: str) -> Extracted:
 _MINTAKA_NON_LIST = {"boolean", "numerical", "number", "date"}
 
 
-def _mintaka_label(entity: Any) -> tuple[str | None, str | None]:
+def _mintaka_label(entity: Any, src: Source, line: int, at: str) -> tuple[str | None, str | None]:
     """English label of an answer entity and the release version its shape reveals."""
-    if not isinstance(entity, dict):
-        return (str(entity) if entity is not None else None), None
+    if isinstance(entity, str):  # a bare label: not seen in either version, but unambiguous
+        return entity, None
+    check_type(entity, dict, src, line, at)
     label = entity.get("label")
     if isinstance(label, dict):
-        return label.get("en"), "1.1"
+        return optional(label, "en", str, src, line, at=f"{at}.label."), "1.1"
     if isinstance(label, str):
         return label, "1.0"
+    check_type(label, (str, dict), src, line, f"{at}.label", nullable=True)
     return None, None
 
 
@@ -92,17 +105,19 @@ def extract_mintaka(obj: dict, src: Source, line: int, split: str) -> Extracted:
     qid = str(require(obj, "id", (str, int), src, line))
     question = _question(require(obj, "question", str, src, line), src, line, "question")
     answer = require(obj, "answer", dict, src, line)
-    answer_type = require(answer, "answerType", str, src, line)
-    complexity = obj.get("complexityType")
-    meta = {"category": obj.get("category"), "complexity_type": complexity, "answer_type": answer_type}
+    answer_type = require(answer, "answerType", str, src, line, at="answer.")
+    complexity = optional(obj, "complexityType", str, src, line)
+    meta = {
+        "category": optional(obj, "category", str, src, line),
+        "complexity_type": complexity,
+        "answer_type": answer_type,
+    }
     if complexity == "count":
         raise Drop("count_question")
     if answer_type not in ("entity", "string"):
         raise Drop(f"non_list_answer_type:{answer_type}")
-    values = answer.get("answer")
-    if values is not None and not isinstance(values, list):
-        raise DataFormatError(src.name, line, "field 'answer.answer' must be an array or null")
-    mention = clean_text(answer.get("mention"))
+    values = optional(answer, "answer", list, src, line, at="answer.")
+    mention = clean_text(optional(answer, "mention", str, src, line, at="answer."))
     groups: list[list[Any]] = []
     version = None
     if not values:
@@ -111,12 +126,14 @@ def extract_mintaka(obj: dict, src: Source, line: int, split: str) -> Extracted:
             raise Drop("empty_answer_list")
         groups.append([mention])
     elif answer_type == "string":
-        groups.extend([v] for v in values)
+        for i, v in enumerate(values):
+            # the official evaluation compares str(value); numbers are taken as written
+            groups.append([str(check_type(v, (str, int, float), src, line, f"answer.answer[{i}]"))])
     else:
-        for entity in values:
-            label, shape = _mintaka_label(entity)
+        for i, entity in enumerate(values):
+            label, shape = _mintaka_label(entity, src, line, f"answer.answer[{i}]")
             version = version or shape
-            if label and str(label).strip():
+            if label and label.strip():
                 groups.append([label])
             elif len(values) == 1 and mention:
                 groups.append([mention])
@@ -124,37 +141,40 @@ def extract_mintaka(obj: dict, src: Source, line: int, split: str) -> Extracted:
     return qid, question, groups, meta
 
 
-def _valid_parse(parse: Any) -> bool:
-    comment = parse.get("AnnotatorComment") if isinstance(parse, dict) else None
-    return (
-        isinstance(comment, dict)
-        and comment.get("ParseQuality") == "Complete"
-        and comment.get("QuestionQuality") == "Good"
-    )
+def _valid_parse(parse: dict, src: Source, line: int, at: str) -> bool:
+    comment = require(parse, "AnnotatorComment", dict, src, line, at=f"{at}.")
+    return comment.get("ParseQuality") == "Complete" and comment.get("QuestionQuality") == "Good"
 
 
 def extract_webqsp(obj: dict, src: Source, line: int, split: str) -> Extracted:
     """WebQSP: union of Entity answer names over the Good + Complete parses."""
     qid = require(obj, "QuestionId", str, src, line)
-    raw_q = obj.get("RawQuestion") or obj.get("ProcessedQuestion")
-    if not isinstance(raw_q, str):
+    raw_q = optional(obj, "RawQuestion", str, src, line)
+    processed = optional(obj, "ProcessedQuestion", str, src, line)
+    raw_q = raw_q or processed
+    if raw_q is None:
         raise DataFormatError(src.name, line, "missing required field 'RawQuestion' (or 'ProcessedQuestion')")
     question = _question(raw_q, src, line, "RawQuestion")
     parses = require(obj, "Parses", list, src, line)
-    valid = [p for p in parses if _valid_parse(p)]
+    valid = []
+    for i, p in enumerate(parses):
+        check_type(p, dict, src, line, f"Parses[{i}]")
+        if _valid_parse(p, src, line, f"Parses[{i}]"):
+            valid.append((i, p))
     if not valid:
         raise Drop("no_valid_parse")
     parse_ids, parse_answers, names = [], [], []
-    for p in valid:
-        answers = p.get("Answers") or []
-        if not isinstance(answers, list):
-            raise DataFormatError(src.name, line, f"parse {p.get('ParseId')}: 'Answers' must be an array")
-        entity_names = [
-            clean_text(a.get("EntityName"))
-            for a in answers
-            if isinstance(a, dict) and a.get("AnswerType") == "Entity" and clean_text(a.get("EntityName"))
-        ]
-        parse_ids.append(str(p.get("ParseId")))
+    for i, p in valid:
+        at = f"Parses[{i}]"
+        answers = optional(p, "Answers", list, src, line, at=f"{at}.") or []
+        entity_names = []
+        for j, a in enumerate(answers):
+            check_type(a, dict, src, line, f"{at}.Answers[{j}]")
+            kind = optional(a, "AnswerType", str, src, line, at=f"{at}.Answers[{j}].")
+            name = clean_text(optional(a, "EntityName", str, src, line, at=f"{at}.Answers[{j}]."))
+            if kind == "Entity" and name:
+                entity_names.append(name)
+        parse_ids.append(str(require(p, "ParseId", (str, int), src, line, at=f"{at}.")))
         parse_answers.append(entity_names)
         names.extend(entity_names)
     if not names:
@@ -169,13 +189,13 @@ def extract_quest(obj: dict, src: Source, line: int, split: str) -> Extracted:
     docs = require(obj, "docs", list, src, line)
     if not docs:
         raise Drop("empty_answer_list")
-    if not all(isinstance(d, str) for d in docs):
-        raise DataFormatError(src.name, line, "field 'docs' must hold strings (Wikipedia titles)")
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    for i, d in enumerate(docs):
+        check_type(d, str, src, line, f"docs[{i}]")
+    metadata = optional(obj, "metadata", dict, src, line) or {}
     meta = {
-        "template": metadata.get("template"),
-        "domain": metadata.get("domain"),
-        "original_query": obj.get("original_query"),
+        "template": optional(metadata, "template", str, src, line, at="metadata."),
+        "domain": optional(metadata, "domain", str, src, line, at="metadata."),
+        "original_query": optional(obj, "original_query", str, src, line),
         "docs_raw": list(docs),
     }
     groups = [[strip_parenthetical(t), t] for t in docs]
@@ -261,17 +281,17 @@ def normalize_release(
                 summary.dropped[d.reason] += 1
                 log.debug("%s: dropped (%s)", src.where(line), d.reason)
                 continue
-            records.append(
-                {
-                    "id": f"{dataset}:{source_id}",
-                    "dataset": dataset,
-                    "split": split,
-                    "question": question,
-                    "answers": answers,
-                    "answers_norm": answers_norm,
-                    "meta": {"source_file": src.member_name, "source_id": source_id, **meta},
-                }
-            )
+            record = {
+                "id": f"{dataset}:{source_id}",
+                "dataset": dataset,
+                "split": split,
+                "question": question,
+                "answers": answers,
+                "answers_norm": answers_norm,
+                "meta": {"source_file": src.member_name, "source_id": source_id, **meta},
+            }
+            _check_unicode(record, obj, src, line)
+            records.append(record)
     summary.kept = len(records)
     log.info(
         "%s %s: read %d, kept %d, dropped %s",
@@ -282,6 +302,30 @@ def normalize_release(
         dict(summary.dropped) or 0,
     )
     return records, summary
+
+
+def _texts(value: Any, out: list[str]) -> list[str]:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _texts(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _texts(v, out)
+    return out
+
+
+def _check_unicode(record: dict, raw: dict, src: Source, line: int) -> None:
+    """Refuse a record whose text holds a lone surrogate (half of a ``\\u`` escape pair), naming
+    the raw field; it could never be written as UTF-8."""
+    if has_lone_surrogate(_texts(record, [])):
+        where = lone_surrogate_path(raw) or "a text field"
+        raise DataFormatError(
+            src.name,
+            line,
+            f"field '{where}' holds a lone surrogate (an unpaired \\ud800-\\udfff escape), not valid Unicode",
+        )
 
 
 def drops_path_for(output: str | os.PathLike) -> Path:

@@ -1,7 +1,7 @@
 """The bundled CPU demo data (``resources/demo/``), regenerated with ``python -m spader.demo <dir>``.
 
 A small fictional world (:mod:`spader.demo.world`) written out in the real formats: the QAMPARI
-Wikipedia chunk dump (``chunked_wikipedia.tar.gz``, data.md 1.4) and each dataset's release files
+Wikipedia chunk dump (``chunked_wikipedia.tar.gz``, docs/data.md 1.4) and each dataset's release files
 (:mod:`spader.demo.releases`). The output is deterministic byte for byte, so the committed files
 can be compared with a fresh regeneration.
 """
@@ -39,7 +39,7 @@ _CHUNK_FILES = 3
 
 
 def chunk_lines(world: World) -> list[dict]:
-    """The world's passages as chunk records (data.md 1.4 line format)."""
+    """The world's passages as chunk records (docs/data.md 1.4 line format)."""
     out = []
     for i, p in enumerate(world.passages):
         out.append(

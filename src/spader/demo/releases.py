@@ -1,4 +1,4 @@
-"""Demo release records in each dataset's real format (data.md 1-4), built from the demo world.
+"""Demo release records in each dataset's real format (docs/data.md 1-4), built from the demo world.
 
 Besides ordinary questions, each split carries records that exercise the drop rules and the mix:
 an empty answer list, answers that normalize to nothing, Mintaka yes/no, count, date and number

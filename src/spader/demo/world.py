@@ -2,7 +2,7 @@
 entities, and ~100-word encyclopedia passages that mention them, so that a search for a question
 finds its answers. Everything is generated from one seed; nothing is copied from a real source.
 
-The hand-written entities carry the spelling cases of data.md 7.2 (diacritics, dotted and stroked
+The hand-written entities carry the spelling cases of docs/data.md 7.2 (diacritics, dotted and stroked
 letters, a no-break space, articles, apostrophes, hyphens, ``&``, ``?``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["Entity", "Passage", "Topic", "World", "build_world"]
+__all__ = ["Entity", "Passage", "Topic", "World", "build_world", "name_parts"]
 
 SEED = 20210101
 
@@ -202,7 +202,7 @@ _GENRE = ["drama", "comedy", "thriller", "war", "musical", "mystery"]
 _NATION = ["Norland", "Vesterian", "Ostmark", "Calderan"]
 _EPITHET = ["alpina", "minor", "borealis", "lucida", "montana", "palustris", "rubra", "gracilis", "nana"]
 
-# (kind, subject, objects as (name, aliases)): the spelling cases of data.md 7.2.
+# (kind, subject, objects as (name, aliases)): the spelling cases of docs/data.md 7.2.
 _FIXED = [
     (
         "film",
@@ -242,7 +242,7 @@ _FIXED = [
 
 @dataclass
 class Entity:
-    name: str  # raw name, may hold a no-break space (data.md 7.2 case)
+    name: str  # raw name, may hold a no-break space (docs/data.md 7.2 case)
     aliases: list[str]
     kind: str
     year: int
@@ -333,6 +333,18 @@ class _Names:
         if kind == "plant":
             return self._unique(lambda: f"{subject} {self.rng.choice(_EPITHET)}")
         return self.word()
+
+
+def name_parts() -> list[str]:
+    """The pieces generated names are made of (syllables, endings, first names, title words,
+    places, epithets), each as it can start a name and as it continues one. The tiny demo model's
+    tokenizer learns these rather than whole names, so a name it never saw in training is still
+    written with tokens it did see."""
+    pieces = [*_SYL, *_END, *_FIRST, *_ADJ, *_NOUN, *_PLACE, *_EPITHET, *_NATION, *_GENRE]
+    pieces += ["The", "of", "Lake", "Vale", "Rovers", "ia", "s"]  # the words around generated ones
+    pieces += [p.capitalize() for p in _SYL]
+    pieces += [a + b for a in _SYL for b in _END]  # a word's last syllable with its ending
+    return list(dict.fromkeys(pieces))
 
 
 # Key sentence (states the relation, so a search for the question finds it) and filler sentences.

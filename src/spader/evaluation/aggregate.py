@@ -24,7 +24,7 @@ from spader.evaluation.tables import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TABLES", "aggregate_results", "load_runs"]
+__all__ = ["TABLES", "aggregate_results", "load_runs", "training_runs_table"]
 
 TABLES = ("f1", "prf", "ablation", "beta_sweep", "efficiency", "temporal")
 PLOTS = ("efficiency_plot", "temporal_plot")
@@ -61,6 +61,25 @@ def load_runs(
     return runs, tiny
 
 
+def training_runs_table(methods: Sequence[str], shared_runs: Mapping[str, str]):
+    """Which training run each trained row evaluates: ``method, training_run, shared_with``.
+
+    Variants whose resolved training config is identical are trained once; every one of them keeps
+    its row in the tables, with the scores of that one run (``shared_with`` lists the others).
+    """
+    import polars as pl
+
+    trained = [m for m in methods if m in shared_runs]
+    rows = []
+    for m in trained:
+        run = shared_runs[m]
+        others = [o for o in trained if o != m and shared_runs[o] == run]
+        rows.append({"method": m, "training_run": run, "shared_with": ",".join(others)})
+    return pl.DataFrame(
+        rows, schema={"method": pl.String, "training_run": pl.String, "shared_with": pl.String}
+    )
+
+
 def _write_tsv(df, path: str | os.PathLike) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     df.write_csv(path, separator="\t", float_precision=4)
@@ -75,6 +94,7 @@ def aggregate_results(
     variants: Mapping[str, Any],
     datasets: Sequence[str],
     backbone: str = "",
+    shared_runs: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write the tables and plots of one backbone.
 
@@ -85,6 +105,8 @@ def aggregate_results(
         methods: the backbone's methods (trained variants and baselines).
         variants: ``config["variants"]`` (ablation and beta-sweep rows, beta values).
         datasets: column order (``qampari, mintaka, webqsp, quest``).
+        shared_runs: ``{variant: the variant whose training run it evaluates}``; with an output
+            ``runs``, written as :func:`training_runs_table`.
     Returns:
         The F1 table as ``{method: {dataset: f1, "avg": f1}}``.
     """
@@ -107,6 +129,8 @@ def aggregate_results(
         "efficiency": efficiency_table(runs, methods, datasets),
         "temporal": temporal_table(runs, methods, datasets),
     }
+    if "runs" in outputs:
+        tables["runs"] = training_runs_table(methods, shared_runs or {m: m for m in variants if m in methods})
     for name, df in tables.items():
         _write_tsv(df, outputs[name])
         log.info("%s: %d rows -> %s", name, df.height, outputs[name])

@@ -22,7 +22,7 @@ from typing import Any
 from spader.agent.engines import build_engine
 from spader.agent.loop import AgentSettings, Question, SearchFn, run_episodes
 from spader.agent.search import RetrievalSearch
-from spader.core.prompt import PROMPT_VERSION
+from spader.core.prompt import PromptTemplate, checked_template
 from spader.evaluation.records import episode_record, load_eval_set, summarize, write_jsonl
 from spader.models.tiny import is_tiny
 
@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TINY_NOTE", "evaluate_method", "evaluate_policy"]
 
-TINY_NOTE = "TINY RANDOM MODEL: the policy is a tiny randomly initialised model; these scores are meaningless"
+TINY_NOTE = (
+    "TINY RANDOM MODEL: the policy is a tiny randomly initialised model (the demo's is warm-started for a "
+    "minute on scripted episodes); these scores are meaningless"
+)
 
 
 def evaluate_method(
@@ -41,6 +44,7 @@ def evaluate_method(
     *,
     method: str,
     progress: bool = True,
+    template: PromptTemplate | None = None,
 ) -> list[dict[str, Any]]:
     """Run and score every instance; failures are kept as zeros (see ``records``).
 
@@ -51,17 +55,20 @@ def evaluate_method(
         items: ``(question, data_source)`` pairs (from :func:`load_eval_set`).
         engine: generation engine; search: batched search function.
         settings: loop budgets and decoding; method: ``rag``, ``react`` or a trained variant.
+        template: the user-prompt template (default: the project's).
     Returns:
         One record per instance, in input order.
     """
     questions = [q for q, _ in items]
-    episodes = run_episodes(questions, engine, search, settings, method=method, progress=progress)
+    episodes = run_episodes(
+        questions, engine, search, settings, method=method, progress=progress, template=template
+    )
     records = [episode_record(ep, source) for ep, (_, source) in zip(episodes, items, strict=True)]
     return records
 
 
 def _service_and_client():
-    """The retrieval service API (issue #3). Imported here so the agent and the scoring code do
+    """The retrieval service API. Imported here so the agent and the scoring code do
     not depend on pyserini/FlagEmbedding."""
     try:
         from spader.retrieval.client import RetrievalClient
@@ -69,7 +76,7 @@ def _service_and_client():
     except ImportError as exc:
         raise RuntimeError(
             "rule evaluate_policy needs the retrieval service (spader.retrieval.service.running_service and "
-            f"spader.retrieval.client.RetrievalClient, issue #3), which cannot be imported: {exc}"
+            f"spader.retrieval.client.RetrievalClient), which cannot be imported: {exc}"
         ) from exc
     return running_service, RetrievalClient
 
@@ -84,6 +91,8 @@ def evaluate_policy(
     method: str,
     evaluation: Mapping[str, Any],
     retrieval: Mapping[str, Any],
+    agent: Mapping[str, Any] | None = None,
+    prompt: Mapping[str, Any] | None = None,
     threads: int | None = None,
     service_log: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -97,6 +106,9 @@ def evaluate_policy(
         out_records, out_summary: per-instance JSONL and summary JSON to write.
         evaluation: ``config["evaluation"]``; retrieval: ``config["retrieval"]`` (reranker resolved
             to a local ``path``).
+        agent: ``config["agent"]``, the turn settings shared with training.
+        prompt: ``{"path": template file or None, "version": its hash}`` (the rule's param); the
+            file's hash must still be ``version`` (an edit after the DAG was built fails here).
         threads: CPU threads of the job (shared by the service).
         service_log: where the retrieval service writes its log.
     Returns:
@@ -105,8 +117,10 @@ def evaluate_policy(
     service = dict(retrieval.get("service", {}))
     # queries are cut to what the service accepts, as training's search tool does
     settings = dataclasses.replace(
-        AgentSettings.from_config(evaluation), max_query_chars=int(service.get("max_query_chars", 1000))
+        AgentSettings.from_config(evaluation, agent),
+        max_query_chars=int(service.get("max_query_chars", 1000)),
     )
+    template = checked_template(prompt)
     items = load_eval_set(records_path)
     tiny = is_tiny(model_dir)
     if tiny:
@@ -148,7 +162,7 @@ def evaluate_policy(
                 max_query_chars=int(service.get("max_query_chars", 1000)),
                 max_queries_per_request=int(service.get("max_queries_per_request", 512)),
             )
-            records = evaluate_method(items, engine, search, settings, method=method)
+            records = evaluate_method(items, engine, search, settings, method=method, template=template)
     finally:
         loader.shutdown(wait=True)  # a load still in flight (the service failed first) ends here
         if engine is None and pending is not None and pending.exception() is None:
@@ -163,8 +177,9 @@ def evaluate_policy(
         model_dir=str(model_dir),
         tiny_model=tiny,
         note=TINY_NOTE if tiny else "",
-        prompt_version=PROMPT_VERSION,
-        settings={k: v for k, v in evaluation.items()},
+        prompt_version=template.version,
+        prompt_template=template.source,
+        settings={**dict(evaluation), "agent": dict(agent or {})},
         search_requests=search.requests,
         elapsed_s=round(time.monotonic() - started, 3),
     )

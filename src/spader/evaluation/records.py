@@ -1,4 +1,4 @@
-"""Evaluation sets in, per-instance records and per-run summaries out (method.md, "Evaluation").
+"""Evaluation sets in, per-instance records and per-run summaries out (docs/method.md, "Evaluation").
 
 Per instance: set precision / recall / F1 of the unique predicted answers against the gold
 entities (``spader.core.metrics.prf``: alias-aware, norm_v1, each entity at most once). An instance whose
@@ -115,7 +115,7 @@ def summarize(records: Sequence[Mapping[str, Any]], **meta: Any) -> dict[str, An
         "recall": r,
         "f1": f,
         "format_valid_rate": (sum(bool(rec["format_valid"]) for rec in records) / n) if n else 0.0,
-        "failed": sum(rec["status"] == "generation_error" for rec in records),
+        "failed": sum(rec["status"] in ("generation_error", "episode_error") for rec in records),
         "statuses": dict(sorted(Counter(rec["status"] for rec in records).items())),
         "search_calls": sum(rec["search_calls"] for rec in records),
         "queries_issued": sum(rec["queries_issued"] for rec in records),

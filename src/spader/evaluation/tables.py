@@ -37,7 +37,7 @@ __all__ = [
     "temporal_table",
 ]
 
-#: The ablation table's rows (method.md, "Ablations and baselines"): variant name -> paper label.
+#: The ablation table's rows (docs/method.md, "Ablations and baselines"): variant name -> paper label.
 ABLATION_ROWS = {"spader": "SPADER", "no_spa": "w/o SPA", "no_np": "w/o NP", "no_ig": "w/o IG"}
 NOT_RUN = "not run for this backbone"
 EVALUATED = "evaluated"

@@ -17,11 +17,26 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 
-__all__ = ["ConfigError", "check_config", "hub_slug", "load_schema", "model_kind"]
+__all__ = [
+    "USER_SUPPLIED",
+    "ConfigError",
+    "check_config",
+    "hub_slug",
+    "load_schema",
+    "missing_sources",
+    "model_kind",
+    "verl_config_dir",
+]
 
 DATASETS = ("qampari", "mintaka", "webqsp", "quest")
 BASELINES = ("rag", "react")
 TINY_KINDS = ("qwen3", "reranker")
+
+#: Release files the project cannot fetch for the user, with where to get them.
+USER_SUPPLIED = {
+    "WebQSP.zip": "WebQSP is not redistributable: download WebQSP.zip from "
+    "https://www.microsoft.com/en-us/download/details.aspx?id=52763",
+}
 
 
 class ConfigError(ValueError):
@@ -82,6 +97,11 @@ def _semantic_errors(config: Mapping[str, Any], verl_config_dir: Path | None) ->
         model = str(spec.get("model", ""))
         if model.startswith("tiny:") and model[5:] != "qwen3":
             errors.append(f"config key 'backbones.{b}.model': tiny backbones are 'tiny:qwen3', got '{model}'")
+        if spec.get("warmstart") is not None and not model.startswith("tiny:"):  # real backbones as released
+            errors.append(
+                f"config key 'backbones.{b}.warmstart': only tiny backbones (tiny:qwen3) are warm-started, "
+                f"'{model}' is used as released; set it to null"
+            )
         if model_kind(model) == "path" and not os.path.exists(model):
             errors.append(f"config key 'backbones.{b}.model': local path '{model}' does not exist")
     reranker = (config.get("retrieval", {}).get("reranker") or {}).get("model")
@@ -94,10 +114,30 @@ def _semantic_errors(config: Mapping[str, Any], verl_config_dir: Path | None) ->
             path = verl_config_dir / f"{spec.get('verl_config')}.yaml"
             if not path.exists():
                 errors.append(f"config key 'variants.{v}.verl_config': {path} does not exist")
-        if spec.get("advantage") == "gae" and spec.get("reward") != "terminal":
+        if spec.get("advantage") == "gae" and spec.get("reward") not in ("terminal", "stepsearch"):
             errors.append(
                 f"config key 'variants.{v}.reward': PPO (advantage gae) is trained on the terminal reward"
             )
+        # the step-level baselines are each defined with one estimator (docs/baselines.md)
+        pairs = {"stepsearch": "gae", "r3rag": "turn_gae"}
+        reward, advantage = spec.get("reward"), spec.get("advantage")
+        if (reward in pairs or advantage == "turn_gae") and pairs.get(reward) != advantage:
+            errors.append(
+                f"config key 'variants.{v}.advantage': {advantage!r} does not train reward {reward!r} "
+                f"(stepsearch: gae, r3rag: turn_gae)"
+            )
+        if reward == "r3rag" and spec.get("judge", "llm") == "reranker" and reranker in (None, "none"):
+            errors.append(
+                f"config key 'variants.{v}.judge': the reranker judge needs retrieval.reranker.model"
+            )
+    errors += _served_judge_errors(config)
+    training = config.get("training", {})
+    device, backend = training.get("device", "cuda"), training.get("rollout_backend", "sglang")
+    if (device, backend) not in (("cuda", "sglang"), ("cpu", "transformers")):
+        errors.append(
+            f"config key 'training.rollout_backend': {backend!r} cannot serve training.device {device!r} "
+            "(cuda trains with sglang, cpu with transformers)"
+        )
     for d, spec in config.get("datasets", {}).items():
         files = spec.get("files", {})
         for split, s in (spec.get("splits") or {}).items():
@@ -111,6 +151,34 @@ def _semantic_errors(config: Mapping[str, Any], verl_config_dir: Path | None) ->
                 errors.append(
                     f"config key 'datasets.{d}.files.{name}': file names may use letters, digits, . _ -"
                 )
+    return errors
+
+
+def _served_judge_errors(config: Mapping[str, Any]) -> list[str]:
+    """A judge served on the training node leaves verl the other GPUs, whose number must divide
+    the trajectories of a step (verl's own check, made here before anything runs)."""
+    judge = config.get("judge") or {}
+    if judge.get("url"):
+        return []
+    training = config.get("training", {})
+    per_step = int(training.get("train_batch_size", 32)) * int(training.get("rollout_n", 16))
+    variants = config.get("variants", {})
+    errors = []
+    for b, spec in config.get("backbones", {}).items():
+        served = [
+            v
+            for v in spec.get("variants", [])
+            if variants.get(v, {}).get("reward") == "r3rag" and variants[v].get("judge", "llm") == "llm"
+        ]
+        if not served:
+            continue
+        left = int(spec.get("gpus", 0)) - int(judge.get("gpus", 4))
+        if left < 1 or per_step % left:
+            errors.append(
+                f"config key 'judge.gpus': backbone '{b}' trains {served[0]} on {spec.get('gpus')} GPUs, "
+                f"{judge.get('gpus', 4)} of them serving the judge; the {max(left, 0)} left must be >= 1 and "
+                f"divide the {per_step} trajectories of a step (or set judge.url)"
+            )
     return errors
 
 
@@ -148,3 +216,31 @@ def verl_config_chain(name: str, config_dir: str | os.PathLike) -> list[str]:
             if isinstance(entry, str) and entry != "_self_":
                 todo.append(entry)
     return chain
+
+
+def verl_config_dir(root: str | os.PathLike | None = None) -> Path:
+    """The project's verl YAML directory, ``<root>/config/verl``: the one place it is looked up.
+
+    Args:
+        root: the repository holding the workflow (the workflow passes its own). Without it, the
+            checkout this package is installed from (editable install), as tests and the CLIs use.
+    Returns:
+        The directory (not checked for existence; :func:`check_config` reports missing YAMLs).
+    """
+    base = Path(root) if root is not None else Path(__file__).resolve().parents[3]
+    return base / "config" / "verl"
+
+
+def missing_sources(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Release files with neither a URL nor a hub location (the user must supply them).
+
+    Returns:
+        ``[(config key of the url, what to do)]``, e.g. WebQSP's ``datasets.webqsp.files.WebQSP.zip.url``.
+    """
+    out = []
+    for d, spec in (config.get("datasets") or {}).items():
+        for name, source in (spec.get("files") or {}).items():
+            if not (source or {}).get("url") and not (source or {}).get("hub"):
+                hint = USER_SUPPLIED.get(name, f"{name} has no configured source")
+                out.append((f"datasets.{d}.files.{name}.url", f"{hint}, then set this key to its local path"))
+    return out

@@ -1,61 +1,49 @@
-"""Fetch release files (http(s), ``file:`` URLs, local paths) and unpack archives safely.
+"""Fetch release files (http(s), ``file:`` URLs, local paths).
 
 :func:`fetch` never leaves a partial file at its destination: bytes go to ``<dest>.part``, an
-interrupted transfer resumes from there (HTTP ``Range``), failures are retried with exponential
-backoff, and the file is renamed into place only after its size and checksum (when given) match.
-:func:`safe_extract_tar` / :func:`safe_extract_zip` refuse members with absolute paths, ``..``
-components, or links that point outside the target directory, before writing anything.
+interrupted transfer resumes from there only when the source is unchanged (HTTP ``Range`` with
+``If-Range``, :mod:`spader.infra.transfer`), transient failures are retried with the project's
+retry policy (:func:`spader.infra.retry.retrying`), and the file is renamed into place only after
+its size and checksum match: the configured ones, else those recorded by the first complete
+download (``<dest>.integrity``). A verified download keeps a second hard link,
+``<dest>.verified``, so that a Snakemake rerun of a job it marked incomplete reuses it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
-import tarfile
-import time
-import zipfile
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from tqdm import tqdm
+from spader.infra import integrity, transfer
+from spader.infra.retry import retrying
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "KEEP_SUFFIX",
     "DownloadError",
-    "UnsafeArchiveError",
+    "anchor_source",
     "fetch",
-    "read_zip_member",
+    "keep_path",
     "resolve_source",
-    "safe_extract_tar",
-    "safe_extract_zip",
     "sha256sum",
 ]
 
-_CHUNK = 1 << 20
-# Status codes worth another try; any other 4xx is final (a wrong URL does not heal by waiting).
-_TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
+KEEP_SUFFIX = ".verified"
 
 
 class DownloadError(RuntimeError):
     """A download failed for good; the message names the source and the destination."""
 
 
-class UnsafeArchiveError(ValueError):
-    """An archive member would be written outside the target directory."""
-
-
-class _Transient(Exception):
-    """An error after which the transfer is retried (resuming from the partial file)."""
-
-
 def resolve_source(source: str) -> str | Path:
     """Classify ``source``: an http(s) URL is returned as is, anything else as a local :class:`Path`.
 
     ``file:///abs/path`` and ``file:relative/path`` URLs and plain paths are local; relative paths
-    resolve against the current directory (Snakemake runs jobs from the repository root).
+    stay relative (to the current directory; see :func:`anchor_source`).
     """
     parsed = urlparse(source)
     if parsed.scheme in ("http", "https"):
@@ -73,23 +61,61 @@ def resolve_source(source: str) -> str | Path:
     return Path(source).expanduser()
 
 
+def anchor_source(source: str, base: str | os.PathLike) -> str:
+    """``source`` with a relative local path made absolute against ``base``.
+
+    Config files name bundled files relative to the repository (``file:resources/demo/x.zip``);
+    jobs may run from any working directory, so the download scripts anchor such sources at the
+    repository that holds the workflow. URLs and absolute paths are returned unchanged.
+
+    Args:
+        source: http(s) URL, ``file:`` URL or path.
+        base: directory that relative paths are relative to.
+    Returns:
+        The source, as a plain absolute path when it was a relative local one.
+    """
+    resolved = resolve_source(source)
+    if isinstance(resolved, Path) and not resolved.is_absolute():
+        return str(Path(base) / resolved)
+    return source
+
+
 def sha256sum(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
+    return integrity.sha256_file(path)
 
 
-def _verify(path: Path, source: str, sha256: str | None, size: int | None) -> None:
+def keep_path(dest: str | os.PathLike) -> Path:
+    """``<dest>.verified``: a second hard link of a verified download (see :func:`fetch`)."""
+    dest = Path(dest)
+    return dest.with_name(dest.name + KEEP_SUFFIX)
+
+
+def _record_for(dest: Path, source: str) -> integrity.Record | None:
+    """The record of an earlier complete download of ``dest`` from ``source`` (None: none, or it
+    came from another source, which the new one need not match)."""
+    rec = integrity.read_record(dest)
+    return rec if rec is not None and rec.extra.get("source") == source else None
+
+
+def _mismatch(path: Path, sha256: str | None, size: int | None) -> tuple[str | None, str | None]:
+    """``(what differs or None, the sha256 when it was computed)``."""
     actual = path.stat().st_size
     if size is not None and actual != size:
-        raise DownloadError(f"{source}: downloaded {actual} bytes into {path}, expected {size} (size_bytes)")
-    if sha256 is not None:
-        digest = sha256sum(path)
-        if digest != sha256.lower():
-            raise DownloadError(f"{source}: sha256 of {path} is {digest}, expected {sha256.lower()}")
+        return f"{actual} bytes, expected {size}", None
+    if sha256 is None:
+        return None, None
+    digest = sha256sum(path)
+    return (f"sha256 {digest}, expected {sha256}" if digest != sha256 else None), digest
+
+
+def _keep(dest: Path) -> None:
+    keep = keep_path(dest)
+    keep.unlink(missing_ok=True)
+    try:
+        os.link(dest, keep)
+    except OSError as exc:  # a file system without hard links: only the resume-from-part path remains
+        log.info("cannot keep a hard link of %s (%s); an interrupted run will download it again", dest, exc)
 
 
 def fetch(
@@ -102,8 +128,17 @@ def fetch(
     backoff: float = 2.0,
     timeout: float = 60.0,
     desc: str | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> Path:
     """Download or copy ``source`` to ``dest`` atomically, resuming and retrying as needed.
+
+    Expected size and sha256 come from the arguments (config) or, when those are None, from the
+    record of the first complete download of ``dest`` from the same source
+    (``<dest>.integrity``, :mod:`spader.infra.integrity`): later runs verify against it, and a
+    new transfer that differs from it is refused. A verified file also gets a second hard link,
+    ``<dest>.verified``: when Snakemake deletes ``dest`` before rerunning a job it marked
+    incomplete (an interrupted ``snakemake``), the next call verifies that copy and links it back
+    instead of transferring the file again.
 
     Args:
         source: http(s) URL, ``file:`` URL (``file:///abs/path`` or ``file:relative/path``) or path.
@@ -112,230 +147,99 @@ def fetch(
             deleted and :class:`DownloadError` raised).
         size: expected size in bytes, checked the same way.
         retries: further attempts after a transient failure (connection error, timeout, 5xx,
-            429, truncated body); each resumes from the bytes already on disk.
-        backoff: the n-th retry waits ``backoff * 2 ** (n - 1)`` seconds.
+            429, a body shorter than declared or expected); each resumes from the bytes on disk.
+        backoff: the n-th retry waits ``backoff * 2 ** (n - 1)`` seconds (at most 30 s).
         timeout: seconds without progress (connect or read) before an attempt fails.
         desc: progress-bar label (default: the file name).
+        sleep: replaces ``time.sleep`` between attempts (tests).
 
     Returns:
         ``dest`` as a :class:`Path`.
     """
     dest = Path(dest)
+    earlier = integrity.read_record(dest)
+    if earlier is not None and earlier.extra.get("source") not in (None, source):
+        # what is there came from another source: it is not the file asked for
+        log.info("%s was downloaded from %s, not %s; fetching again", dest, earlier.extra["source"], source)
+        for stale in (dest, keep_path(dest), integrity.record_path(dest)):
+            stale.unlink(missing_ok=True)
+    rec = _record_for(dest, source)
+    want_sha = sha256.lower() if sha256 else (rec.sha256 if rec else None)
+    want_size = size if size is not None else (rec.size if rec else None)
+    origin = "configured" if sha256 or size is not None else f"recorded in {integrity.record_path(dest)}"
     if dest.exists():
-        try:
-            _verify(dest, source, sha256, size)
-            log.info("%s already present (%d bytes); not downloading again", dest, dest.stat().st_size)
+        problem, digest = _mismatch(dest, want_sha, want_size)
+        if problem is None:
+            if rec is None or not keep_path(dest).exists():
+                # first sight of a file placed by hand or by an older version: record it as it is
+                integrity.write_record(dest, sha256=digest or sha256sum(dest), extra={"source": source})
+                _keep(dest)
+            how = "verified" if want_sha else "nothing to verify it against; recorded"
+            log.info(
+                "%s already present (%d bytes, %s); not downloading again", dest, dest.stat().st_size, how
+            )
             return dest
-        except DownloadError as exc:
-            log.warning("existing %s does not verify (%s); downloading again", dest, exc)
-            dest.unlink()
+        log.warning("existing %s does not verify (%s, %s); downloading again", dest, problem, origin)
+        dest.unlink()
+    keep = keep_path(dest)
+    if keep.exists():
+        if want_sha is not None and _mismatch(keep, want_sha, want_size)[0] is None:
+            os.link(keep, dest)
+            log.info("%s: reusing the verified download %s (%d bytes)", dest, keep, dest.stat().st_size)
+            return dest
+        keep.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    origin = resolve_source(source)
+    where = resolve_source(source)
     label = desc or dest.name
-    attempt = 0
-    while True:
-        try:
-            if isinstance(origin, Path):
-                _copy_local(origin, part, label)
-            else:
-                _http_get(origin, part, label, timeout)
-            break
-        except _Transient as exc:
-            if attempt >= retries:
-                raise DownloadError(
-                    f"{source}: giving up after {attempt + 1} attempts ({exc}); "
-                    f"{part.stat().st_size if part.exists() else 0} bytes kept in {part} for a later resume"
-                ) from exc
-            wait = backoff * 2**attempt
-            attempt += 1
-            log.warning("%s: %s; retry %d/%d in %.1f s (resuming)", source, exc, attempt, retries, wait)
-            time.sleep(wait)
     try:
-        _verify(part, source, sha256, size)
-    except DownloadError:
-        part.unlink()
-        raise
-    os.replace(part, dest)
-    log.info("%s -> %s (%d bytes)", source, dest, dest.stat().st_size)
-    return dest
-
-
-def _copy_local(origin: Path, part: Path, label: str) -> None:
-    if not origin.is_file():
+        for attempt in retrying(
+            retries=retries,
+            backoff=backoff,
+            on=(transfer.Transient,),
+            what=f"download of {source}",
+            sleep=sleep,
+        ):
+            with attempt:
+                if isinstance(where, Path):
+                    meta = transfer.copy_local(where, part, label, checked=want_sha is not None)
+                else:
+                    meta = transfer.http_get(
+                        where, part, label, timeout=timeout, expected=want_size, checked=want_sha is not None
+                    )
+    except transfer.Transient as exc:
+        kept = part.stat().st_size if part.exists() else 0
         raise DownloadError(
-            f"source file {origin} does not exist (resolved from the current directory {Path.cwd()})"
+            f"{source}: giving up after {retries + 1} attempts ({exc}); {kept} bytes kept in {part} for a later resume"
+        ) from exc
+    except transfer.Fatal as exc:
+        raise DownloadError(str(exc)) from exc
+    digest = sha256sum(part)
+    problem = key = None
+    if want_size is not None and part.stat().st_size != want_size:
+        problem, key = (
+            f"downloaded {part.stat().st_size} bytes into {dest}, expected {want_size}",
+            "size_bytes",
         )
-    total = origin.stat().st_size
-    offset = part.stat().st_size if part.exists() else 0
-    if offset > total:
-        part.unlink()
-        offset = 0
-    try:
-        with open(origin, "rb") as src, open(part, "ab") as out, _bar(label, total, offset) as bar:
-            src.seek(offset)
-            for block in iter(lambda: src.read(_CHUNK), b""):
-                out.write(block)
-                bar.update(len(block))
-    except OSError as exc:
-        raise _Transient(f"copy of {origin} interrupted: {exc}") from exc
-
-
-def _http_get(url: str, part: Path, label: str, timeout: float) -> None:
-    import httpx
-
-    offset = part.stat().st_size if part.exists() else 0
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
-    try:
-        with httpx.stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as resp:
-            if resp.status_code == 416 and offset:
-                # Nothing left past our offset: the part file is complete if the server agrees on the size.
-                total = _content_range_total(resp.headers.get("content-range"))
-                if total == offset:
-                    return
-                part.unlink()
-                raise _Transient(f"server rejected resume at byte {offset} (size {total}); restarting")
-            if resp.status_code in _TRANSIENT_STATUS:
-                raise _Transient(f"HTTP {resp.status_code}")
-            if resp.status_code >= 400:
-                raise DownloadError(f"{url}: HTTP {resp.status_code} {resp.reason_phrase}")
-            if resp.status_code == 206:
-                start = _content_range_start(resp.headers.get("content-range"))
-                if start != offset:
-                    part.unlink()
-                    raise _Transient(f"server resumed at byte {start}, not {offset}; restarting")
-                mode = "ab"
-            else:  # 200: the server ignored the Range header, so start over
-                offset, mode = 0, "wb"
-            length = resp.headers.get("content-length")
-            total = offset + int(length) if length is not None else None
-            with open(part, mode) as out, _bar(label, total, offset) as bar:
-                for block in resp.iter_bytes():  # unbuffered: whatever arrived is on disk if the line drops
-                    out.write(block)
-                    bar.update(len(block))
-            if total is not None and part.stat().st_size < total:
-                raise _Transient(f"connection closed at byte {part.stat().st_size} of {total}")
-    except (httpx.TransportError, httpx.StreamError) as exc:
-        raise _Transient(f"{type(exc).__name__}: {exc}") from exc
-
-
-def _content_range_start(value: str | None) -> int | None:
-    # "bytes 100-199/200"
-    if not value or not value.startswith("bytes ") or "-" not in value:
-        return None
-    return int(value[6:].split("-", 1)[0])
-
-
-def _content_range_total(value: str | None) -> int | None:
-    # "bytes */200" or "bytes 0-99/200"
-    if not value or "/" not in value:
-        return None
-    tail = value.rsplit("/", 1)[1]
-    return int(tail) if tail.isdigit() else None
-
-
-def _bar(label: str, total: int | None, initial: int) -> tqdm:
-    return tqdm(
-        total=total,
-        initial=initial,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=label,
-        mininterval=2.0,
+    elif want_sha is not None and digest != want_sha:
+        problem, key = f"sha256 of {dest} is {digest}, expected {want_sha}", "sha256"
+    if problem is not None:
+        transfer.remove_part(part)
+        if rec is not None and not (sha256 or size is not None):
+            raise DownloadError(
+                f"{source}: {problem} ({origin}): the remote file changed since its first download, or "
+                f"the transfer was corrupted; if the change is expected, delete {integrity.record_path(dest)} "
+                "and run again"
+            )
+        raise DownloadError(f"{source}: {problem} ({key})")
+    integrity.forget(dest)
+    os.replace(part, dest)
+    transfer.meta_path(part).unlink(missing_ok=True)
+    integrity.write_record(
+        dest,
+        sha256=digest,
+        extra={"source": source, "etag": meta.etag, "last_modified": meta.last_modified},
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Archives
-# ---------------------------------------------------------------------------------------------
-def _check_name(name: str, archive: Path) -> PurePosixPath:
-    path = PurePosixPath(name.replace("\\", "/"))
-    if path.is_absolute() or (path.parts and ":" in path.parts[0]):
-        raise UnsafeArchiveError(f"{archive}: member {name!r} has an absolute path; refusing to extract")
-    if ".." in path.parts:
-        raise UnsafeArchiveError(f"{archive}: member {name!r} contains '..'; refusing to extract")
-    return path
-
-
-def _inside(target: Path, candidate: Path) -> bool:
-    return os.path.commonpath([target, candidate]) == str(target)
-
-
-def safe_extract_tar(archive: str | os.PathLike, target_dir: str | os.PathLike) -> list[Path]:
-    """Extract a (compressed) tar archive after checking every member.
-
-    Refused (:class:`UnsafeArchiveError`, nothing written): absolute member paths, ``..``
-    components, symbolic or hard links whose target leaves ``target_dir``, device files and FIFOs.
-
-    Returns:
-        The extracted regular files, in archive order.
-    """
-    archive = Path(archive)
-    target = Path(target_dir).resolve()
-    with tarfile.open(archive) as tf:
-        members = tf.getmembers()
-        for m in members:
-            rel = _check_name(m.name, archive)
-            if m.ischr() or m.isblk() or m.isfifo():
-                raise UnsafeArchiveError(
-                    f"{archive}: member {m.name!r} is a device or FIFO; refusing to extract"
-                )
-            if m.issym() or m.islnk():
-                link = PurePosixPath(m.linkname)
-                if link.is_absolute():
-                    raise UnsafeArchiveError(
-                        f"{archive}: link {m.name!r} -> {m.linkname!r} is absolute; refusing"
-                    )
-                base = (target / rel).parent if m.issym() else target
-                dest = Path(os.path.normpath(base / link))
-                if not _inside(target, dest):
-                    raise UnsafeArchiveError(
-                        f"{archive}: link {m.name!r} -> {m.linkname!r} points outside {target}; "
-                        "refusing to extract"
-                    )
-        target.mkdir(parents=True, exist_ok=True)
-        # The stdlib "data" filter repeats these checks (and drops permissions bits we never need).
-        tf.extractall(target, members=members, filter="data")
-    return [target / m.name for m in members if m.isfile()]
-
-
-def safe_extract_zip(archive: str | os.PathLike, target_dir: str | os.PathLike) -> list[Path]:
-    """Extract a zip archive after checking every member (absolute paths, ``..``, symlinks refused).
-
-    Returns:
-        The extracted regular files, in archive order.
-    """
-    archive = Path(archive)
-    target = Path(target_dir).resolve()
-    with zipfile.ZipFile(archive) as zf:
-        infos = zf.infolist()
-        for info in infos:
-            _check_name(info.filename, archive)
-            if (info.external_attr >> 16) & 0o170000 == 0o120000:
-                raise UnsafeArchiveError(
-                    f"{archive}: member {info.filename!r} is a symbolic link; refusing to extract"
-                )
-        target.mkdir(parents=True, exist_ok=True)
-        out = []
-        for info in infos:
-            path = target / info.filename
-            if info.is_dir():
-                path.mkdir(parents=True, exist_ok=True)
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst, _CHUNK)
-            out.append(path)
-    return out
-
-
-def read_zip_member(archive: str | os.PathLike, member: str) -> bytes:
-    """The bytes of one zip member; a missing member raises ``KeyError`` listing what is there."""
-    with zipfile.ZipFile(archive) as zf:
-        try:
-            return zf.read(member)
-        except KeyError:
-            names = [n for n in zf.namelist() if not n.endswith("/")]
-            shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
-            raise KeyError(f"{archive} has no member {member!r}; members: {shown}") from None
+    _keep(dest)
+    log.info("%s -> %s (%d bytes, sha256 %s)", source, dest, dest.stat().st_size, digest)
+    return dest

@@ -12,12 +12,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+from spader.infra import integrity
+from spader.infra.procs import raise_on_signals, start_watchdog
 from spader.infra.tracking import job_run
 
-__all__ = ["job", "setup_logging"]
+__all__ = [
+    "OPERATIONAL_SERVICE_KEYS",
+    "job",
+    "retrieval_settings",
+    "setup_logging",
+    "without_operational",
+    "workflow_root",
+]
+
+#: Retrieval-service settings that cannot change a result: where it binds, how long clients wait
+#: and how often they retry. They are not params (editing them reruns nothing); jobs read them
+#: from their config instead (:func:`retrieval_settings`).
+OPERATIONAL_SERVICE_KEYS = ("host", "startup_timeout_s", "request_timeout_s", "retries")
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -31,12 +46,69 @@ def setup_logging(log_path: str | None) -> None:
 
 @contextlib.contextmanager
 def job(smk) -> Iterator[Any]:
-    """Log set-up plus the job's MLflow run (see :func:`spader.infra.tracking.job_run`)."""
+    """Log set-up, the job's MLflow run (:func:`spader.infra.tracking.job_run`), stop signals and
+    integrity records.
+
+    SIGTERM, SIGINT and SIGHUP raise :class:`spader.infra.procs.Terminated` in the body, so
+    services and child processes are stopped on the way out and the run is marked KILLED; should
+    the job die without that chance (SIGKILL), a watchdog stops every process it had started
+    (:func:`spader.infra.procs.start_watchdog`). File
+    inputs are checked against their integrity records before the body runs, and file outputs
+    recorded after it succeeds (:mod:`spader.infra.integrity`).
+    """
     setup_logging(smk.log[0] if len(smk.log) else None)
     logging.getLogger("spader").info("rule %s, wildcards %s", smk.rule, dict(smk.wildcards.items()))
+    if type(smk).__module__.startswith("snakemake"):  # a job process of its own (not a test's stand-in)
+        start_watchdog()
+    integrity.set_job_rule(smk.rule)
     try:
-        with job_run(smk) as run:
+        with raise_on_signals(), job_run(smk) as run:
+            integrity.verify_inputs([str(p) for p in smk.input], rule=smk.rule)
             yield run
+            integrity.record_outputs([str(p) for p in smk.output], producer=smk.rule)
     except Exception:
         logging.getLogger("spader").exception("rule %s failed", smk.rule)
         raise
+
+
+def without_operational(retrieval: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``retrieval`` config section without :data:`OPERATIONAL_SERVICE_KEYS` (what rules
+    take as a param).
+
+    Args:
+        retrieval: the ``retrieval`` section.
+    Returns:
+        A copy whose ``service`` block keeps only the settings that can change a result.
+    """
+    out = dict(retrieval)
+    out["service"] = {
+        k: v for k, v in (retrieval.get("service") or {}).items() if k not in OPERATIONAL_SERVICE_KEYS
+    }
+    return out
+
+
+def retrieval_settings(params_retrieval: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's full retrieval settings: its ``retrieval`` param plus the operational service
+    settings from the job's config.
+
+    Args:
+        params_retrieval: ``snakemake.params.retrieval`` (see :func:`without_operational`).
+        config: ``snakemake.config``.
+    Returns:
+        The settings with a complete ``service`` block.
+    """
+    out = dict(params_retrieval)
+    service = dict(out.get("service") or {})
+    configured = (config.get("retrieval") or {}).get("service") or {}
+    service.update({k: configured[k] for k in OPERATIONAL_SERVICE_KEYS if k in configured})
+    out["service"] = service
+    return out
+
+
+def workflow_root(smk) -> Path:
+    """The repository holding the running workflow (``workflow/scripts/`` is two levels down).
+
+    Files shipped with the workflow (the demo's bundled releases) are named relative to it, while
+    the job's outputs are relative to the working directory, which may be elsewhere.
+    """
+    return Path(smk.scriptdir).resolve().parents[1]

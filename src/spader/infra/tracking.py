@@ -5,7 +5,15 @@ The Snakefile's ``onstart`` hook calls :func:`start_pipeline_run`, which creates
 ``<mlflow.state_dir>/pipeline_run.json``. Every job script wraps its work in :func:`job_run`,
 which opens a child run under that parent with params, tags (git commit, config hash, input
 fingerprints, rule, wildcards, SLURM job id) and the job's outputs, and marks it FAILED when the
-job raises. ``onsuccess``/``onerror`` close the parent with :func:`end_pipeline_run`.
+job raises (KILLED when a stop signal ended it). ``onsuccess``/``onerror`` close the parent with
+:func:`end_pipeline_run`.
+
+Runs of processes that died without closing them (SIGKILL, a node crash) would stay RUNNING for
+ever. Every run is tagged with the host, PID and PID start time of its process, and each
+``onstart`` first marks as KILLED the RUNNING runs whose process on this host is gone (the start
+time guards against a reused PID), and those of other hosts (cluster nodes, whose processes
+cannot be checked from here) that are older than ``mlflow.stale_run_hours``
+(:func:`mark_dead_runs`).
 
 Tracking settings are the one part of the config that jobs read from ``snakemake.config`` rather
 than from ``params``: where runs are recorded does not change any result, so editing it must not
@@ -19,7 +27,9 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +46,8 @@ __all__ = [
     "flatten_params",
     "git_state",
     "job_run",
+    "mark_dead_runs",
+    "process_tags",
     "start_pipeline_run",
 ]
 
@@ -61,6 +73,7 @@ class MlflowSettings:
         self.artifact_root = (root / cfg["artifact_root"]).resolve()
         self.state_dir = (root / cfg["state_dir"]).resolve()
         self.enabled = bool(cfg.get("enabled", True))
+        self.stale_run_hours = float(cfg.get("stale_run_hours", 72))
 
     @property
     def pipeline_file(self) -> Path:
@@ -168,16 +181,108 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
     return out
 
 
-def start_pipeline_run(config: Mapping[str, Any], targets: list[str], root: str | os.PathLike = ".") -> None:
-    """Create the parent run of this Snakemake invocation and record it for the jobs."""
+def _start_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def process_tags() -> dict[str, str]:
+    """Tags that identify this process: ``spader.host``, ``spader.pid``, ``spader.pid_start``."""
+    pid = os.getpid()
+    return {
+        "spader.host": socket.gethostname(),
+        "spader.pid": str(pid),
+        "spader.pid_start": f"{_start_time(pid) or 0.0:.2f}",
+    }
+
+
+def _dead_reason(tags: Mapping[str, str], start_ms: int, now: float, max_age_s: float) -> str | None:
+    """Why a RUNNING run is known to be dead, or None while it may be alive."""
+    host, pid = tags.get("spader.host"), tags.get("spader.pid", "")
+    if host == socket.gethostname() and pid.isdigit():
+        started = _start_time(int(pid))
+        if started is None:
+            return f"process {pid} on {host} is gone"
+        recorded = float(tags.get("spader.pid_start") or 0.0)
+        if recorded and abs(started - recorded) > 2.0:
+            return f"process {pid} on {host} is gone (the PID now belongs to a later process)"
+        return None
+    age = now - start_ms / 1000.0
+    if age > max_age_s:
+        where = f"on {host}" if host else "of unknown host"
+        return f"run {where} still RUNNING after {age / 3600:.0f} h (mlflow.stale_run_hours)"
+    return None
+
+
+def mark_dead_runs(settings: MlflowSettings, *, now: float | None = None) -> list[str]:
+    """Mark RUNNING runs whose process died as KILLED (see the module docstring).
+
+    Args:
+        settings: the tracking settings (experiment, ``stale_run_hours``).
+        now: the current time in seconds since the epoch (tests).
+    Returns:
+        The ids of the runs marked KILLED; each gets a ``spader.killed_reason`` tag.
+    """
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    exp = client.get_experiment_by_name(settings.experiment)
+    if exp is None:
+        return []
+    now = time.time() if now is None else now
+    marked, token = [], None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id],
+            filter_string="attributes.status = 'RUNNING'",
+            max_results=1000,
+            page_token=token,
+        )
+        for run in page:
+            reason = _dead_reason(run.data.tags, run.info.start_time, now, settings.stale_run_hours * 3600)
+            if reason is None:
+                continue
+            client.set_tag(run.info.run_id, "spader.killed_reason", reason)
+            client.set_terminated(run.info.run_id, status="KILLED")
+            marked.append(run.info.run_id)
+            log.warning("MLflow run %s (%s) marked KILLED: %s", run.info.run_id, run.info.run_name, reason)
+        token = page.token
+        if not token:
+            return marked
+
+
+def start_pipeline_run(
+    config: Mapping[str, Any],
+    targets: list[str],
+    root: str | os.PathLike = ".",
+    code_root: str | os.PathLike | None = None,
+) -> None:
+    """Mark runs of dead processes KILLED, then create the parent run of this Snakemake invocation
+    and record it for the jobs.
+
+    Args:
+        config: the workflow config. targets: the invocation's targets.
+        root: the working directory (relative MLflow paths resolve against it).
+        code_root: a directory of the workflow's repository, whose git commit is recorded
+            (default: ``root``).
+    """
     settings = MlflowSettings(config["mlflow"], root)
     if not settings.enabled:
         return
     mlflow = _mlflow()
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
     exp_id = _experiment_id(settings)
-    tags = {"spader.version": __version__, "spader.kind": "pipeline", "spader.targets": json.dumps(targets)}
-    git = git_state(root)
+    mark_dead_runs(settings)
+    tags = {
+        "spader.version": __version__,
+        "spader.kind": "pipeline",
+        "spader.targets": json.dumps(targets),
+        **process_tags(),
+    }
+    git = git_state(code_root if code_root is not None else root)
     if git:
         tags["mlflow.source.git.commit"] = git["commit"]
         tags["git.dirty"] = git["dirty"]
@@ -226,7 +331,8 @@ def job_run(smk, *, extra_tags: Mapping[str, str] | None = None) -> Iterator[Any
     """Track one Snakemake job as an MLflow run nested under the pipeline run.
 
     Yields the active ``mlflow.ActiveRun`` (or ``None`` when tracking is disabled), so the job
-    can log metrics. The run is FAILED when the body raises (the exception propagates).
+    can log metrics. The run is KILLED when a stop signal ends the body (:class:`Terminated`,
+    ``KeyboardInterrupt``), FAILED when it raises anything else (the exception propagates).
     """
     settings = MlflowSettings(smk.config["mlflow"], ".")
     if not settings.enabled:
@@ -244,8 +350,10 @@ def job_run(smk, *, extra_tags: Mapping[str, str] | None = None) -> Iterator[Any
         "spader.version": __version__,
         "spader.kind": "job",
         "config_hash": config_hash(params),
+        **process_tags(),
     }
-    git = git_state(".")
+    # the commit of the workflow's code: git finds the repository from the script's directory
+    git = git_state(getattr(smk, "scriptdir", None) or ".")
     if git:
         tags["mlflow.source.git.commit"] = git["commit"]
         tags["git.dirty"] = git["dirty"]
@@ -262,8 +370,10 @@ def job_run(smk, *, extra_tags: Mapping[str, str] | None = None) -> Iterator[Any
     try:
         mlflow.log_params(flatten_params(params, prefix="params/"))
         yield run
-    except BaseException:
-        mlflow.end_run(status="FAILED")
+    except BaseException as exc:
+        from spader.infra.procs import Terminated
+
+        mlflow.end_run(status="KILLED" if isinstance(exc, (Terminated, KeyboardInterrupt)) else "FAILED")
         raise
     try:
         for name, path in _named_items(smk.output):

@@ -2,8 +2,6 @@
 template that knows the agent's special tags, and an XLM-RoBERTa cross-encoder shaped like
 bge-reranker-v2-m3. Their outputs are meaningless; they exist so that the demo and the tests run
 the real loading and inference code paths on a 2-core CPU machine.
-
-Recipes: shared/spec/environment.md sections 2 and 5.
 """
 
 from __future__ import annotations
@@ -46,12 +44,47 @@ _QWEN_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-_CORPUS = (
-    "Answer the question by listing every entity. <think> I should search for the films. </think> "
-    '<tool_call>["films directed by Ilse Varga", "Ilse Varga filmography"]</tool_call> '
-    "<tool_response> Doc 1 (Title: The Salt Orchard) The Salt Orchard is a 1961 drama film. </tool_response> "
-    '<answer>["The Salt Orchard", "Winter Quay"]</answer> Question: which rivers flow into the lake? '
-)
+# Pre-tokenization of the tiny tokenizer: a word keeps the one space that follows it, and every
+# punctuation character is its own piece. The usual GPT-2 scheme glues the space to the *next*
+# word, so a name reads as different tokens in running text (" Varga") and at the start of a JSON
+# string ('"Varga'); with the space behind, a title in "(Title: Lake Askgarner)", the same name in
+# '["Lake Askgarner"]' and the question copied into a tool call are the same token ids, which is
+# what lets a model of this size learn to copy names at all.
+_PIECES = r"[\p{L}\p{N}]+ ?|[^\p{L}\p{N}\s] ?|\s+"
+_VOCAB = 8192  # an upper bound: merges run out at about 2,000 tokens (every word of the demo world)
+
+
+def _tokenizer_texts() -> list[str]:
+    """What the tiny tokenizer's merges are learned from: the agent's protocol as the chat template
+    renders it (prompt, tool calls, observations, answers) on the demo world's questions and
+    passages, with every generated name left out and the pieces names are built from put in
+    instead (:func:`spader.demo.world.name_parts`). Whole names never become tokens: a name that
+    only an evaluation question asks about is spelled with the same tokens as training names,
+    whose embeddings fine-tuning has trained. Byte-level fallback keeps any text encodable."""
+    import re
+
+    from spader.core.prompt import build_user_prompt, format_observation
+    from spader.demo.trajectories import answer_text, search_text
+    from spader.demo.world import KINDS, build_world, name_parts
+
+    world = build_world()
+    names = {e.plain for t in world.topics for e in (t.subject, *t.objects)}
+    names |= {a for t in world.topics for o in t.objects for a in o.aliases}
+    pattern = re.compile("|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)))
+    texts = []
+    passages = [{"title": p.title, "text": p.text} for p in world.passages]
+    for k in range(0, len(passages), 5):
+        texts.append(format_observation([(passages[k]["title"], passages[k : k + 5])]))
+    for t in world.topics:
+        for wording in KINDS[t.kind][2:5]:
+            question = wording.format(s=t.subject.plain)
+            texts.append(f"user\n{build_user_prompt(question)}\nassistant\n")  # the template's roles
+            texts.append(search_text([question, t.subject.plain]))
+        texts.append(answer_text([o.plain for o in t.objects]))
+    texts = [pattern.sub("", text) for text in texts]
+    # each piece followed by a space (inside running text) and by punctuation (end of a title)
+    texts += [" ".join(f"{p} {p}. {p}?" for p in name_parts())] * 20
+    return texts
 
 
 def _offline() -> None:
@@ -71,19 +104,23 @@ def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
     """Save a ~0.4M-parameter random Qwen3ForCausalLM and its tokenizer (with chat template)."""
     _offline()
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    text = _CORPUS * 40
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PIECES), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(
-        [text[i : i + 200] for i in range(0, len(text), 200)],
+        _tokenizer_texts(),
         trainers.BpeTrainer(
-            vocab_size=768,
+            vocab_size=_VOCAB,
             special_tokens=_QWEN_SPECIALS,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),

@@ -24,7 +24,7 @@ import it when called.
 # the three agree); preflight refuses to start training on any other version.
 VERL_VERSION = "0.9.1"
 
-# The verl entry point of issue #5: a Hydra main that registers the SPADER estimator, reward
+# The verl entry point: a Hydra main that registers the SPADER estimator, reward
 # manager and tool before handing over to verl's run_ppo.
 ENTRY_MODULE = "spader.integrations.verl.main"
 

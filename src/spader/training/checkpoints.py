@@ -177,8 +177,10 @@ def read_step_metrics(metrics_dir: str | os.PathLike) -> dict[int, dict]:
     """Per-step metrics of all attempts, ``{step: {name: value}}``.
 
     A later attempt re-runs the steps after the checkpoint it resumed from, so for a step that
-    several attempts logged, the last attempt's record wins. Lines that are not JSON (a process
-    killed mid-write) are skipped and counted in a warning.
+    several attempts logged, the last attempt's record wins - except a record of validation
+    metrics only, which a resumed attempt logs at the step it resumed from (verl validates before
+    training): it joins the training metrics the earlier attempt logged for that step. Lines that
+    are not JSON (a process killed mid-write) are skipped and counted in a warning.
     """
     steps: dict[int, dict] = {}
     for f in sorted(Path(metrics_dir).glob("attempt_*.jsonl")):
@@ -196,7 +198,11 @@ def read_step_metrics(metrics_dir: str | os.PathLike) -> dict[int, dict]:
                     bad += 1
                     continue
                 attempt.setdefault(step, {}).update(data)  # verl may log one step in parts
-        steps.update(attempt)
+        for step, data in attempt.items():
+            if all(k.startswith("val-") for k in data):
+                steps.setdefault(step, {}).update(data)
+            else:
+                steps[step] = data
         if bad:
             log.warning("%s: skipped %d unreadable line(s)", f, bad)
     return dict(sorted(steps.items()))

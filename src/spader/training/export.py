@@ -60,6 +60,19 @@ def merge_command(actor_dir: str | os.PathLike, target_dir: str | os.PathLike) -
     ]
 
 
+def _keep_tiny_marker(final: dict, target: Path) -> None:
+    """A policy trained from a tiny demo model stays marked as one (its evaluation reports say
+    the model is tiny); the marker records the training it went through."""
+    from spader.models.tiny import TINY_MARKER
+
+    base = Path(final.get("model_dir") or "")
+    if not (base / TINY_MARKER).is_file():
+        return
+    marker = json.loads((base / TINY_MARKER).read_text())
+    marker["trained"] = {k: final.get(k) for k in ("variant", "steps_done", "verl_version")}
+    (target / TINY_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+
+
 def export_checkpoint(
     final_json: str | os.PathLike, model_out: str | os.PathLike, meta_out: str | os.PathLike
 ) -> dict:
@@ -99,6 +112,7 @@ def export_checkpoint(
         raise ExportError(f"verl's model merger exited with code {rc} on {actor_dir}")
     if not (tmp / "config.json").is_file() or not any(tmp.glob("*.safetensors")):
         raise ExportError(f"verl's model merger wrote no config.json/safetensors weights into {tmp}")
+    _keep_tiny_marker(final, tmp)
     if model_out.exists():
         shutil.rmtree(model_out)
     tmp.replace(model_out)

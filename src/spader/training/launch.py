@@ -9,7 +9,9 @@ earlier ones key by key:
    number of ``config["training"]`` (config.yaml is the single source of them at launch; the
    verl YAMLs carry the paper's values only so that they compose on their own);
 2. the job's (:func:`job_overrides`): data files, base model, GPUs, CPUs for Ray, checkpoint
-   directory, loggers, tool config; then the resume point
+   directory, loggers, tool config; the device's (:func:`device_overrides`: ``training.device``
+   and ``training.rollout_backend`` select verl's platform and rollout backend, and a CPU run
+   gets the sizes a CPU can serve); then the resume point
    (:func:`spader.training.checkpoints.resume_overrides`);
 3. extra ones (the GPU smoke test shrinks the run with them).
 
@@ -20,6 +22,7 @@ failure or a SIGTERM from the scheduler takes the whole Ray tree down.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -33,14 +36,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spader.infra.procs import Terminated, raise_on_signals, supervised_argv
 from spader.training import ENTRY_MODULE
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "DEVICES",
     "LaunchPlan",
+    "Terminated",
     "build_plan",
+    "check_device",
     "compose_config",
+    "cpu_ray_slots",
+    "device_env",
+    "device_overrides",
     "hydra_value",
     "job_overrides",
     "log_stream",
@@ -59,7 +69,16 @@ _TYPED = re.compile(
     r"^([+-]?(\d[\d_]*)?(\.\d*)?([eE][+-]?\d+)?|[+-]?(inf|nan)|true|false|null)$", re.IGNORECASE
 )
 # Environment variables that verl reads inside Ray actors (its Tracking runs in the TaskRunner).
-_RAY_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "VERL_FILE_LOGGER_PATH")
+_RAY_ENV = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_RUN_ID",
+    "VERL_FILE_LOGGER_PATH",
+    "VERL_PLATFORM",
+    "OMP_NUM_THREADS",
+)
+
+#: ``training.device`` -> (verl platform selected with ``VERL_PLATFORM``, rollout backends it runs).
+DEVICES = {"cuda": ("nvidia", ("sglang",)), "cpu": ("cpu", ("transformers",))}
 
 
 def hydra_value(value: Any) -> str:
@@ -177,7 +196,7 @@ def job_overrides(
 
 
 def training_overrides(training: Mapping[str, Any]) -> list[str]:
-    """``config["training"]`` as verl overrides, through the mapping of issue #5
+    """``config["training"]`` as verl overrides, through the mapping
     (:data:`spader.integrations.verl.overrides.TRAINING_KEYS`).
 
     Raises:
@@ -190,6 +209,115 @@ def training_overrides(training: Mapping[str, Any]) -> list[str]:
         if name not in training:
             raise KeyError(f"config key 'training.{name}' is missing (verl's {key})")
         out.append(f"{key}={hydra_value(training[name])}")
+    return out
+
+
+def check_device(training: Mapping[str, Any]) -> tuple[str, str]:
+    """``(training.device, training.rollout_backend)``, checked against each other.
+
+    Raises:
+        ValueError: an unknown device, or a rollout backend that device cannot run (the message
+            names both keys).
+    """
+    device = training.get("device", "cuda")
+    backend = training.get("rollout_backend", "sglang")
+    if device not in DEVICES:
+        raise ValueError(f"config key 'training.device' must be one of {sorted(DEVICES)}, got {device!r}")
+    allowed = DEVICES[device][1]
+    if backend not in allowed:
+        raise ValueError(
+            f"config key 'training.rollout_backend' is {backend!r}, but training.device {device!r} runs "
+            f"{' or '.join(allowed)} rollouts (sglang needs GPUs; the transformers replica is the CPU one)"
+        )
+    return device, backend
+
+
+def cpu_ray_slots(workers: int, threads: int) -> int:
+    """Logical CPUs a local Ray instance must advertise for a CPU training run.
+
+    Ray CPUs are scheduling tokens. verl asks for more of them than a small machine has cores:
+    its resource pool reserves a bundle of ``max_colocate_count`` (3) CPUs per training worker,
+    TransferQueue's controller and each storage unit hold one, and each rollout server one. With
+    only the physical count advertised those actors never start and the run waits forever.
+
+    Args:
+        workers: training processes (FSDP ranks).
+        threads: the job's threads (the floor).
+    Returns:
+        The ``num_cpus`` for ``ray.init``.
+    """
+    return max(int(threads), 3 * workers + 2 + workers + 1)
+
+
+def device_env(training: Mapping[str, Any], *, threads: int, workers: int) -> dict[str, str]:
+    """Environment of the verl process for the configured device (also forwarded to Ray).
+
+    ``VERL_PLATFORM`` always comes from the config, never from the caller's environment. A CPU run
+    also sets ``OMP_NUM_THREADS``: Ray would otherwise give every actor one thread, and training
+    and rollouts alternate, so each may use the job's threads.
+    """
+    device, _ = check_device(training)
+    env = {"VERL_PLATFORM": DEVICES[device][0]}
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = str(max(1, int(threads) // max(1, workers)))
+    return env
+
+
+def device_overrides(training: Mapping[str, Any], *, threads: int, workers: int) -> list[str]:
+    """verl overrides of the configured device and rollout backend.
+
+    A GPU run only names them. A CPU run also gets what the CPU can serve: verl's platform
+    ``cpu`` and FSDP engines on gloo (attention and padding are the project YAMLs' sdpa without
+    packed micro-batches, as on GPUs), fp32 compute without torch.compile (it needs a compiler
+    and minutes of warm-up), one tensor-parallel rank per rollout replica served by
+    ``transformers``, and one TransferQueue storage unit, agent-loop worker and reward worker
+    (each is a process; a small machine gains nothing from eight).
+
+    Args:
+        training: ``config["training"]``.
+        threads: the job's threads (torch threads of the rollout server).
+        workers: training processes (``trainer.n_gpus_per_node``, set by :func:`job_overrides`).
+    Returns:
+        Override strings.
+    """
+    device, backend = check_device(training)
+    out = [f"trainer.device={device}", f"actor_rollout_ref.rollout.name={backend}"]
+    if training.get("max_steps"):
+        # verl stops at the first of the two limits: as many epochs as steps always leaves the
+        # step limit (each epoch has at least one step) to end the run
+        steps = int(training["max_steps"])
+        out += [
+            f"trainer.total_training_steps={steps}",
+            f"trainer.total_epochs={max(steps, int(training.get('epochs', 1)))}",
+        ]
+    if device != "cpu":
+        return out
+    fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+    out += [
+        # one logical device slot per training worker (see spader.integrations.verl.cpu.platform);
+        # the CPU slots come with job_overrides' ray_cpus (cpu_ray_slots)
+        f"+ray_kwargs.ray_init.num_gpus={int(workers)}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"++actor_rollout_ref.rollout.engine_kwargs.transformers={{threads:{int(threads)}}}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        "data.dataloader_num_workers=0",
+    ]
+    for role in ("actor", "ref"):
+        out += [
+            f"actor_rollout_ref.{role}.use_torch_compile=false",
+            f"actor_rollout_ref.{role}.fsdp_config.use_torch_compile=false",
+            f"++actor_rollout_ref.{role}.fsdp_config.mixed_precision={fp32}",
+        ]
+    # verl shards a forward-only (reference) FSDP2 model with CPUOffloadPolicy(pin_memory=True)
+    # (verl/workers/engine/fsdp/transformer_impl.py, FSDPEngine._build_fsdp_module), and pinning
+    # host memory needs an accelerator. Built as a trainable engine instead, the reference model
+    # is sharded without offload; verl then also builds it an optimizer, which is never stepped.
+    out += [
+        "actor_rollout_ref.ref.fsdp_config.forward_only=false",
+        "++actor_rollout_ref.ref.optim=${actor_rollout_ref.actor.optim}",
+    ]
     return out
 
 
@@ -287,33 +415,22 @@ def compose_config(plan: LaunchPlan):
     return cfg
 
 
-class Terminated(Exception):
-    """The job received SIGTERM (scheduler time limit, ``scancel``, Snakemake shutting down)."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated(f"received signal {signal.Signals(signum).name}")
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the process group of ``proc`` (verl, Ray and its workers), then SIGKILL."""
+def _stop_supervisor(proc: subprocess.Popen, grace_s: float) -> None:
+    """Ask the supervisor to stop verl's tree (SIGTERM: it SIGTERMs verl's group and every
+    descendant, SIGKILLs survivors after ``grace_s``); kill the supervisor if it does not exit."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace_s)
+        proc.wait(timeout=grace_s + 15)
     except subprocess.TimeoutExpired:
-        log.warning("verl did not stop within %.0f s of SIGTERM; killing its process group", grace_s)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        log.warning("the process supervisor did not exit %.0f s after SIGTERM; killing it", grace_s + 15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its own group; verl gets its parent-death signal
+        proc.wait()
 
 
 def run_command(argv: Sequence[str], *, env: Mapping[str, str], output=None, grace_s: float = 60.0) -> int:
-    """Run ``argv`` in its own process group and return its exit code.
+    """Run ``argv`` under the process supervisor (:mod:`spader.infra.procs`) and return its exit code.
 
     Args:
         argv: the command.
@@ -321,30 +438,31 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str], output=None, gra
         output: an open file (with a descriptor) that receives stdout and stderr, typically the
             job's log, shared with this process so the two never overwrite each other; None
             inherits this process's streams.
-        grace_s: seconds between SIGTERM and SIGKILL when stopping the group.
+        grace_s: seconds between SIGTERM and SIGKILL when stopping the command's processes.
 
-    SIGTERM received while waiting (and any exception) stops the whole group - verl, Ray and its
-    workers - before propagating as :class:`Terminated`.
+    SIGTERM, SIGINT or SIGHUP received while waiting (and any exception) stops the whole tree -
+    verl, Ray and its workers, which Ray puts in process groups of their own - before propagating
+    as :class:`Terminated`. Should this process die without a chance to do so (SIGKILL, OOM
+    killer), the supervisor gets its parent-death signal and stops the tree itself.
     """
     if output is not None:
         output.write("$ " + " ".join(argv) + "\n")
         output.flush()
     proc = subprocess.Popen(
-        list(argv),
+        supervised_argv(argv, grace_s=grace_s),
         env={**os.environ, **env},
         stdout=output,
         stderr=subprocess.STDOUT if output is not None else None,
         start_new_session=True,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _in_main_thread() else None
     try:
-        return proc.wait()
+        with raise_on_signals():
+            rc = proc.wait()
     except BaseException:
-        _stop_group(proc, grace_s)
+        _stop_supervisor(proc, grace_s)
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    # The supervisor reports a stop signal it received itself as 128 + signal.
+    return rc
 
 
 def log_stream():
@@ -355,12 +473,6 @@ def log_stream():
     except (AttributeError, OSError, ValueError):
         return None
     return sys.stderr
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def write_plan(plan: LaunchPlan, path: str | os.PathLike) -> Path:

@@ -1,4 +1,4 @@
-"""MLflow lineage of a training job (shared/spec/integration.md sections 4 and 6).
+"""MLflow lineage of a training job.
 
 The job's run is the nested run :func:`spader.infra.tracking.job_run` opens under the pipeline run.
 verl's own MLflow logger attaches to it (``MLFLOW_RUN_ID``), so verl logs the resolved config as

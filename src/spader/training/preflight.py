@@ -3,7 +3,8 @@ what is wrong and where to fix it.
 
 * the backbone and the variant are in the config (and the variant is one the backbone trains);
 * the base model directory exists and holds a Hugging Face model;
-* the GPUs the backbone asks for are visible to this process;
+* the GPUs the backbone asks for are visible to this process (GPU runs; ``training.device: cpu``
+  needs none);
 * the installed verl is the version this project pins;
 * the retrieval service answers ``/health``.
 
@@ -96,7 +97,9 @@ def check_gpus(requested: int, *, backbone: str, available: int | None = None) -
         available = visible_gpus()
     key = f"config key 'backbones.{backbone}.gpus'"
     if requested < 1:
-        raise PreflightError(f"{key} is {requested}: verl trains only on GPUs, set it to at least 1")
+        raise PreflightError(
+            f"{key} is {requested}: a GPU run needs at least 1 (or set training.device: cpu)"
+        )
     if available < requested:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise PreflightError(
@@ -148,8 +151,11 @@ def static_checks(
     gpus: int,
     available_gpus: int | None = None,
     verl_version: str = VERL_VERSION,
+    device: str = "cuda",
 ) -> str:
     """Run the model, GPU and verl-version checks; raise one error listing every failure.
+
+    ``device`` is ``training.device``: a ``cpu`` run needs no GPU, so the GPU check is skipped.
 
     Returns:
         The installed verl version.
@@ -164,10 +170,11 @@ def static_checks(
         check_model_dir(model_dir, backbone=backbone, model=model)
     except PreflightError as exc:
         problems.append(str(exc))
-    try:
-        check_gpus(gpus, backbone=backbone, available=available_gpus)
-    except PreflightError as exc:
-        problems.append(str(exc))
+    if device != "cpu":
+        try:
+            check_gpus(gpus, backbone=backbone, available=available_gpus)
+        except PreflightError as exc:
+            problems.append(str(exc))
     if problems:
         raise PreflightError("training cannot start:\n  " + "\n  ".join(problems))
     return installed

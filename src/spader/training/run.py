@@ -23,11 +23,14 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spader.infra.glue import retrieval_settings
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
+from spader.integrations.verl.overrides import AGENT_DEFAULTS, agent_overrides
+from spader.training.baselines import BaselineLaunch, baseline_launch, judge_endpoint, judge_settings
 from spader.training.checkpoints import (
     Checkpoint,
     latest_checkpoint,
@@ -39,6 +42,9 @@ from spader.training.launch import (
     LaunchPlan,
     build_plan,
     compose_config,
+    cpu_ray_slots,
+    device_env,
+    device_overrides,
     job_overrides,
     log_stream,
     run_command,
@@ -86,6 +92,15 @@ class TrainJob:
     experiment: str = "spader"
     extra_overrides: tuple[str, ...] = ()
     entry: tuple[str, ...] | None = None
+    # the step-level baselines (spader.training.baselines): StepSearch's evidence and settings,
+    # R3-RAG's judge settings and model directory
+    evidence: Path | None = None
+    stepsearch: dict | None = None
+    judge: dict | None = None
+    judge_model_dir: Path | None = None
+    # config.yaml `agent`: what one turn is, the same as in evaluation (per-turn token cap, stop
+    # tags, turns, observation cap, queries per call)
+    agent: dict = field(default_factory=lambda: dict(AGENT_DEFAULTS))
 
     @classmethod
     def from_snakemake(cls, smk) -> TrainJob:
@@ -99,7 +114,7 @@ class TrainJob:
             backbone_spec=dict(params.backbone),
             variant_spec=dict(params.variant),
             training=dict(params.training),
-            retrieval=dict(params.retrieval),
+            retrieval=retrieval_settings(params.retrieval, smk.config),
             train_file=_single(smk.input.train, "train"),
             val_file=_single(smk.input.val, "val"),
             index_dir=_single(smk.input.index, "index"),
@@ -112,6 +127,11 @@ class TrainJob:
             params_hash=config_hash(dict(params.items())),
             tracking_uri=settings.tracking_uri if settings else None,
             experiment=settings.experiment if settings else "spader",
+            evidence=_optional(smk.input, "evidence"),
+            stepsearch=smk.config.get("stepsearch"),
+            judge=judge_settings(params.get("judge"), smk.config),
+            judge_model_dir=_optional(smk.input, "judge_model"),
+            agent={**AGENT_DEFAULTS, **dict(params.get("agent") or {})},
         )
 
     # Files in the work directory.
@@ -142,6 +162,31 @@ class TrainJob:
     @property
     def run_name(self) -> str:
         return f"{self.backbone}-{self.variant}"
+
+    @property
+    def baseline(self) -> BaselineLaunch:
+        """What a StepSearch / R3-RAG variant adds to the launch (nothing for the others)."""
+        return baseline_launch(
+            self.variant_spec, evidence=self.evidence, stepsearch=self.stepsearch, judge=self.judge
+        )
+
+    @property
+    def device(self) -> str:
+        """``training.device``: ``cuda`` (default) or ``cpu``."""
+        return str(self.training.get("device", "cuda"))
+
+    @property
+    def workers(self) -> int:
+        """Training processes: the backbone's GPUs, or ``training.cpu_workers`` on a CPU."""
+        if self.device == "cpu":
+            return int(self.training.get("cpu_workers", 1))
+        return int(self.backbone_spec["gpus"])
+
+
+def _optional(inputs, name: str) -> Path | None:
+    """An optional named input (an empty list when the rule's input function gives none)."""
+    value = getattr(inputs, name, None)
+    return None if value is None or (not isinstance(value, str) and not list(value)) else _single(value, name)
 
 
 def _single(value, name: str) -> Path:
@@ -196,30 +241,38 @@ def plan_launch(
     Returns:
         The plan; ``plan.argv`` is the command, ``plan.env`` what it adds to the environment.
     """
+    baseline = job.baseline
+    workers = job.workers - baseline.judge_gpus  # a judge served on the node takes its GPUs
     env = {
         **verl_tracking_env(link.run_id, link.tracking_uri),
         "VERL_FILE_LOGGER_PATH": os.path.abspath(metrics_file),
         "PYTHONUNBUFFERED": "1",
         "HYDRA_FULL_ERROR": "1",
         "HF_HUB_OFFLINE": "1",  # the base model is a local directory; compute nodes may have no network
+        **device_env(job.training, threads=job.threads, workers=workers),
     }
     return build_plan(
         variant=job.variant_spec,
         training=job.training,
         config_dir=job.verl_config_dir,
-        job=job_overrides(
-            train_file=job.train_file,
-            val_file=job.val_file,
-            model_dir=job.model_dir,
-            gpus=int(job.backbone_spec["gpus"]),
-            ray_cpus=job.threads,
-            ckpt_dir=job.ckpt_dir,
-            tool_config=job.tool_config,
-            project=job.experiment,
-            run_name=job.run_name,
-            loggers=["console", "file", *(["mlflow"] if link.enabled else [])],
-            env=env,
-        ),
+        job=[
+            *job_overrides(
+                train_file=job.train_file,
+                val_file=job.val_file,
+                model_dir=job.model_dir,
+                gpus=workers,
+                ray_cpus=cpu_ray_slots(workers, job.threads) if job.device == "cpu" else job.threads,
+                ckpt_dir=job.ckpt_dir,
+                tool_config=job.tool_config,
+                project=job.experiment,
+                run_name=job.run_name,
+                loggers=["console", "file", *(["mlflow"] if link.enabled else [])],
+                env=env,
+            ),
+            *device_overrides(job.training, threads=job.threads, workers=workers),
+            *agent_overrides(job.agent),
+            *baseline.overrides,
+        ],
         resume=resume_overrides(resume_from),
         extra=job.extra_overrides,
         env=env,
@@ -257,6 +310,7 @@ def run_training(
         model_dir=job.model_dir,
         gpus=gpus,
         available_gpus=available_gpus,
+        device=job.device,
     )
     for name, path in (("train", job.train_file), ("val", job.val_file), ("index", job.index_dir)):
         if not Path(path).exists():
@@ -315,19 +369,34 @@ def run_training(
         from spader.retrieval.service import running_service as start_service
     outcome: dict[str, Any] = {"event": "end", "attempt": attempt, "status": "failed"}
     try:
-        # The service shares the node with verl; an eighth of the job's CPUs serves BM25 + reranking.
+        # The service shares the node with verl; an eighth of the job's CPUs serves BM25 + reranking,
+        # and one reranker replica sits on every GPU of the job (equal footprint on each GPU).
+        from spader.retrieval.service import reranker_on_job_gpus
+
+        service_settings = reranker_on_job_gpus(job.retrieval, gpus if job.device == "cuda" else 0)
         with start_service(
-            job.index_dir, job.retrieval, log_path=job.service_log, threads=max(1, job.threads // 8)
+            job.index_dir, service_settings, log_path=job.service_log, threads=max(1, job.threads // 8)
         ) as url:
             check_retrieval(url, timeout=float(job.retrieval.get("service", {}).get("request_timeout_s", 30)))
             write_tool_config(
                 job.tool_config,
                 service_url=url,
                 retrieval=job.retrieval,
-                max_chars=int(job.training["max_tool_response_chars"]),
+                max_chars=int(job.agent["max_tool_response_chars"]),
+                max_queries_per_call=int(job.agent["max_queries_per_call"]),
+                record_turns=job.baseline.record_turns,
             )
-            log.info("launching verl: %s", " ".join(plan.argv))
-            rc = run_command(plan.argv, env=plan.env, output=log_stream())
+            with judge_endpoint(
+                job.baseline,
+                job.judge,
+                model_dir=job.judge_model_dir,
+                training_gpus=job.workers - job.baseline.judge_gpus,
+                environ=os.environ,
+                log_path=job.workdir / "judge_server.log",
+            ) as (judge_overrides, judge_env):
+                argv = [*plan.argv, *judge_overrides]
+                log.info("launching verl: %s", " ".join(argv))
+                rc = run_command(argv, env={**plan.env, **judge_env}, output=log_stream())
         outcome["returncode"] = rc
         if rc != 0:
             latest = latest_checkpoint(job.ckpt_dir)

@@ -10,7 +10,9 @@ composed verl command, checkpoints, final.json); only :data:`SMOKE_TRAINING` and
 
 ``--prepare`` first builds the inputs with the workflow's own CPU rules (demo data in verl's
 format, the demo corpus's BM25 index, the tiny models); ``--dry-run`` prints the composed
-command (checked by Hydra and verl's config validation) instead of training.
+command (checked by Hydra and verl's config validation) and the settings it resolves to for model
+loading and the agent's turn (attention, FSDP strategy, stop tags, per-turn cap...) instead of
+training.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from spader.infra.config import check_config
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "SMOKE_AGENT",
     "SMOKE_OVERRIDES",
     "SMOKE_TRAINING",
     "load_config",
@@ -51,11 +54,13 @@ SMOKE_TRAINING = {
     "rollout_n": 2,
     "max_prompt_length": 2048,
     "max_response_length": 256,
-    "max_assistant_turns": 2,
     "gpu_memory_utilization": 0.3,
     "save_freq": 1,
     "test_freq": 2,
 }
+
+# config["agent"] values: two short turns (the stop tags and the rest as configured).
+SMOKE_AGENT = {"max_turns": 2, "max_turn_tokens": 64}
 
 # verl keys with no config counterpart: stop after 2 steps, one GPU, few workers, few samples.
 SMOKE_OVERRIDES = (
@@ -135,6 +140,7 @@ def smoke_job(
         backbone_spec={"model": "tiny:qwen3", "gpus": 1, "variants": ["spader"], "baselines": []},
         variant_spec=dict(config["variants"]["spader"]),
         training={**config["training"], **SMOKE_TRAINING},
+        agent={**config["agent"], **SMOKE_AGENT},
         retrieval=retrieval,
         train_file=root / "results" / suite / "data" / "verl" / "train.parquet",
         val_file=root / "results" / suite / "data" / "verl" / "val.parquet",
@@ -223,8 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics_file=new_metrics_file(job.metrics_dir),
             link=RunLink(None, None),
         )
-        compose_config(plan)
-        print(json.dumps(plan.to_json(), indent=2))  # noqa: T201 (CLI output)
+        from spader.integrations.verl.compose import gpu_path_settings
+
+        cfg = compose_config(plan)
+        # the command, and what it resolves to for model loading and the agent's turn
+        print(json.dumps({**plan.to_json(), "resolved": gpu_path_settings(cfg)}, indent=2))  # noqa: T201
         return 0
 
     from spader.training.run import run_training

@@ -1,4 +1,4 @@
-"""SPADER plugged into verl 0.9.1 through its registries, without a fork (integration.md section 1).
+"""SPADER plugged into verl 0.9.1 through its registries, without a fork (docs/ARCHITECTURE.md).
 
 * :mod:`.plugin` - imported by verl in every process (entry point ``verl.plugins``); registers
   everything below.

@@ -15,23 +15,45 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["DEFAULT_CONFIG_DIR", "compose", "spader_settings", "validate"]
+from spader.infra.config import verl_config_dir
 
-#: config/verl of the repository this package is installed from (editable install).
-DEFAULT_CONFIG_DIR = Path(__file__).resolve().parents[4] / "config" / "verl"
+__all__ = ["GPU_PATH_KEYS", "compose", "gpu_path_settings", "spader_settings", "validate"]
+
+#: Settings of a composed config that decide whether and how the models load and one turn runs on
+#: the GPU path (printed by the smoke test's dry run; tests/verl check them for every variant).
+GPU_PATH_KEYS = (
+    "actor_rollout_ref.model.override_config.attn_implementation",
+    "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.ref.strategy",
+    "critic.enable",
+    "critic.strategy",
+    "critic.model.override_config.attn_implementation",
+    "critic.model.use_remove_padding",
+    "actor_rollout_ref.rollout.skip_tokenizer_init",
+    "spader_agent.max_turn_tokens",
+    "spader_agent.stop",
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length",
+    "trainer.max_actor_ckpt_to_keep",
+    "trainer.max_critic_ckpt_to_keep",
+    "data.seed",
+    "actor_rollout_ref.actor.data_loader_seed",
+)
 
 _VERL_BUILTIN_ESTIMATORS = ("gae", "grpo")
 
 
 def compose(
-    variant_config: str, overrides: Sequence[str] = (), config_dir: str | os.PathLike = DEFAULT_CONFIG_DIR
+    variant_config: str, overrides: Sequence[str] = (), config_dir: str | os.PathLike | None = None
 ) -> DictConfig:
     """Hydra-compose ``<config_dir>/<variant_config>.yaml`` with ``overrides``.
 
     Args:
         variant_config: YAML name without ``.yaml`` (e.g. ``spader``).
         overrides: Hydra overrides (``key=value``, ``+new.key=value``).
-        config_dir: directory of the project's verl YAMLs.
+        config_dir: directory of the project's verl YAMLs; training jobs pass the workflow's
+            (their inputs), the default is :func:`spader.infra.config.verl_config_dir`.
     Returns:
         The composed, unresolved config (interpolations such as ``${actor_rollout_ref.model.path}``
         are kept, as verl's own Hydra main sees them).
@@ -40,7 +62,7 @@ def compose(
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    config_dir = Path(config_dir).resolve()
+    config_dir = Path(config_dir if config_dir is not None else verl_config_dir()).resolve()
     path = config_dir / f"{variant_config}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"verl config '{variant_config}' not found: {path} does not exist")
@@ -48,6 +70,16 @@ def compose(
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return hydra_compose(config_name=variant_config, overrides=list(overrides))
+
+
+def gpu_path_settings(cfg: DictConfig) -> dict:
+    """The :data:`GPU_PATH_KEYS` of a composed config, resolved (``{dotted key: value}``)."""
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    out = {}
+    for key in GPU_PATH_KEYS:
+        value = OmegaConf.select(resolved, key, default=None)
+        out[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return out
 
 
 def spader_settings(cfg: DictConfig):
@@ -96,5 +128,9 @@ def validate(cfg: DictConfig) -> None:
         and not resolved.actor_rollout_ref.rollout.agent.agent_loop_config_path
     ):
         raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop: unknown agent loop '{agent}'")
-    if trainer_mode == "spader_sync" or str(estimator).startswith("spader_"):
+    from spader.integrations.verl.baselines import check_baseline_config, step_reward_kind
+
+    if trainer_mode == "spader_sync" and step_reward_kind(resolved) != "spader":
+        check_baseline_config(resolved)  # StepSearch / R3-RAG step rewards
+    elif trainer_mode == "spader_sync" or str(estimator).startswith("spader_"):
         spader_settings(resolved)

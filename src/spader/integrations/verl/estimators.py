@@ -44,6 +44,12 @@ def uid_groups(index, batch_size: int, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(inverse, dtype=torch.int64, device=device)
 
 
+def _eps_placement(config) -> str:
+    """``algorithm.spader.epsilon`` (the paper's ``outside`` when the block or key is absent)."""
+    block = config.get("spader") if config is not None else None
+    return str(block.get("epsilon", "outside")) if block is not None else "outside"
+
+
 def _gamma(config) -> float:
     if config is None or config.get("gamma") is None:
         raise ValueError(
@@ -60,7 +66,7 @@ def spader_spa_advantage(token_level_rewards, response_mask, index=None, config=
         token_level_rewards: (B, L) float, step rewards on the step-end tokens.
         response_mask: (B, L) 1 on assistant tokens.
         index: (B,) prompt uids (the group key).
-        config: verl's ``algorithm`` config (``gamma``).
+        config: verl's ``algorithm`` config (``gamma``, ``spader.epsilon``).
     Returns:
         ``(advantages, returns)``, both (B, L): the advantage of each token's step, and that step's
         discounted future return; 0 on observation and padding tokens.
@@ -70,7 +76,7 @@ def spader_spa_advantage(token_level_rewards, response_mask, index=None, config=
     mask = steps.mask.to(step_r.device)
     groups = uid_groups(index, token_level_rewards.size(0), token_level_rewards.device)
     gamma = _gamma(config)
-    adv = step_peer_advantage(step_r, mask, groups, gamma=gamma)
+    adv = step_peer_advantage(step_r, mask, groups, gamma=gamma, eps_placement=_eps_placement(config))
     returns = discounted_returns(step_r, mask, gamma)
     return steps_to_tokens(adv, steps), steps_to_tokens(returns, steps)
 
@@ -84,6 +90,6 @@ def spader_traj_advantage(token_level_rewards, response_mask, index=None, config
     step_r = step_rewards_from_tokens(token_level_rewards.float(), steps)
     mask = steps.mask.to(step_r.device)
     groups = uid_groups(index, token_level_rewards.size(0), token_level_rewards.device)
-    adv = trajectory_peer_advantage(step_r, mask, groups)
+    adv = trajectory_peer_advantage(step_r, mask, groups, eps_placement=_eps_placement(config))
     total = (step_r * mask).sum(dim=1, keepdim=True) * mask
     return steps_to_tokens(adv, steps), steps_to_tokens(total, steps)

@@ -8,7 +8,7 @@ Like ``python -m verl.trainer.main_ppo`` but:
   directory is created in the working directory, no logging is reconfigured);
 * ``VERL_USE_EXTERNAL_MODULES`` names the plugin, in this process and in the Ray runtime env, so
   every Ray worker imports it and a broken plug-in raises at start (the entry point alone would
-  swallow the error, integration.md section 1.3);
+  swallow the error);
 * :func:`.compose.validate` checks the config before Ray starts (verl's ``validate_config`` plus
   our registries); ``--validate-only`` stops there and prints the resolved config.
 

@@ -7,9 +7,15 @@ start instead of later as "Unknown advantage estimator". Nothing here catches ex
 
 Registers:
 
-* advantage estimators ``spader_spa`` and ``spader_traj`` (:mod:`.estimators`);
+* advantage estimators ``spader_spa`` and ``spader_traj`` (:mod:`.estimators`) and R3-RAG's
+  ``r3rag_turn_gae`` (:mod:`.turn_gae`);
 * v1 trainer mode ``spader_sync`` (:mod:`.trainer`);
-* tool parser ``spader`` and agent loop ``spader_tool_agent`` (:mod:`.agent_loop`).
+* tool parser ``spader`` and agent loop ``spader_tool_agent`` (:mod:`.agent_loop`);
+* the critic's value-model loader honours the configured attention implementation
+  (:mod:`.attention`: verl 0.9.1 hard-codes flash-attention 2 there);
+* the CPU platform ``cpu``, verl's FSDP engines for the ``cpu`` device and the rollout backend
+  ``transformers`` (:mod:`.cpu`), inactive unless a run selects them. They are registered first:
+  importing verl's trainer modules already asks for the platform.
 
 The search tool (:mod:`.search_tool`) and the reward function (:mod:`.reward`) need no
 registration: verl imports them by name from the tool YAML and ``pkg://`` path.
@@ -25,11 +31,19 @@ REQUIRED_VERL = "0.9.1"
 if version("verl") != REQUIRED_VERL:
     raise ImportError(f"spader's verl plug-ins need verl=={REQUIRED_VERL}, found verl=={version('verl')}")
 
-from spader.integrations.verl import agent_loop, estimators, trainer  # noqa: E402  (registration)
+from spader.integrations.verl import cpu  # noqa: E402  (registration, before the trainer imports)
+
+_CPU = cpu.register()
+
+from spader.integrations.verl import agent_loop, attention, estimators, trainer, turn_gae  # noqa: E402  (registration)
+
+# the critic's value model loads with critic.model.override_config.attn_implementation (.attention)
+attention.install()
 
 REGISTERED = {
-    "adv_estimators": (estimators.SPA, estimators.TRAJ),
+    "adv_estimators": (estimators.SPA, estimators.TRAJ, turn_gae.TURN_GAE),
     "trainer_modes": (trainer.MODE,),
     "tool_parsers": (agent_loop.PARSER,),
     "agent_loops": (agent_loop.AGENT_LOOP,),
+    **_CPU,
 }

@@ -6,7 +6,9 @@ extra fields. The answer is parsed from the *last assistant turn* only (recorded
 ``spader_tool_agent`` loop under :data:`spader.core.densify.FINAL_TURN_KEY`), never from the decoded
 response, which also holds the tool observations. The score is the F1 of the answer
 (``spader.core.metrics.prf``) or ``invalid_format_reward`` (paper -1, authors' code 0); the search-step
-rewards are added later by the ``spader_sync`` trainer mode.
+rewards are added later by the ``spader_sync`` trainer mode. The last turn is read as every turn
+is (:func:`spader.core.parsing.final_answer`): a turn that ends with a tool call has no answer.
+An episode the agent loop recorded as failed (:data:`spader.core.densify.FAILURE_KEY`) scores 0.
 
 This module imports no verl: it only unpacks arguments for the core.
 """
@@ -16,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spader.core.densify import FINAL_TURN_KEY
+from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
 from spader.core.metrics import gold_alias_sets, prf
-from spader.core.parsing import parse_answer
+from spader.core.parsing import final_answer
 from spader.core.rewards import terminal_reward
 
 __all__ = ["compute_score", "gold_entities"]
@@ -69,16 +71,19 @@ def compute_score(
             :data:`spader.core.densify.FINAL_TURN_KEY`.
         invalid_format_reward: reward of an invalid final turn (``reward_kwargs``).
     Returns:
-        ``{"score", "f1", "precision", "recall", "format_valid", "num_predicted"}`` (plain floats:
-        verl turns the extra keys into validation metrics).
+        ``{"score", "f1", "precision", "recall", "format_valid", "num_predicted", "failed"}``
+        (plain floats: verl turns the extra keys into validation metrics; every row has them all).
     """
     extra_info = extra_info or {}
+    if extra_info.get(FAILURE_KEY):
+        zero = dict.fromkeys(("score", "f1", "precision", "recall", "format_valid", "num_predicted"), 0.0)
+        return {**zero, "failed": 1.0}
     if FINAL_TURN_KEY not in extra_info:
         raise KeyError(
             f"extra_info has no '{FINAL_TURN_KEY}': the SPADER reward needs the 'spader_tool_agent' "
             "agent loop (actor_rollout_ref.rollout.agent.default_agent_loop=spader_tool_agent)"
         )
-    parsed = parse_answer(str(extra_info[FINAL_TURN_KEY] or ""))
+    parsed = final_answer(str(extra_info[FINAL_TURN_KEY] or ""))
     gold = gold_entities(ground_truth)
     if not gold_alias_sets(gold):
         raise ValueError(f"ground truth of a {data_source!r} row has no usable entity: {ground_truth!r}")
@@ -91,4 +96,5 @@ def compute_score(
         "recall": recall,
         "format_valid": 1.0 if parsed.valid else 0.0,
         "num_predicted": float(len(parsed.answers)),
+        "failed": 0.0,
     }

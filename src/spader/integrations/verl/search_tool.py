@@ -5,7 +5,7 @@ request (``spader.retrieval.client.RetrievalClient``), renders the observation w
 ``spader.core.prompt.format_observation`` (the text evaluation shows too), keeps it within the
 character budget by dropping the lowest-ranked passages first, and records what the *shown*
 passages contain: a :class:`spader.core.densify.StepRecord` (turn, number of queries, ground-truth
-entities hit by :func:`spader.core.rewards.find_hits`) appended to the trajectory's
+entities hit by :func:`spader.core.matching.find_hits`) appended to the trajectory's
 ``agent_data.extra_fields`` under :data:`spader.core.densify.STEPS_KEY`. Matching runs on passage titles
 and texts only, never on the queries the agent wrote.
 
@@ -29,8 +29,10 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from spader.core.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
+from spader.core.matching import passage_hits
+from spader.core.metrics import gold_count, unique_gold
 from spader.core.prompt import fit_observation, format_observation
-from spader.core.rewards import passage_hits
+from spader.integrations.verl.baselines import turn_fields
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
 
 __all__ = ["SearchTool", "as_alias_lists"]
@@ -51,6 +53,32 @@ def as_alias_lists(entities: Any) -> list[list[str]]:
         else:
             out.append([str(a) for a in aliases])
     return out
+
+
+def _issued_queries(parameters: Any) -> tuple[list[str], str | None]:
+    """The non-blank queries a call issued (stripped, in order, repeats kept) and the error that
+    makes the step an error observation instead (None when the queries can run).
+
+    ``parameters`` comes from the ``spader`` tool parser, which already rejects what cannot be a
+    list of query strings; anything else reaching the tool (a hand-written tool config, another
+    parser) is checked again here, so no value can make the HTTP request itself fail.
+    """
+    if not isinstance(parameters, dict):
+        return [], "the tool call arguments must be an object with a 'queries' list"
+    if parameters.get("error"):
+        return [], str(parameters["error"])
+    raw = parameters.get("queries") or []
+    if not isinstance(raw, list) or not all(isinstance(q, str) for q in raw):
+        return [], "the tool call must be a JSON list of query strings"
+    issued = [q.strip() for q in raw if q.strip()]
+    try:
+        for q in issued:
+            q.encode("utf-8")
+    except UnicodeEncodeError:
+        return [], "the tool call must be a JSON list of query strings"
+    if not issued:
+        return [], "the tool call contains no non-empty query"
+    return issued, None
 
 
 class SearchTool(BaseTool):
@@ -80,6 +108,8 @@ class SearchTool(BaseTool):
         self.max_queries = setting("max_queries_per_call", int, 10)
         self.max_query_chars = setting("max_query_chars", int, 1000)
         self.max_chars = setting("max_chars", int)
+        # the step-level baselines (StepSearch, R3-RAG) also need each turn's passages and text
+        self.record_turns = setting("record_turns", bool, False)
         self.client = RetrievalClient(
             url, timeout=setting("timeout", float, 120.0), retries=setting("retries", int, 3)
         )
@@ -89,7 +119,8 @@ class SearchTool(BaseTool):
         """Start a call; the entities come from ``kwargs['create_kwargs']['entities']``."""
         instance_id = instance_id or str(uuid4())
         create_kwargs = kwargs.get("create_kwargs") or {}
-        self._instances[instance_id] = as_alias_lists(create_kwargs.get("entities"))
+        # one entry per distinct entity: hit indices and |E_GT| as the F1 metric counts them
+        self._instances[instance_id] = unique_gold(as_alias_lists(create_kwargs.get("entities")))
         return instance_id, ToolResponse()
 
     async def release(self, instance_id: str, **kwargs) -> None:
@@ -117,30 +148,29 @@ class SearchTool(BaseTool):
         if entities is None:
             raise KeyError(f"search tool instance {instance_id!r} was not created")
         turn = int(getattr(agent_data, "assistant_turns", 0) or 0) if agent_data is not None else 0
-        raw = parameters.get("queries") or []
-        queries = [str(q).strip()[: self.max_query_chars] for q in raw if str(q).strip()][: self.max_queries]
-        error = parameters.get("error") or (None if queries else "the tool call contains no non-empty query")
+        issued, error = _issued_queries(parameters)
+        # q_t counts every query the call issued; the ones beyond the per-call cap are not run
+        queries = [q[: self.max_query_chars] for q in issued[: self.max_queries]]
         hits: set[int] = set()
         if error is None:
             try:
                 passages = await asyncio.to_thread(self._search, queries)
+                text, shown = fit_observation(queries, passages, self.max_chars)
+                hits = passage_hits(shown, entities)
             except Exception as exc:  # noqa: BLE001 (the step becomes an error observation, counted)
                 log.warning("search failed for %d queries: %s: %s", len(queries), type(exc).__name__, exc)
                 error = f"search service unavailable ({type(exc).__name__})"
-            else:
-                text, shown = fit_observation(queries, passages, self.max_chars)
-                hits = passage_hits(shown, entities)
         if error is not None:
             text = format_observation([], error=error)[: self.max_chars]
-        record = StepRecord(
-            turn=max(turn, 1),
-            queries=len(queries) if error is None else 0,
-            hits=tuple(sorted(hits)),
-            error=error,
-        )
+        record = StepRecord(turn=max(turn, 1), queries=len(issued), hits=tuple(sorted(hits)), error=error)
         if agent_data is not None:
-            agent_data.extra_fields.setdefault(STEPS_KEY, []).append(record.as_dict())
-            agent_data.extra_fields[N_GOLD_KEY] = len(entities)
+            entry = record.as_dict()
+            if self.record_turns:
+                entry.update(
+                    turn_fields(shown if error is None else [], queries, text, agent_data.extra_fields)
+                )
+            agent_data.extra_fields.setdefault(STEPS_KEY, []).append(entry)
+            agent_data.extra_fields[N_GOLD_KEY] = gold_count(entities)
         return (
             ToolResponse(text=text),
             0.0,

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spader.core.advantage import EPS_PLACEMENTS
 from spader.core.rewards import NOVELTY, cost_warmup_scale
 
 __all__ = ["SpaderSettings"]
@@ -20,6 +21,8 @@ class SpaderSettings:
         alpha, beta, cost: entity-reward weights and tool cost per query.
         novelty: ``inverse`` (paper) or ``exp_decay`` (authors' code).
         free_steps, ramp_steps: tool-cost warm-up (authors' code); None when off.
+        epsilon: where the advantage spread's epsilon goes, ``outside`` (paper) or
+            ``inside_sqrt`` (authors' code), see :data:`spader.core.advantage.EPS_PLACEMENTS`.
     """
 
     gamma: float = 0.9
@@ -29,6 +32,7 @@ class SpaderSettings:
     novelty: str = "inverse"
     free_steps: int | None = None
     ramp_steps: int | None = None
+    epsilon: str = "outside"
 
     def __post_init__(self):
         if not 0.0 <= self.gamma <= 1.0:
@@ -38,6 +42,10 @@ class SpaderSettings:
                 raise ValueError(f"algorithm.spader.{name} must be >= 0, got {getattr(self, name)}")
         if self.novelty not in NOVELTY:
             raise ValueError(f"algorithm.spader.novelty must be one of {NOVELTY}, got {self.novelty!r}")
+        if self.epsilon not in EPS_PLACEMENTS:
+            raise ValueError(
+                f"algorithm.spader.epsilon must be one of {EPS_PLACEMENTS}, got {self.epsilon!r}"
+            )
         if (self.free_steps is None) != (self.ramp_steps is None):
             raise ValueError("algorithm.spader.cost_warmup needs both free_steps and ramp_steps")
 
@@ -60,6 +68,7 @@ class SpaderSettings:
                 novelty=str(block.get("novelty", "inverse")),
                 free_steps=None if warmup is None else int(warmup["free_steps"]),
                 ramp_steps=None if warmup is None else int(warmup["ramp_steps"]),
+                epsilon=str(block.get("epsilon", "outside")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ValueError) and str(exc).startswith("algorithm."):

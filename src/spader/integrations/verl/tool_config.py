@@ -37,6 +37,7 @@ def write_tool_config(
     retrieval: Mapping[str, Any],
     max_queries_per_call: int = 10,
     max_chars: int,
+    record_turns: bool = False,
 ) -> Path:
     """Write verl's tool YAML for :class:`spader.integrations.verl.search_tool.SearchTool`.
 
@@ -48,6 +49,7 @@ def write_tool_config(
         max_queries_per_call: queries of one tool call beyond this are not run.
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
+        record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
     Returns:
         The written path.
     """
@@ -69,6 +71,7 @@ def write_tool_config(
             "max_query_chars": int(service.get("max_query_chars", 1000)),
             "max_queries_per_call": int(max_queries_per_call),
             "max_chars": int(max_chars),
+            "record_turns": bool(record_turns),
         }
     except KeyError as exc:
         raise ValueError(

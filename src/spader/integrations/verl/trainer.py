@@ -22,7 +22,10 @@ from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
 from spader.core.densify import N_GOLD_KEY, densify_rewards, parse_step_records
+from spader.integrations.verl.baselines import make_step_rewards
+from spader.integrations.verl.metrics import episode_metrics
 from spader.integrations.verl.settings import SpaderSettings
+from spader.integrations.verl.turn_gae import critic_values
 
 __all__ = ["SpaderTrainerSync", "densify_tq_batch"]
 
@@ -84,8 +87,10 @@ class SpaderTrainerSync(PPOTrainerSync):
     """verl's synchronous PPO trainer with SPADER's dense step rewards."""
 
     def __init__(self, config):
-        # fail before any GPU work when the variant's settings are malformed
-        self.spader = SpaderSettings.from_config(config)
+        # fail before any GPU work when the variant's settings are malformed; a baseline's step
+        # rewards (algorithm.step_reward: stepsearch, r3rag) replace SPADER's (.baselines)
+        self.step_rewards = make_step_rewards(config)
+        self.spader = SpaderSettings.from_config(config) if self.step_rewards is None else None
         super().__init__(config)
 
     # verl's base class switches replay buffer, refill and checkpoint behaviour on
@@ -104,5 +109,14 @@ class SpaderTrainerSync(PPOTrainerSync):
     def _compute_advantage(self, batch, metrics: dict):
         """Densify the step rewards, then run verl's advantage computation."""
         with torch.no_grad():
-            metrics.update(densify_tq_batch(batch, self.spader, self.global_steps))
-        return super()._compute_advantage(batch, metrics)
+            if self.step_rewards is not None:
+                metrics.update(self.step_rewards(batch, self.global_steps))
+            else:
+                metrics.update(densify_tq_batch(batch, self.spader, self.global_steps))
+        with critic_values(self.config.algorithm.adv_estimator, batch):
+            result = super()._compute_advantage(batch, metrics)
+        with torch.no_grad():
+            metrics.update(
+                episode_metrics(batch, tq.kv_batch_get)
+            )  # valid-format rate, searches, advantage spread
+        return result

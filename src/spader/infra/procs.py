@@ -1,0 +1,328 @@
+"""Process hygiene: a job's child process tree never outlives the job, whatever signal ends it.
+
+Training runs verl, which starts a private Ray instance: GCS, raylet, dashboard and runtime-env
+agents, log monitor and one process per worker. Ray puts each worker in a process group of its
+own, and when its driver is killed outright the agents survive as orphans (seen with Ray 2.60). So
+a job does not run such a command directly but under a small supervisor
+(``python -m spader.infra.procs``, :func:`supervised_argv`), which
+
+* receives SIGTERM when the job's process dies, even by SIGKILL (``PR_SET_PDEATHSIG``), and exits
+  at once if the job is already gone when it starts;
+* makes itself the child subreaper, so every process the command starts stays its descendant
+  even after its own parent exits;
+* runs the command in a new process group whose leader gets SIGTERM should the supervisor itself
+  die;
+* on SIGTERM, SIGINT or SIGHUP (from the job, the scheduler or the parent-death signal) sends
+  SIGTERM to the command's group and to every descendant, waits ``grace`` seconds, then SIGKILLs
+  what is left; after a normal exit it removes leftovers the same way.
+
+:func:`raise_on_signals` turns SIGTERM/SIGINT/SIGHUP into :class:`Terminated` in the job itself, so
+its context managers (services, MLflow runs) close on the way out. For a job killed outright,
+:func:`start_watchdog` marks everything the job starts with a token in its environment and leaves a
+watchdog (``python -m spader.infra.procs --watch``) that stops every process carrying the token
+once the job is gone (parent-death signal again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "JOB_TOKEN_ENV",
+    "STOP_SIGNALS",
+    "Terminated",
+    "descendants",
+    "main",
+    "raise_on_signals",
+    "set_child_subreaper",
+    "set_parent_death_signal",
+    "start_watchdog",
+    "stop_token_processes",
+    "stop_tree",
+    "supervise",
+    "supervised_argv",
+    "token_processes",
+    "watch",
+]
+
+#: Signals after which a job (or the supervisor) stops its children and exits.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Environment variable holding the token of the job that started a process (:func:`start_watchdog`).
+JOB_TOKEN_ENV = "SPADER_JOB_TOKEN"
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class Terminated(Exception):
+    """The process received a stop signal (scheduler time limit, ``scancel``, Ctrl-C, hang-up)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"received signal {signal.Signals(signum).name}")
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send ``signum`` to this process when its parent thread exits (Linux).
+
+    Returns:
+        Whether the request was accepted (False on other systems).
+    """
+    return _prctl(_PR_SET_PDEATHSIG, int(signum))
+
+
+def set_child_subreaper() -> bool:
+    """Become the reaper of orphaned descendants (Linux): they stay our descendants."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """PIDs of all living descendants of ``pid`` (default: this process), deepest last."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [c.pid for c in children if _alive(c)]
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal_all(pgid: int | None, pids: Sequence[int], signum: int) -> None:
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signum)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _reap() -> None:
+    """Collect exited children (orphans re-parented to us included) so none stays a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def stop_tree(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """SIGTERM the group of ``proc`` and every descendant of this process, SIGKILL survivors.
+
+    Args:
+        proc: the command (leader of its own process group), or None to sweep descendants only.
+        grace_s: seconds to wait between SIGTERM and SIGKILL.
+    """
+    pgid = proc.pid if proc is not None else None
+    _signal_all(pgid, descendants(), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap()
+        if (proc is None or proc.poll() is not None) and not descendants():
+            break
+        time.sleep(0.1)
+    left = descendants()
+    if left or (proc is not None and proc.poll() is None):
+        log.warning("%d processes still running %.0f s after SIGTERM; killing them", len(left), grace_s)
+    _signal_all(pgid, left, signal.SIGKILL)
+    if proc is not None:
+        proc.wait()
+    for _ in range(50):  # SIGKILL is asynchronous: wait until the kernel has removed them
+        _reap()
+        if not descendants():
+            break
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def raise_on_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
+    """Within the block, each of ``signals`` raises :class:`Terminated` in the main thread (the
+    previous handlers come back afterwards). Outside the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, _raise) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def supervised_argv(argv: Sequence[str], *, grace_s: float) -> list[str]:
+    """``argv`` wrapped in the supervisor, tied to this process as its parent."""
+    return [
+        sys.executable,
+        "-m",
+        "spader.infra.procs",
+        "--parent",
+        str(os.getpid()),
+        "--grace",
+        str(grace_s),
+        "--",
+        *argv,
+    ]
+
+
+def _child_setup() -> None:
+    # Runs in the command's process between fork and exec (the supervisor has a single thread, so
+    # this is safe): SIGTERM should the supervisor die without stopping it.
+    set_parent_death_signal(signal.SIGTERM)
+
+
+def supervise(argv: Sequence[str], *, parent: int | None, grace_s: float) -> int:
+    """Run ``argv`` under this process's supervision (see the module docstring).
+
+    Args:
+        argv: the command.
+        parent: PID of the job that started us; if it is gone already we exit without starting.
+        grace_s: seconds between SIGTERM and SIGKILL when stopping.
+    Returns:
+        The command's exit code, or ``128 + signal`` when a stop signal ended it.
+    """
+    set_parent_death_signal(signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        log.error("parent process %d is gone; not starting %s", parent, argv[0])
+        return 128 + signal.SIGTERM
+    set_child_subreaper()
+    proc = None
+    try:
+        with raise_on_signals():
+            proc = subprocess.Popen(list(argv), start_new_session=True, preexec_fn=_child_setup)
+            rc = proc.wait()
+    except Terminated as t:
+        log.warning("%s; stopping %s and its processes", t, argv[0])
+        stop_tree(proc, grace_s)
+        return 128 + t.signum
+    # Leftovers of a command that exited on its own (Ray agents of a crashed driver, say).
+    if descendants():
+        stop_tree(None, min(grace_s, 10.0))
+    return rc
+
+
+def token_processes(token: str) -> list:
+    """Living processes (other than this one) whose environment has ``JOB_TOKEN_ENV=token``."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if (
+                p.pid != os.getpid()
+                and p.status() != psutil.STATUS_ZOMBIE
+                and p.environ().get(JOB_TOKEN_ENV) == token
+            ):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def stop_token_processes(token: str, grace_s: float) -> int:
+    """SIGTERM every process of the job ``token``, SIGKILL those alive ``grace_s`` later.
+
+    Returns:
+        How many processes were found.
+    """
+    import psutil
+
+    procs = token_processes(token)
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    return len(procs)
+
+
+def start_watchdog(grace_s: float = 10.0) -> subprocess.Popen:
+    """Mark this job's future children with a token in their environment and start a watchdog
+    that stops every process carrying it once this process is gone, however it died.
+
+    Everything the job starts afterwards inherits the token (services, engines and their
+    workers, Ray and its workers), so no change of parent, group or session hides a process.
+
+    Returns:
+        The watchdog (it exits on its own after this process).
+    """
+    import uuid
+
+    token = uuid.uuid4().hex
+    os.environ[JOB_TOKEN_ENV] = token
+    argv = [sys.executable, "-m", "spader.infra.procs", "--watch", token, "--parent", str(os.getpid())]
+    return subprocess.Popen(
+        [*argv, "--grace", str(grace_s)], stdin=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def watch(token: str, *, parent: int | None, grace_s: float) -> int:
+    """The watchdog's body: wait for ``parent`` to die, then stop the processes of ``token``."""
+    set_parent_death_signal(signal.SIGTERM)
+    try:
+        with raise_on_signals():
+            while parent is None or os.getppid() == parent:
+                signal.pause()
+    except Terminated:
+        pass
+    n = stop_token_processes(token, grace_s)
+    if n:
+        log.warning("job %s is gone; stopped %d processes it had started", parent, n)
+    return 0
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """``python -m spader.infra.procs --parent PID --grace S -- command...`` (supervisor) or
+    ``python -m spader.infra.procs --watch TOKEN --parent PID --grace S`` (watchdog)."""
+    parser = argparse.ArgumentParser(prog="python -m spader.infra.procs", description=__doc__.split("\n")[0])
+    parser.add_argument("--parent", type=int, default=None, help="PID of the job (exit if it is gone)")
+    parser.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--watch", default=None, metavar="TOKEN", help="be the watchdog of this job token")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(sys.argv[1:] if args is None else args)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if ns.watch:
+        return watch(ns.watch, parent=ns.parent, grace_s=ns.grace)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not command:
+        parser.error("no command given")
+    return supervise(command, parent=ns.parent, grace_s=ns.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Per-stage code fingerprints: which package modules a workflow stage runs, and a hash of them.
+
+Each rule's script (``workflow/scripts/<rule>.py``) is parsed, and its imports are followed
+through the ``spader`` package by static analysis of ``import`` / ``from ... import`` statements
+(anywhere in a module, function-level imports included) and of string literals that name a
+package module (modules started by name: ``python -m spader.retrieval``, verl's entry module and
+plug-in). The fingerprint of a stage hashes the syntax trees of its script and of every module
+reached, so that:
+
+* editing a module reruns exactly the stages that can execute it (and, through their outputs,
+  what depends on them), nothing else;
+* comments, formatting and docstrings are not code: they change no fingerprint;
+* ``from spader.data import normalize_file`` depends on the module that defines
+  ``normalize_file`` (re-exports are followed), not on every module the package re-exports.
+
+Modules in :data:`RESULT_NEUTRAL` are left out and not followed: they move bytes, retry, log or
+record runs, and cannot change what a stage computes. Download stages get no fingerprint at all
+(their outputs are fixed by their source, checksum or pinned revision); see ``common.smk``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import os
+import re
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+
+__all__ = ["RESULT_NEUTRAL", "PackageGraph", "stage_fingerprints"]
+
+PACKAGE = "spader"
+
+#: Modules whose edits rerun nothing: job glue and MLflow tracking (run records only), the retry
+#: policy (when to try again, not what is computed), the downloader and its transfers (bytes are
+#: checked against their source), integrity records (they check files, never change them), the
+#: process supervisor (how a job's children are stopped) and this module.
+RESULT_NEUTRAL = frozenset(
+    {
+        "spader.infra.glue",
+        "spader.infra.tracking",
+        "spader.infra.retry",
+        "spader.infra.download",
+        "spader.infra.transfer",
+        "spader.infra.integrity",
+        "spader.infra.procs",
+        "spader.infra.stage_code",
+    }
+)
+
+_MODULE_NAME = re.compile(rf"^{PACKAGE}(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    """Drop the docstring of the module and of every class and function (documentation only)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_hash(source: str | ast.AST, filename: str = "<source>") -> str:
+    """sha256 of a module's syntax tree without docstrings, line numbers, comments or layout.
+
+    Args:
+        source: Python source text, or its parsed tree (whose docstrings are then removed in place).
+        filename: used in the SyntaxError message.
+    Returns:
+        Hex digest.
+    """
+    tree = ast.parse(source, filename=filename) if isinstance(source, str) else source
+    return hashlib.sha256(ast.dump(_strip_docstrings(tree), annotate_fields=False).encode()).hexdigest()
+
+
+class PackageGraph:
+    """The static import graph of the ``spader`` package found in ``package_dir``."""
+
+    def __init__(self, package_dir: str | os.PathLike | None = None, neutral: Iterable[str] = RESULT_NEUTRAL):
+        """Args:
+        package_dir: directory of the ``spader`` package (default: the one Python imports,
+            i.e. the code the jobs run).
+        neutral: module names left out of every fingerprint and not followed.
+        """
+        if package_dir is None:
+            spec = importlib.util.find_spec(PACKAGE)
+            if spec is None or not spec.submodule_search_locations:
+                raise ImportError(f"package {PACKAGE!r} is not importable")
+            package_dir = next(iter(spec.submodule_search_locations))
+        self.package_dir = Path(package_dir)
+        self.neutral = frozenset(neutral)
+        self._trees: dict[str, ast.Module] = {}
+        self._deps: dict[str, frozenset[str]] = {}
+        self._hashes: dict[str, str] = {}  # module -> code_hash, computed once for all stages
+
+    @cached_property
+    def modules(self) -> dict[str, Path]:
+        """{dotted module name: file}, packages by their ``__init__.py``."""
+        out = {}
+        for path in sorted(self.package_dir.rglob("*.py")):
+            rel = path.relative_to(self.package_dir).with_suffix("")
+            parts = [PACKAGE, *rel.parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+        return out
+
+    def _is_package(self, name: str) -> bool:
+        return name in self.modules and self.modules[name].name == "__init__.py"
+
+    def _tree(self, name: str) -> ast.Module:
+        if name not in self._trees:
+            path = self.modules[name]
+            self._trees[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        return self._trees[name]
+
+    def _absolute(self, importer: str, module: str | None, level: int) -> str | None:
+        """The absolute module name of a (possibly relative) ``from`` import in ``importer``."""
+        if level == 0:
+            return module
+        base = importer.split(".")
+        if not self._is_package(importer):
+            base = base[:-1]
+        if level > 1:
+            base = base[: -(level - 1)]
+        return ".".join([*base, module] if module else base)
+
+    def _provider(self, module: str, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        """Modules that ``from module import name`` depends on: the submodule ``name``, or the
+        module that defines ``name`` (re-exports, i.e. top-level ``from x import name``, are
+        followed), or ``module`` itself."""
+        if f"{module}.{name}" in self.modules:
+            return {f"{module}.{name}"}
+        if module not in self.modules or module in seen:
+            return {module} if module in self.modules else set()
+        for node in self._tree(module).body:
+            if isinstance(node, ast.ImportFrom):
+                source = self._absolute(module, node.module, node.level)
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name and source:
+                        return self._provider(source, alias.name, seen | {module})
+        return {module}
+
+    def _string_target(self, text: str) -> str | None:
+        """A package module named by a string (``-m`` targets run ``__main__``; ``mod.attr`` is
+        ``mod``)."""
+        if not _MODULE_NAME.match(text):
+            return None
+        parts = text.split(".")
+        for end in range(len(parts), 1, -1):
+            name = ".".join(parts[:end])
+            if name in self.modules:
+                main = f"{name}.__main__"
+                return main if end == len(parts) and main in self.modules else name
+        return None
+
+    def imports_of_tree(self, tree: ast.AST, importer: str) -> set[str]:
+        """Package modules a syntax tree imports or names (neutral ones included).
+
+        Args:
+            tree: parsed module or script.
+            importer: its dotted name (for relative imports; a script is ``__main__``).
+        Returns:
+            Dotted module names within the package.
+        """
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in self.modules:
+                        found.add(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                source = self._absolute(importer, node.module, node.level)
+                if source and (source == PACKAGE or source.startswith(PACKAGE + ".")):
+                    for alias in node.names:
+                        found |= self._provider(source, alias.name)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                target = self._string_target(node.value)
+                if target:
+                    found.add(target)
+        found.discard(importer)
+        return found
+
+    def deps(self, name: str) -> frozenset[str]:
+        """Direct package dependencies of module ``name``."""
+        if name not in self._deps:
+            self._deps[name] = frozenset(self.imports_of_tree(self._tree(name), name))
+        return self._deps[name]
+
+    def closure(self, roots: Iterable[str]) -> set[str]:
+        """``roots`` and every module they reach, neutral modules left out and not followed."""
+        todo = [r for r in roots if r not in self.neutral]
+        reached: set[str] = set()
+        while todo:
+            name = todo.pop()
+            if name in reached:
+                continue
+            reached.add(name)
+            todo.extend(d for d in self.deps(name) if d not in self.neutral and d not in reached)
+        return reached
+
+    def script_modules(self, script: str | os.PathLike) -> set[str]:
+        """Package modules a workflow script runs (its import closure)."""
+        path = Path(script)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        return self.closure(self.imports_of_tree(tree, "__main__"))
+
+    def fingerprint(self, script: str | os.PathLike) -> str:
+        """Hash of the script's code and of every module it runs (16 hex digits)."""
+        path = Path(script)
+        h = hashlib.sha256(code_hash(path.read_text(encoding="utf-8"), str(path)).encode())
+        for name in sorted(self.script_modules(path)):
+            if name not in self._hashes:
+                self.deps(name)  # the imports are read first: hashing strips docstrings in place
+                self._hashes[name] = code_hash(self._tree(name))
+            h.update(f"\0{name}\0{self._hashes[name]}".encode())
+        return h.hexdigest()[:16]
+
+
+def stage_fingerprints(
+    scripts_dir: str | os.PathLike, package_dir: str | os.PathLike | None = None
+) -> dict[str, str]:
+    """Code fingerprint of every stage script in ``scripts_dir``.
+
+    Args:
+        scripts_dir: ``workflow/scripts`` (one ``<rule>.py`` per rule).
+        package_dir: the ``spader`` package directory (default: the imported one).
+    Returns:
+        {rule name (script file stem): fingerprint}.
+    """
+    graph = PackageGraph(package_dir)
+    return {p.stem: graph.fingerprint(p) for p in sorted(Path(scripts_dir).glob("*.py"))}

@@ -1,0 +1,83 @@
+"""Per-step training metrics of the agent that verl does not log itself.
+
+verl's trainer logs the mean reward, response lengths, KL, entropy, step times and the min/mean/max
+of the advantages of every step, but nothing about the episodes as episodes. :func:`episode_metrics`
+reads what the rollouts left in TransferQueue and adds, under ``episode/``:
+
+* ``format_valid`` - share of trajectories whose final turn is a well-formed answer (the reward
+  function's own verdict, ``reward_extra_info.format_valid``);
+* ``f1`` - mean answer F1 of the batch (0 for invalid answers);
+* ``searches`` - search steps per trajectory (the search tool's step records);
+* ``advantage_std`` - spread of the token advantages over the trained (assistant) tokens;
+* ``seconds/generate``, ``seconds/search``, ``seconds/reward`` - time the batch's episodes spent
+  waiting for generation, for the search tool and for the reward (verl's per-episode timers,
+  summed over the episodes: episodes run concurrently, so these add up to more than the step's
+  rollout time).
+
+The trainer mode calls it after verl's advantage computation, when every field is there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+__all__ = ["episode_metrics"]
+
+log = logging.getLogger(__name__)
+
+
+def _padded(t: torch.Tensor, value) -> torch.Tensor:
+    return t.to_padded_tensor(value) if t.is_nested else t
+
+
+def _mean(values: list[float]) -> float:
+    return float(sum(values) / len(values)) if values else math.nan
+
+
+def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[str, float]:
+    """Episode-level metrics of one training batch read from TransferQueue.
+
+    Args:
+        batch: verl's ``KVBatchMeta`` of the step (padding rows, tagged ``is_padding``, are left out).
+        kv_batch_get: TransferQueue's ``kv_batch_get`` (the trainer's, so a test can replace it).
+    Returns:
+        ``{prefix + name: value}`` (see the module docstring); NaN where a field is missing.
+    """
+    from spader.core.densify import STEPS_KEY
+
+    data = kv_batch_get(
+        keys=batch.keys,
+        partition_id=batch.partition_id,
+        select_fields=["extra_fields", "advantages", "response_mask", "metrics"],
+    )
+    keep = [not tag.get("is_padding", False) for tag in batch.tags]
+    present = set(data.keys())
+
+    def rows(name: str) -> list:
+        return [v for v, k in zip(list(data[name]), keep, strict=True) if k] if name in present else []
+
+    extra = rows("extra_fields")
+    info = [(e or {}).get("reward_extra_info") or {} for e in extra]
+    out = {
+        "format_valid": _mean([float(i["format_valid"]) for i in info if "format_valid" in i]),
+        "f1": _mean([float(i["f1"]) for i in info if "f1" in i]),
+        "searches": _mean([float(len((e or {}).get(STEPS_KEY) or [])) for e in extra]),
+    }
+    timers = [t or {} for t in rows("metrics")]
+    for name, key in (
+        ("generate", "generate_sequences"),
+        ("search", "tool_calls"),
+        ("reward", "compute_score"),
+    ):
+        out[f"seconds/{name}"] = float(sum(float(t.get(key) or 0.0) for t in timers)) if timers else math.nan
+    out["advantage_std"] = math.nan
+    if {"advantages", "response_mask"} <= present:
+        mask = _padded(data["response_mask"], 0).bool()
+        adv = _padded(data["advantages"], 0.0)
+        kept = torch.tensor(keep, dtype=torch.bool)
+        trained = adv[kept][mask[kept]]
+        out["advantage_std"] = float(trained.std(unbiased=False)) if trained.numel() else math.nan
+    return {prefix + k: v for k, v in out.items()}

@@ -1,0 +1,56 @@
+"""The prompt template: a file with the method's instructions only, replaceable from config."""
+
+import pytest
+
+from spader.core.prompt import (
+    DEFAULT_TEMPLATE_PATH,
+    PROMPT_TEMPLATE,
+    PROMPT_VERSION,
+    build_messages,
+    load_template,
+)
+
+# docs/method.md, "Prompt and format": what the instructions are made of
+ELEMENTS = ["<think>", "</think>", '<tool_call>["', "</tool_call>", "<tool_response>", "</tool_response>",
+            '<answer>["', "</answer>", "JSON list", "top 5", "100 words"]  # fmt: skip
+# lines that steer how much or how long to search change the prompting baselines' scores
+STEERING = ["keep searching", "as many times", "as many as", "until", "only at the end", "only once",
+            "all of them", "thorough", "exhaustive", "more searches", "search again", "before answering",
+            "as much as"]  # fmt: skip
+
+
+def test_default_template_carries_the_instructions_and_nothing_that_steers_search_depth():
+    text = PROMPT_TEMPLATE
+    for element in ELEMENTS:
+        assert element in text, element
+    lowered = text.lower()
+    assert [s for s in STEERING if s in lowered] == []
+    assert text.endswith("Question: {question}")
+    assert "system" not in [m["role"] for m in build_messages("Q?")]
+    assert build_messages("Which films?")[0]["content"].endswith("Question: Which films?")
+
+
+def test_template_is_the_file_and_its_hash_is_the_version():
+    template = load_template()
+    assert template.source == str(DEFAULT_TEMPLATE_PATH) and DEFAULT_TEMPLATE_PATH.suffix == ".txt"
+    assert template.text == DEFAULT_TEMPLATE_PATH.read_text(encoding="utf-8").rstrip("\n")
+    assert template.version == PROMPT_VERSION and len(PROMPT_VERSION) == 12
+
+
+def test_a_replacement_template_from_config(tmp_path):
+    path = tmp_path / "authors.txt"
+    path.write_text(
+        'Search with {"json": "braces kept"} then answer.\nQuestion: {question}\n\n', encoding="utf-8"
+    )
+    template = load_template(path)
+    assert template.user_prompt("Who {question}?") == (
+        'Search with {"json": "braces kept"} then answer.\nQuestion: Who {question}?'
+    )
+    assert template.version != PROMPT_VERSION
+    assert build_messages("Q", template) == [{"role": "user", "content": template.user_prompt("Q")}]
+    path.write_text("Question: {question}, again {question}", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"authors.txt: needs exactly one \{question\} placeholder, found 2"):
+        load_template(path)
+    path.write_bytes(b"\xff\xfe Question: {question}")
+    with pytest.raises(ValueError, match="authors.txt: not UTF-8"):
+        load_template(path)

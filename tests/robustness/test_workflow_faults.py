@@ -1,0 +1,182 @@
+"""Faults through the real workflow (demo config, a copy of the repository): a ``snakemake`` killed
+while the corpus downloads, a corrupted intermediate met by the next rule, and MLflow runs left
+RUNNING by a SIGKILL of snakemake and its job. Tracking is off except where it is tested."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DUMP = "resources/demo/corpus/chunked_wikipedia.tar.gz"
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+class SlowServer:
+    """Serves the demo dump with an ETag and Range/If-Range, ``rate`` bytes per second."""
+
+    def __init__(self, data: bytes, rate: int):
+        self.data, self.rate = data, rate
+        self.requests: list[dict] = []
+        self.sent = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                rng = self.headers.get("Range")
+                outer.requests.append({"range": rng, "if_range": self.headers.get("If-Range")})
+                start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+                self.send_response(206 if rng else 200)
+                if rng:
+                    self.send_header(
+                        "Content-Range", f"bytes {start}-{len(outer.data) - 1}/{len(outer.data)}"
+                    )
+                self.send_header("ETag", '"dump-v1"')
+                self.send_header("Content-Length", str(len(outer.data) - start))
+                self.end_headers()
+                step = max(1, outer.rate // 20)
+                try:
+                    for i in range(start, len(outer.data), step):
+                        self.wfile.write(outer.data[i : i + step])
+                        self.wfile.flush()
+                        outer.sent += len(outer.data[i : i + step])
+                        time.sleep(0.05)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/chunked_wikipedia.tar.gz"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _snakemake(work: Path, *args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "XDG_CACHE_HOME": str(work.parent / "cache")}
+    return subprocess.Popen(
+        [SNAKEMAKE, *args, "--cores", "1", "--configfile", "config/demo.yaml", "overlay.yaml"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def work(tmp_path, smk):
+    work = smk.copy_repo(tmp_path / "repo")
+    (work / "overlay.yaml").write_text("mlflow:\n  enabled: false\n")
+    return work
+
+
+@pytest.mark.parametrize("how", ["sigkill_snakemake", "sigint"])
+def test_interrupted_run_keeps_the_download(work, how):
+    data = (work / "resources/demo/chunked_wikipedia.tar.gz").read_bytes()
+    server = SlowServer(data, rate=len(data) // 4)  # ~4 s for the whole file
+    try:
+        (work / "overlay.yaml").write_text(f"mlflow:\n  enabled: false\ncorpus:\n  url: {server.url}\n")
+        part = work / (DUMP + ".part")
+        proc = _snakemake(work, DUMP)
+        _wait(lambda: part.exists() and part.stat().st_size > 0, 120, "the transfer to start")
+        if how == "sigkill_snakemake":
+            os.kill(proc.pid, signal.SIGKILL)  # snakemake alone: its download job goes on and finishes
+            proc.communicate(timeout=60)
+            _wait(lambda: (work / DUMP).exists(), 120, "the orphaned download to finish")
+            time.sleep(1)  # let the job process exit
+            assert server.sent == len(data)
+            assert _finish(_snakemake(work, DUMP, "--unlock"))[0] == 0  # what snakemake asks one to do
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals snakemake and its job
+            rc, out = _finish(proc, 120)
+            assert rc != 0, out
+            assert not (work / DUMP).exists() and server.sent < len(data)
+        kept = part.stat().st_size if part.exists() else 0
+        sent = server.sent
+        server.requests.clear()
+
+        rc, out = _finish(_snakemake(work, DUMP, "--rerun-incomplete"))
+        assert rc == 0, out
+        assert (work / DUMP).read_bytes() == data
+        log = (work / "logs/download_dump/demo.log").read_text()
+        if how == "sigkill_snakemake":
+            # Snakemake deleted the finished output it had marked incomplete; the job relinked the
+            # verified copy: no byte was transferred again
+            assert "marked as incomplete" in out or "incomplete" in out.lower()
+            assert server.requests == [] and "reusing the verified download" in log
+        else:
+            # the partial transfer resumes where it stopped, with the validator of its first response
+            assert kept > 0 and server.requests[0]["range"] == f"bytes={kept}-"
+            assert server.requests[0]["if_range"] == '"dump-v1"'
+            assert server.sent - sent == len(data) - kept
+    finally:
+        server.close()
+
+
+def test_corrupted_intermediate_names_file_and_rule(work):
+    target = "results/demo/data/eval/quest.jsonl"
+    rc, out = _finish(_snakemake(work, target))
+    assert rc == 0, out
+    normalized = work / "results/demo/data/normalized/quest/test.jsonl"
+    lines = normalized.read_text().splitlines(keepends=True)
+    normalized.write_text("".join(lines[:-2]))  # two records lost; the file is still valid JSON Lines
+    rc, out = _finish(_snakemake(work, target))
+    assert rc != 0
+    log = (work / "logs/export_eval_set/demo/quest.log").read_text()
+    assert "IntegrityError" in log and f"{Path('results/demo/data/normalized/quest/test.jsonl')}" in log
+    assert "rule 'normalize_dataset'" in log and "--forcerun normalize_dataset" in log
+
+
+def test_runs_left_running_by_a_sigkill_are_marked_killed(work):
+    import mlflow
+
+    (work / "overlay.yaml").write_text("mlflow:\n  enabled: true\n")
+    target = "results/demo/data/normalized/quest/test.jsonl"
+    proc = _snakemake(work, target)
+    db = work / "results/mlflow/mlflow.db"
+    norm_log = work / "logs/normalize_dataset/demo/quest/test.log"
+    _wait(lambda: norm_log.exists(), 300, "the normalize job to start")
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its job: a crashed node
+    proc.communicate(timeout=60)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("spader")
+    running = {r.info.run_id for r in client.search_runs([exp.experiment_id]) if r.info.status == "RUNNING"}
+    assert running  # at least the pipeline run
+    assert _finish(_snakemake(work, target, "--unlock"))[0] == 0
+
+    rc, out = _finish(_snakemake(work, target, "--rerun-incomplete"))
+    assert rc == 0, out
+    runs = {r.info.run_id: r for r in client.search_runs([exp.experiment_id])}
+    assert all(runs[i].info.status == "KILLED" for i in running)
+    assert all("is gone" in runs[i].data.tags["spader.killed_reason"] for i in running)
+    assert not [r for r in runs.values() if r.info.status == "RUNNING"]

@@ -1,0 +1,160 @@
+"""The repository stands on its own and follows the ecosystem's conventions: no references to
+documents it does not contain, a license that matches the package metadata, a generated config
+reference that is up to date, a workflow-catalog file, and packaging metadata that is true."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+THIS = Path(__file__).resolve().relative_to(REPO).as_posix()
+
+# Documents that do not exist in this repository, and the tracker of the project that wrote it.
+_OUTSIDE_DOCS = re.compile(r"\bshared/|\bspec/\w+\.md|\b(integration|environment|slurm|conventions)\.md")
+_BARE_DOC = re.compile(r"(?<![\w/.-])(method|data|baselines)\.md")
+_ISSUE = re.compile(r"(?i)\bissues?\s*#\s*\d+|(?<![\w/(&'\"-])#\d+(?![\w-])")
+_DOC_PATH = re.compile(r"\bdocs/([\w-]+\.md)")
+
+
+def _repository_files() -> list[Path]:
+    """Tracked files and new files that are not ignored (what a fresh clone would hold)."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    files = []
+    for rel in filter(None, out.split("\0")):
+        path = REPO / rel
+        if rel == THIS or rel in ("LICENSE",) or rel.startswith("requirements/") or not path.is_file():
+            continue
+        files.append(path)
+    return files
+
+
+def _lines():
+    for path in _repository_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files (parquet, archives, images)
+        rel = path.relative_to(REPO).as_posix()
+        for n, line in enumerate(text.splitlines(), 1):
+            yield rel, n, line
+
+
+def test_no_reference_to_documents_outside_the_repository():
+    offenders = [
+        f"{rel}:{n}: {line.strip()}"
+        for rel, n, line in _lines()
+        if _OUTSIDE_DOCS.search(line) or (not rel.startswith("docs/") and _BARE_DOC.search(line))
+    ]
+    assert not offenders, "point these at docs/ instead:\n" + "\n".join(offenders)
+
+
+def test_no_issue_numbers():
+    offenders = [f"{rel}:{n}: {line.strip()}" for rel, n, line in _lines() if _ISSUE.search(line)]
+    assert not offenders, "say what the code does instead of citing an issue:\n" + "\n".join(offenders)
+
+
+def test_referenced_docs_exist():
+    missing = {
+        f"{rel}:{n}: docs/{m.group(1)}"
+        for rel, n, line in _lines()
+        for m in _DOC_PATH.finditer(line)
+        if not (REPO / "docs" / m.group(1)).is_file()
+    }
+    assert not missing, "\n".join(sorted(missing))
+
+
+def test_the_reference_patterns_catch_what_they_should():
+    assert _OUTSIDE_DOCS.search("see ../shared/" + "spec/method.md") and _OUTSIDE_DOCS.search(
+        "integration.md 1"
+    )
+    assert _BARE_DOC.search("(method.md, 'Rewards')") and not _BARE_DOC.search("docs/method.md")
+    assert _ISSUE.search("(issue #3)") and _ISSUE.search("issues #5, #6") and _ISSUE.search("item #12")
+    assert not _ISSUE.search("color='#1f77b4'") and not _ISSUE.search("data.md#72-norm_v1")
+
+
+def test_license_matches_the_package_metadata():
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert meta["license"] == {"text": "Apache-2.0"}
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+
+
+def test_packaging_metadata_is_true():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project, setuptools = pyproject["project"], pyproject["tool"]["setuptools"]
+    # one version source: the package's __version__
+    assert "version" not in project and "version" in project["dynamic"]
+    assert setuptools["dynamic"]["version"] == {"attr": "spader.__version__"}
+    # every package-data pattern ships at least one file
+    package = REPO / "src" / "spader"
+    for pattern in setuptools.get("package-data", {}).get("spader", []):
+        assert list(package.glob(pattern)), f"package-data pattern {pattern!r} matches no file"
+    # tarfile's extraction filters exist from 3.11.4 (3.12 in the 3.12 line): a use of them needs that floor
+    uses_filter = any(re.search(r"extractall\([^)]*filter=", p.read_text()) for p in package.rglob("*.py"))
+    floor = re.match(r">=(\d+)\.(\d+)(?:\.(\d+))?", project["requires-python"]).groups()
+    floor = tuple(int(x or 0) for x in floor)
+    assert sys.version_info[:3] >= floor
+    if uses_filter:
+        assert floor >= (3, 11, 4), f"tarfile filters need Python >= 3.11.4, requires-python says {floor}"
+
+
+def test_config_reference_is_generated_and_up_to_date():
+    proc = subprocess.run(
+        [sys.executable, "-m", "spader.infra.config_docs", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    readme = (REPO / "config" / "README.md").read_text()
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    for key in ("training.lr", "variants.<name>.beta", "retrieval.reranker.revision", "mix.counts.qampari"):
+        assert f"`{key}`" in readme
+    for section in schema["properties"]:
+        assert f"## `{section}`" in readme
+
+
+def test_config_reference_renders_every_schema_key():
+    from spader.infra.config_docs import render, rows
+
+    schema = {
+        "type": "object",
+        "$defs": {"thing": {"type": "object", "properties": {"x": {"type": "integer", "default": 3}}}},
+        "properties": {
+            "a": {"type": "object", "description": "A | pipe", "properties": {"b": {"type": "string"}}},
+            "m": {"type": "object", "additionalProperties": {"$ref": "#/$defs/thing"}},
+        },
+    }
+    assert [r[0] for r in rows(schema)] == ["a", "a.b", "m", "m.<name>", "m.<name>.x"]
+    text = render(schema)
+    assert "| `m.<name>.x` | integer | `3` |" in text and "A \\| pipe" in text
+
+
+def test_workflow_catalog_file():
+    catalog = yaml.safe_load((REPO / ".snakemake-workflow-catalog.yml").read_text())
+    usage = catalog["usage"]
+    assert usage["report"] is True
+    assert set(usage["software-stack-deployment"]) == {"conda", "apptainer", "apptainer+conda"}
+    assert (REPO / "workflow" / "Snakefile").is_file() and (REPO / "config" / "README.md").is_file()
+
+
+@pytest.mark.parametrize("tool", ["ruff", "snakefmt"])
+def test_style_tools_are_pinned_in_the_test_extra_and_the_lock(tool):
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    (pin,) = [p for p in extra if p.startswith(f"{tool}==")]
+    assert pin in (REPO / "requirements" / "cpu-lock.txt").read_text().splitlines()
+    ci = (REPO / ".ci" / "run").read_text()
+    assert f".venv/bin/{tool} " in ci
