@@ -1,0 +1,278 @@
+"""Supervised fine-tuning of a causal LM on chat conversations, loss on the assistant's tokens only.
+
+The training routine of the demo's warm start (:mod:`spader.models.warmstart`): plain torch on CPU,
+seeded. Conversations are tokenized through the model's chat template exactly as the agent loop
+renders its prompts (:func:`spader.agent.loop.render_prompt`, no ``tools`` argument): an assistant
+turn's tokens are what the loop's generation would have to produce after that prompt, up to and
+including the end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WarmstartSettings", "encode_conversation", "train_warmstart"]
+
+
+@dataclass(frozen=True)
+class WarmstartSettings:
+    """Supervised fine-tuning settings (``backbones.<name>.warmstart``; documented in the schema).
+
+    Attributes:
+        steps: optimizer steps.
+        lr: peak AdamW learning rate (linear warm-up, then cosine decay to 10%).
+        batch_size: conversations per step.
+        warmup_ratio: fraction of the steps spent warming up.
+        weight_decay: AdamW weight decay.
+        max_searches: search steps a scripted episode may take (1 or 2).
+        world_questions: also script the demo world's questions about topics that no evaluation
+            question asks about or answers (more distinct names than the small demo mix holds,
+            so that the model learns to copy names rather than recite them).
+        first_turn_examples: besides each whole episode, train on its first turn alone (the
+            prompt and the first search): a short sequence, so copying the question into a query
+            is seen twice as often for a fraction of the cost of a whole episode.
+        seed: seed of the batches and of torch.
+    """
+
+    steps: int = 300
+    lr: float = 3.0e-3
+    batch_size: int = 4
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    max_searches: int = 2
+    world_questions: bool = True
+    first_turn_examples: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"warmstart.steps and warmstart.batch_size must be >= 1, got {self.steps}, {self.batch_size}"
+            )
+        if not self.lr > 0 or not 0 <= self.warmup_ratio < 1 or self.weight_decay < 0:
+            raise ValueError(
+                "warmstart.lr must be > 0, warmup_ratio in [0, 1) and weight_decay >= 0, got "
+                f"{self.lr}, {self.warmup_ratio}, {self.weight_decay}"
+            )
+        if self.max_searches not in (1, 2):
+            raise ValueError(f"warmstart.max_searches must be 1 or 2, got {self.max_searches}")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> WarmstartSettings:
+        """Build from ``backbones.<name>.warmstart`` (unknown keys are an error)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - names)
+        if unknown:
+            raise ValueError(f"unknown warmstart setting(s) {unknown}; known: {sorted(names)}")
+        return cls(**dict(cfg))
+
+
+def encode_conversation(tokenizer, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of a whole conversation and its loss mask (1 on assistant tokens only).
+
+    Each assistant turn is the suffix of the conversation rendered through that turn beyond the
+    agent loop's prompt for it (the conversation before it plus the assistant header): the turn's
+    text and its end-of-turn token. The template's newline after the end-of-turn token is never
+    generated, so it is not learned either.
+
+    Args:
+        tokenizer: the model's tokenizer (with its chat template).
+        messages: user / assistant / tool messages, ending with an assistant turn.
+    Returns:
+        ``(input_ids, loss_mask)`` of equal length.
+    Raises:
+        ValueError: when a rendered prefix is not a token prefix of the longer rendering (a chat
+            template that rewrites earlier turns cannot be trained turn by turn this way), or
+            when the conversation has no assistant turn.
+    """
+    from spader.agent.loop import render_prompt
+
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("the conversation has no assistant turn to learn from")
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    mask: list[int] = []
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prompt = render_prompt(tokenizer, list(messages[:k]))
+        text = tokenizer.apply_chat_template(list(messages[: k + 1]), tokenize=False)
+        full = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if full[: len(prompt)] != prompt or prompt[: len(ids)] != ids:
+            raise ValueError(f"assistant turn {k}: the chat template does not render turns as prefixes")
+        turn = full[len(prompt) :]
+        end = turn.index(eos) + 1 if eos in turn else len(turn)
+        mask += [0] * (len(prompt) - len(ids)) + [1] * end
+        ids = prompt + turn[:end]
+    return ids, mask
+
+
+def _turns(messages: Sequence[dict]) -> int:
+    return sum(m["role"] == "assistant" for m in messages)
+
+
+def _first_turn(messages: Sequence[dict]) -> list[dict]:
+    """The conversation cut after its first assistant turn."""
+    k = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return list(messages[: k + 1])
+
+
+def _schedule(step: int, total: int, warmup: int) -> float:
+    """Learning-rate factor: linear warm-up, then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _assistant_loss(model, ids, attn, labels):
+    """Mean next-token cross-entropy over the labelled (assistant) positions.
+
+    The output projection runs only on the positions that predict a labelled token: assistant
+    turns are a few percent of a conversation's tokens, and projecting every position onto the
+    vocabulary would cost more than the rest of the small model.
+    """
+    import torch.nn.functional as F
+
+    # Rows are right-padded: under causal attention no real token sees a pad, so no padding
+    # mask is needed, and without one attention takes its fast causal path.
+    del attn
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+    target = labels[:, 1:]
+    keep = target != -100
+    logits = model.get_output_embeddings()(hidden[:, :-1][keep])
+    return F.cross_entropy(logits.float(), target[keep])
+
+
+def _batches(lengths: Sequence[int], batch_size: int, steps: int, rng: random.Random):
+    """Batch indices per step: shuffled epochs, each cut into length-sorted groups (little
+    padding), the groups visited in random order."""
+    out: list[list[int]] = []
+    while len(out) < steps:
+        order = list(range(len(lengths)))
+        rng.shuffle(order)
+        chunk = batch_size * 8
+        groups = []
+        for start in range(0, len(order), chunk):
+            part = sorted(order[start : start + chunk], key=lambda i: lengths[i])
+            groups += [part[j : j + batch_size] for j in range(0, len(part), batch_size)]
+        rng.shuffle(groups)
+        out += groups
+    return out[:steps]
+
+
+def train_warmstart(
+    model_dir: str | os.PathLike,
+    conversations: Sequence[Sequence[dict]],
+    out_dir: str | os.PathLike,
+    settings: WarmstartSettings,
+    *,
+    threads: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Fine-tune the model in ``model_dir`` on ``conversations`` and save it to ``out_dir``.
+
+    Args:
+        model_dir: a Hugging Face causal LM directory with its tokenizer (the tiny Qwen3).
+        conversations: chat messages per scripted episode.
+        out_dir: where the fine-tuned model and tokenizer are written (replaced if present).
+        settings: steps, learning rate, batch size, seed.
+        threads: torch CPU threads (the job's threads).
+        progress: show a progress bar (on stderr, the job's log).
+    Returns:
+        Training metrics: first and last losses, per-step losses, tokens, time.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not conversations:
+        raise ValueError("no conversation to train on")
+    if threads:
+        torch.set_num_threads(int(threads))
+    random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.train()
+    encoded = [encode_conversation(tokenizer, c) for c in conversations]
+    if settings.first_turn_examples:
+        encoded += [encode_conversation(tokenizer, _first_turn(c)) for c in conversations if _turns(c) > 1]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    optim = torch.optim.AdamW(
+        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.98)
+    )
+    warmup = max(1, round(settings.warmup_ratio * settings.steps))
+    plan = _batches([len(ids) for ids, _ in encoded], settings.batch_size, settings.steps, rng)
+    losses: list[float] = []
+    started = time.monotonic()
+    bar = tqdm(plan, desc="warm start", unit="step", disable=not progress)
+    for step, idx in enumerate(bar):
+        width = max(len(encoded[i][0]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(idx), width), dtype=torch.long)
+        labels = torch.full((len(idx), width), -100, dtype=torch.long)
+        for row, i in enumerate(idx):  # right padding: positions start at 0 for every row
+            seq, mask = encoded[i]
+            ids[row, : len(seq)] = torch.tensor(seq)
+            attn[row, : len(seq)] = 1
+            labels[row, : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, mask, strict=True)])
+        for group in optim.param_groups:
+            group["lr"] = settings.lr * _schedule(step, settings.steps, warmup)
+        loss = _assistant_loss(model, ids, attn, labels)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if step % 25 == 0 or step == settings.steps - 1:
+            log.info(
+                "step %d/%d: loss %.4f, lr %.2e",
+                step + 1,
+                settings.steps,
+                losses[-1],
+                optim.param_groups[0]["lr"],
+            )
+    bar.close()
+    elapsed = time.monotonic() - started
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    metrics = {
+        "steps": settings.steps,
+        "conversations": len(encoded),
+        "tokens": sum(len(ids) for ids, _ in encoded),
+        "assistant_tokens": sum(sum(m) for _, m in encoded),
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+        "losses": losses,
+        "train_seconds": round(elapsed, 2),
+        "settings": asdict(settings),
+    }
+    log.info(
+        "warm start: %d steps in %.1f s, loss %.3f -> %.3f (%d conversations, %d tokens)",
+        settings.steps,
+        elapsed,
+        metrics["loss_first"],
+        metrics["loss_last"],
+        len(encoded),
+        metrics["tokens"],
+    )
+    return metrics
