@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -153,7 +154,7 @@ def _padded(t: torch.Tensor, value) -> torch.Tensor:
     return t.to_padded_tensor(value) if t.is_nested else t
 
 
-class _BatchRewards:
+class _BatchRewards(ABC):
     """Shared TransferQueue I/O: read the batch, compute dense rewards, write ``rm_scores``."""
 
     prefix = ""
@@ -179,8 +180,9 @@ class _BatchRewards:
         )
         return stats.metrics(self.prefix)
 
-    def dense(self, response_mask, terminal, extra, info, details, skip):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def dense(self, response_mask, terminal, extra, info, details, skip):
+        """The dense token rewards and their statistics (one implementation per baseline)."""
 
 
 class StepSearchRewards(_BatchRewards):
