@@ -48,7 +48,7 @@ pairs and >= 1.8x queries/s with the cache, identical top-5s; 0 errors under loa
 Usage: .venv/bin/python bench/retrieval.py [--passages 200000] [--queries 512] [--threads 2]
        [--rounds 3] [--rerank-batch 256] [--device cpu] [--keep DIR]
        [--sections index,search,stream,overlap,replicas,load] [--rates 0,0.2,0.4,0.5,0.6]
-       [--prompts 8] [--h200-pairs-per-s N] [--a100-pairs-per-s N] [--load-clients 512]
+       [--prompts 32] [--h200-pairs-per-s N] [--a100-pairs-per-s N] [--load-clients 512]
        [--load-requests 20] [--load-distinct 400]
 """
 
@@ -361,7 +361,12 @@ def main() -> None:
         "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}"
     )
     parser.add_argument("--rates", default="0,0.2,0.4,0.5,0.6", help="duplicate rates of the query stream")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per stream step (16 rollouts each)")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=32,
+        help="prompts per stream step (16 rollouts each; 32: the paper's step)",
+    )
     parser.add_argument(
         "--h200-pairs-per-s", type=float, default=None, help="measured reranker pairs/s, one H200"
     )

@@ -4,6 +4,7 @@ same threads, each in a fresh process (JVM start-up included on both sides)."""
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def bench_indexing(root: Path, corpus_dir: Path, archive: Path, n: int, threads:
             times[name].append(run(out))
             if not (r == rounds - 1 and name == OURS_TAR):
                 subprocess.run(["rm", "-rf", str(out)])
-            else:
+            else:  # kept as the index of the later sections (replacing one a kept run left)
+                shutil.rmtree(root / "index", ignore_errors=True)
                 os.replace(out, root / "index")
             print(f"  indexing round {r + 1}: {name}: {times[name][-1]:.1f} s", flush=True)
     return {

@@ -10,12 +10,11 @@ import pytest
 
 pytest.importorskip("verl")
 
-from verl.tools.schemas import OpenAIFunctionToolSchema
+from verl_episode import call_tool, search_tool
 
 from spader.core.baseline_densify import parse_turn_details
 from spader.core.densify import FINAL_TURN_KEY, STEPS_KEY, parse_step_records
-from spader.integrations.verl.search_tool import SearchTool
-from spader.integrations.verl.tool_config import TOOL_SCHEMA, write_tool_config
+from spader.integrations.verl.tool_config import write_tool_config
 
 ENTITIES = [["The Salt Orchard"], ["Winter Quay"]]
 TURN = '<think>Find Varga\'s films first.</think><tool_call>["ilse varga film", "salt orchard"]</tool_call>'
@@ -30,30 +29,11 @@ class AgentData:
 
 
 def tool(url, **overrides):
-    config = {
-        "type": "native",
-        "retrieval_service_url": url,
-        "topk": 2,
-        "initial_k": 10,
-        "timeout": 5,
-        "retries": 0,
-        "max_queries_per_call": 3,
-        "max_query_chars": 1000,
-        "max_chars": 4000,
-        **overrides,
-    }
-    return SearchTool(config, OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA))
+    return search_tool(url, **{"max_chars": 4000, **overrides})
 
 
 def call(t, parameters, data):
-    async def run():
-        instance, _ = await t.create(create_kwargs={"entities": ENTITIES})
-        try:
-            return await t.execute(instance, parameters, agent_data=data)
-        finally:
-            await t.release(instance)
-
-    return asyncio.run(run())
+    return asyncio.run(call_tool(t, parameters, data, ENTITIES))
 
 
 def test_turn_details_are_recorded_when_asked(retrieval_service):

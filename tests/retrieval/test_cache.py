@@ -130,6 +130,11 @@ def test_identical_results_with_and_without_cache(backend, monkeypatch, concurre
     assert stats_on["cache"]["misses"] >= distinct and stats_on["cache"]["entries"] == distinct
     assert stats_off["cache"]["hits"] == 0 and stats_off["cache"]["entries"] == 0
     assert stats_off["pairs"] > stats_on["pairs"] > 0  # fewer reranker pairs with the cache
+    for stats in (stats_on, stats_off):  # where the time went, as the service measured it
+        assert stats["latency_ms"]["count"] == len(STREAM)
+        assert 0 < stats["latency_ms"]["p50_ms"] <= stats["latency_ms"]["max_ms"]
+        assert stats["bm25_s"] > 0 and stats["rerank_s"] > 0
+        assert stats["loop_lag_ms"]["max_ms"] >= 0
 
 
 def test_in_flight_duplicates_wait_for_the_first_computation(backend, monkeypatch):

@@ -448,3 +448,39 @@ def test_service_exits_when_the_job_that_started_it_is_killed(bm25_index, settin
             parent.kill()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
+
+
+def _nodelay_of_accepted(sock: socket.socket) -> int:
+    """Serve ``sock`` with asyncio (as uvicorn does) and return TCP_NODELAY of the connection it accepts."""
+    import asyncio
+
+    async def main() -> int:
+        seen: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def handle(reader, writer):
+            seen.set_result(
+                writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            )
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        value = await asyncio.wait_for(seen, 10)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return value
+
+    return asyncio.run(main())
+
+
+def test_service_socket_turns_nagle_off_on_every_connection():
+    # With Nagle on, an answer written as header then body waits for the client's delayed ACK
+    # (~40 ms a request). asyncio turns it off only for sockets made with protocol IPPROTO_TCP:
+    # the control (protocol 0, what the service used to bind) shows the trap is real.
+    from spader.retrieval.service import _bind
+
+    plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    plain.bind(("127.0.0.1", 0))
+    assert _nodelay_of_accepted(plain) == 0
+    assert _nodelay_of_accepted(_bind("127.0.0.1", 0)) != 0

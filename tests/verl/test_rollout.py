@@ -13,17 +13,13 @@ import pytest
 pytest.importorskip("verl")
 
 from omegaconf import OmegaConf
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.tools.schemas import OpenAIFunctionToolSchema
-from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
+from verl_episode import agent_episode, call_tool, search_tool
 
 from spader.core.densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY
-from spader.core.prompt import (
-    build_messages,
-    fit_observation,
-)
-from spader.integrations.verl.agent_loop import SpaderToolAgentLoop, SpaderToolParser
+from spader.core.prompt import fit_observation
+from spader.integrations.verl.agent_loop import SpaderToolParser
 from spader.integrations.verl.compose import compose
 from spader.integrations.verl.reward import compute_score
 from spader.integrations.verl.search_tool import SearchTool
@@ -36,19 +32,7 @@ GOLD = {
 
 
 def _tool(url, **overrides):
-    config = {
-        "type": "native",
-        "retrieval_service_url": url,
-        "topk": 2,
-        "initial_k": 10,
-        "timeout": 5,
-        "retries": 0,
-        "max_queries_per_call": 3,
-        "max_query_chars": 1000,
-        "max_chars": 2000,
-        **overrides,
-    }
-    return SearchTool(config, OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA))
+    return search_tool(url, **overrides)
 
 
 class _AgentData:
@@ -60,11 +44,7 @@ class _AgentData:
 
 
 async def _call(tool, parameters, agent_data, entities=GOLD["entities"]):
-    instance, _ = await tool.create(create_kwargs={"entities": entities})
-    try:
-        return await tool.execute(instance, parameters, agent_data=agent_data)
-    finally:
-        await tool.release(instance)
+    return await call_tool(tool, parameters, agent_data, entities)
 
 
 def test_tool_records_hits_on_passages_never_on_queries(retrieval_service):
@@ -242,37 +222,11 @@ class ScriptedServer:
 
 def run_episode(tokenizer, url, turns, question="Which films did Ilse Varga direct?", response_length=4096):
     """One real SpaderToolAgentLoop episode; returns (output, server)."""
-    cfg = compose(
-        "spader",
-        [
-            "actor_rollout_ref.model.path=/unused",
-            "actor_rollout_ref.rollout.prompt_length=1024",
-            f"actor_rollout_ref.rollout.response_length={response_length}",
-        ],
-    )
     server = ScriptedServer(tokenizer, turns)
-
-    async def episode():
-        # built inside the running event loop, as verl's AgentLoopWorker does
-        loop = SpaderToolAgentLoop(
-            trainer_config=DictConfigWrap(cfg),
-            server_manager=server,
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(cfg.data),
-            tools=ToolListWrap([_tool(url)]),
-            hf_model_type="qwen3",
-        )
-        return await loop.run(
-            {"temperature": 1.0},
-            raw_prompt=build_messages(question),
-            reward_model={"ground_truth": GOLD},
-            extra_info={},
-            tools_kwargs={},
-        )
-
-    return asyncio.run(episode()), server
+    output = agent_episode(
+        tokenizer, server, _tool(url), question=question, gold=GOLD, response_length=response_length
+    )
+    return output, server
 
 
 SEARCH_THEN_ANSWER = [

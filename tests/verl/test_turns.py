@@ -12,28 +12,22 @@ branch as Llama-3.1's.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 
 import pytest
 
 pytest.importorskip("verl")
 
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-from verl.tools.schemas import OpenAIFunctionToolSchema
-from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
+from verl_episode import agent_episode, search_tool
 
 from spader.agent.engines import Generation
 from spader.agent.loop import AgentSettings, Question, render_prompt, run_episodes
 from spader.agent.search import RetrievalSearch
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY, STEPS_KEY
 from spader.core.prompt import build_messages
-from spader.integrations.verl.agent_loop import SpaderToolAgentLoop, turn_token_count
-from spader.integrations.verl.compose import compose
+from spader.integrations.verl.agent_loop import turn_token_count
 from spader.integrations.verl.reward import compute_score
-from spader.integrations.verl.search_tool import SearchTool
-from spader.integrations.verl.tool_config import TOOL_SCHEMA
 from spader.retrieval.client import RetrievalClient
 
 QUESTION = "Which films did Ilse Varga direct?"
@@ -112,45 +106,21 @@ class TokenEngine:
         pass
 
 
-def _tool(url):
-    config = {"type": "native", "retrieval_service_url": url, "topk": 2, "initial_k": 10, "timeout": 5,
-              "retries": 0, "max_queries_per_call": 10, "max_query_chars": 1000, "max_chars": 11000}  # fmt: skip
-    return SearchTool(config, OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA))
-
-
 def training_episode(tokenizer, model_type, url, turns, *, response_length=4096, logprobs=False):
     """One real SpaderToolAgentLoop episode over the fake server; returns (output, server)."""
-    cfg = compose(
-        "spader",
-        [
-            "actor_rollout_ref.model.path=/unused",
-            "actor_rollout_ref.rollout.prompt_length=1024",
-            f"actor_rollout_ref.rollout.response_length={response_length}",
-            f"spader_agent.max_turn_tokens={TURN_TOKENS}",
-        ],
-    )
     server = TokenServer(tokenizer, turns)
-
-    async def episode():
-        loop = SpaderToolAgentLoop(
-            trainer_config=DictConfigWrap(cfg),
-            server_manager=server,
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(cfg.data),
-            tools=ToolListWrap([_tool(url)]),
-            hf_model_type=model_type,
-        )
-        return await loop.run(
-            {"temperature": 1.0, "logprobs": logprobs},
-            raw_prompt=build_messages(QUESTION),
-            reward_model={"ground_truth": GOLD},
-            extra_info={},
-            tools_kwargs={},
-        )
-
-    return asyncio.run(episode()), server
+    output = agent_episode(
+        tokenizer,
+        server,
+        search_tool(url, max_queries_per_call=10, max_chars=11000),
+        question=QUESTION,
+        gold=GOLD,
+        config=[f"spader_agent.max_turn_tokens={TURN_TOKENS}"],
+        model_type=model_type,
+        sampling={"temperature": 1.0, "logprobs": logprobs},
+        response_length=response_length,
+    )
+    return output, server
 
 
 def evaluation_episode(tokenizer, url, turns):

@@ -8,7 +8,9 @@ Endpoints:
 * ``GET /health`` answers ``{"status": "ok", "index": ..., "documents": ..., "stats": {...}}`` once
   the index and the reranker are loaded, verified and warmed up.
 * ``GET /stats``: requests, queries, cache hits/misses/evictions, results shared while in flight,
-  queries computed, reranker pairs.
+  queries computed, reranker pairs, seconds in each stage, the latency of ``/retrieve`` as the
+  service measures it (``latency_ms``: from the parsed request to the encoded answer) and how late
+  its event loop ran (``loop_lag_ms``; :mod:`spader.retrieval.monitor`).
 
 Every bad request is answered with a JSON ``{"error": message}`` naming the problem, decided before
 the request joins any batch: 400 for a body that is not a JSON object (including JSON nested
@@ -32,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,7 @@ from fastapi.responses import Response
 from spader.retrieval.batcher import Batcher, SearchFailedError
 from spader.retrieval.cache import ResultCache
 from spader.retrieval.errors import BadSearchRequestError
+from spader.retrieval.monitor import DurationWindow, LoopLagMonitor
 from spader.retrieval.payload import parse_json, read_limited
 
 log = logging.getLogger(__name__)
@@ -105,11 +109,22 @@ def create_app(load_backend: Callable[[], Any]) -> FastAPI:
         app.state.backend = backend
         app.state.batcher = Batcher(backend, cache, slice_queries=s.slice_queries, overlap=s.overlap)
         app.state.batcher.start()
+        app.state.latency = DurationWindow()
+        app.state.loop_lag = LoopLagMonitor()
+        app.state.loop_lag.start()
         log.info("retrieval service ready: %s", backend.describe())
         try:
             yield
         finally:
+            await app.state.loop_lag.stop()
             await app.state.batcher.stop()
+
+    def stats(state) -> dict[str, Any]:
+        return {
+            **state.batcher.stats(),
+            "latency_ms": state.latency.summary(),
+            "loop_lag_ms": state.loop_lag.lag.summary(),
+        }
 
     app = FastAPI(title="spader retrieval", lifespan=lifespan)
 
@@ -121,13 +136,11 @@ def create_app(load_backend: Callable[[], Any]) -> FastAPI:
     @app.get("/health")
     async def health(request: Request) -> Response:
         state = request.app.state
-        return _json(
-            {"status": "ok", "pid": os.getpid(), **state.backend.describe(), "stats": state.batcher.stats()}
-        )
+        return _json({"status": "ok", "pid": os.getpid(), **state.backend.describe(), "stats": stats(state)})
 
     @app.get("/stats")
-    async def stats(request: Request) -> Response:
-        return _json(request.app.state.batcher.stats())
+    async def stats_endpoint(request: Request) -> Response:
+        return _json(stats(request.app.state))
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
@@ -136,11 +149,14 @@ def create_app(load_backend: Callable[[], Any]) -> FastAPI:
             queries, topk, initial_k, with_scores = await _parse(request, state.backend)
         except BadSearchRequestError as exc:
             return _error(exc.status, str(exc))
+        started = time.perf_counter()
         try:
             results = await state.batcher.submit(queries, topk, initial_k)
         except SearchFailedError as exc:
             return _error(500, str(exc))
         payload = {"result": [[p.to_dict(with_scores) for p in hits] for hits in results]}
-        return _json(payload)
+        answer = _json(payload)
+        state.latency.add(time.perf_counter() - started)
+        return answer
 
     return app

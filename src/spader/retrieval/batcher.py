@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class _Counters:
     slices: int = 0
     failed_queries: int = 0
     isolation_runs: int = 0
+    bm25_s: float = 0.0  # time in each stage (worker threads), for telling where the time goes
+    rerank_s: float = 0.0
 
 
 class Batcher:
@@ -113,7 +116,8 @@ class Batcher:
         self._rerank_pool.shutdown(wait=True)
 
     def stats(self) -> dict[str, Any]:
-        """Counters for ``/stats``: requests, queries, cache, coalesced, computed, pairs reranked."""
+        """Counters for ``/stats``: requests, queries, cache, coalesced, computed, pairs reranked,
+        seconds spent in each stage."""
         c = self.counters
         return {
             "requests": c.requests,
@@ -125,6 +129,8 @@ class Batcher:
             "pairs_reranked": int(getattr(self.backend, "pairs_reranked", 0)),
             "failed_queries": c.failed_queries,
             "isolation_runs": c.isolation_runs,
+            "bm25_s": round(c.bm25_s, 3),
+            "rerank_s": round(c.rerank_s, 3),
             "queued_queries": sum(len(j.items) - j.pos for q in (self._fresh, self._continuing) for j in q),
         }
 
@@ -248,12 +254,20 @@ class Batcher:
     # -- the two stages (worker threads) ------------------------------------------------------
 
     def _bm25(self, items: list[_Work]) -> tuple[list[str], int, list]:
+        started = time.perf_counter()
         texts = list(dict.fromkeys(w.query for w in items))
         topk = max(w.topk for w in items)  # rankings are prefixes of one another: cut per request
-        return texts, topk, self.backend.candidates(texts, topk=topk, initial_k=items[0].initial_k)
+        try:
+            return texts, topk, self.backend.candidates(texts, topk=topk, initial_k=items[0].initial_k)
+        finally:
+            self.counters.bm25_s += time.perf_counter() - started
 
     def _rerank(self, texts: list[str], topk: int, candidates: list) -> dict[str, list]:
-        return dict(zip(texts, self.backend.rerank(texts, candidates, topk=topk), strict=True))
+        started = time.perf_counter()
+        try:
+            return dict(zip(texts, self.backend.rerank(texts, candidates, topk=topk), strict=True))
+        finally:
+            self.counters.rerank_s += time.perf_counter() - started
 
     # -- results and failures -----------------------------------------------------------------
 

@@ -100,9 +100,17 @@ def reranker_on_job_gpus(retrieval: Mapping[str, Any], gpus: int) -> dict[str, A
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """The service's listening socket, bound to ``host:port``.
+
+    The protocol is named (``IPPROTO_TCP``) and ``TCP_NODELAY`` set on it (Linux passes it on to
+    every accepted connection): asyncio turns Nagle's algorithm off only on sockets whose protocol
+    is ``IPPROTO_TCP``, and one made with protocol 0 kept it on, so the response's header and body,
+    written separately, waited for the client's delayed ACK: ~40 ms added to every request.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     return sock
 
@@ -244,15 +252,21 @@ def _log_stats(url: str) -> None:
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         log.warning("retrieval service at %s: no final stats (%s)", url, exc)
         return
+    latency = stats.get("latency_ms") or {}
     log.info(
         "retrieval service stats: %d requests, %d queries, %d (%.1f%%) answered from the cache or "
-        "a computation in flight, %d computed, %d reranker pairs; %s",
+        "a computation in flight, %d computed, %d reranker pairs; latency p50 %s ms, p99 %s ms; "
+        "BM25 %s s, reranking %s s; %s",
         stats["requests"],
         stats["queries"],
         reused,
         100.0 * reused / queries,
         stats["computed"],
         stats["pairs_reranked"],
+        latency.get("p50_ms"),
+        latency.get("p99_ms"),
+        stats.get("bm25_s"),
+        stats.get("rerank_s"),
         json.dumps(stats, sort_keys=True),
     )
 
