@@ -31,19 +31,21 @@ Training scale (``retrieval_scale.py``, ``retrieval_load.py``), in the same run:
 
 3. ``stream``: a rollout-shaped query stream (prompts x 16 rollouts, 2-3 search turns of 2-3
    queries; first turns often repeat the question, later turns diverge) at duplicate rates swept
-   from 0 to 60%, through a service with the result cache and one without: queries/s, reranker
-   pairs, identical top-5s; then the projection per paper-size training step (queries, unique
+   from 0 to 60%, through a service with the result cache, one without (which still computes
+   repeats merged into one slice once), and the latter with every repeat made a different text
+   (every query computed): queries/s, reranker pairs, identical top-5s; then the projection per paper-size training step (queries, unique
    queries, pairs, reranker seconds on one H200 / one A100 from the pairs and the model's FLOPs,
    or from ``--h200-pairs-per-s``/``--a100-pairs-per-s`` measured, e.g. by ``bench/reranker_gpu.py``).
 4. ``overlap``: slices of 64 with BM25 of the next slice overlapping reranking, without overlap,
    and unsliced.
 5. ``replicas``: one reranker replica vs two.
 6. ``load``: 512 concurrent clients x 20 requests against the service on the demo index: errors,
-   p50/p99 latency.
+   p50/p99 latency as the clients and as the service (``/stats``) measured it.
 
 Targets: service >= 3x the per-query design's queries/s with identical results; indexing
 overhead <= 10% over raw pyserini (same input); at a 50% duplicate rate >= 2x fewer reranker
-pairs and >= 1.8x queries/s with the cache, identical top-5s; 0 errors under load.
+pairs and >= 1.8x queries/s with the cache against every query computed (and the same ratios
+against the cache-less service, reported), identical top-5s; 0 errors under load.
 
 Usage: .venv/bin/python bench/retrieval.py [--passages 200000] [--queries 512] [--threads 2]
        [--rounds 3] [--rerank-batch 256] [--device cpu] [--keep DIR]
