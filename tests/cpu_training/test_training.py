@@ -66,8 +66,11 @@ def _later(rewards: dict[int, float]) -> float:
     return sum(rewards[s] for s in range(2, STEPS + 1)) / (STEPS - 1)
 
 
-def _kill_after_checkpoint(world, out: Path, step: int) -> subprocess.CompletedProcess:
-    """Start the job as its own process, SIGTERM it once checkpoint ``step`` is complete."""
+def _kill_after_checkpoint(world, out: Path, step: int) -> tuple[subprocess.CompletedProcess, list[int]]:
+    """Start the job as its own process, SIGTERM it once checkpoint ``step`` is complete; returns
+    the process and the steps whose rewards were logged when the checkpoint was seen."""
+    from spader.training.checkpoints import read_step_metrics
+
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")])),
@@ -76,13 +79,16 @@ def _kill_after_checkpoint(world, out: Path, step: int) -> subprocess.CompletedP
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tracker = out / "work" / "checkpoints" / "latest_checkpointed_iteration.txt"
     deadline = time.monotonic() + 1500
+    logged: list[int] = []
     while time.monotonic() < deadline and proc.poll() is None:
         if tracker.exists() and int(tracker.read_text().strip() or 0) >= step:
             proc.send_signal(signal.SIGTERM)  # as a scheduler ending the job
+            steps = read_step_metrics(out / "work" / "metrics")
+            logged = sorted(s for s, m in steps.items() if "critic/score/mean" in m)
             break
         time.sleep(0.5)
     output, _ = proc.communicate(timeout=300)
-    return subprocess.CompletedProcess(argv, proc.returncode, output, "")
+    return subprocess.CompletedProcess(argv, proc.returncode, output, ""), logged
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +97,18 @@ def spader_run(world, tmp_path_factory):
     from spader.training.run import run_training
 
     out = tmp_path_factory.mktemp("spader")
-    killed = _kill_after_checkpoint(world, out, KILL_AFTER)
+    killed, logged_at_kill = _kill_after_checkpoint(world, out, KILL_AFTER)
     job = train_job(world, out, training=cpu_training(**_sizes()))
     final = run_training(job)
-    return job, killed, final
+    return job, (killed, logged_at_kill), final
 
 
 def test_a_killed_job_resumes_from_its_checkpoint_and_finishes(spader_run):
-    job, killed, final = spader_run
+    job, (killed, logged_at_kill), final = spader_run
     assert killed.returncode != 0, killed.stdout[-3000:]
+    # a checkpoint is written only after its step's metrics: once checkpoint KILL_AFTER was seen,
+    # steps 1..KILL_AFTER were logged (verl alone saves first, and a stop in between lost a step)
+    assert logged_at_kill[:KILL_AFTER] == list(range(1, KILL_AFTER + 1)), logged_at_kill
     assert final["steps_done"] == STEPS
     assert KILL_AFTER <= final["resumed_from_step"] < STEPS and final["attempt"] == 2
     attempts = [json.loads(line) for line in (job.workdir / "attempts.jsonl").read_text().splitlines()]

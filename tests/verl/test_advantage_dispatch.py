@@ -18,7 +18,7 @@ from transfer_queue import KVBatchMeta
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 from verl.trainer.ppo.ray_trainer import compute_advantage
-from verl.trainer.ppo.v1 import get_trainer_cls
+from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
 from spader.core.densify import N_GOLD_KEY, STEPS_KEY
 from spader.integrations.verl import plugin  # noqa: F401
@@ -101,6 +101,45 @@ def test_trainer_mode_is_registered_and_behaves_as_sync():
     assert isinstance(trainer, SpaderTrainerSync)
     assert trainer.trainer_mode == "sync"  # verl's sync replay buffer and refill logic
     assert type(trainer.replay_buffer).__name__ == "ReplayBuffer"
+
+
+def test_a_checkpoint_is_saved_after_its_steps_metrics_are_logged(monkeypatch):
+    # verl saves step N's checkpoint before it logs step N's metrics: a job stopped in between
+    # resumes after step N and never logs them. This trainer saves once they are logged.
+    events = []
+
+    class Recorder:  # verl's Tracking logger, recording what it is given
+        def log(self, data, step, backend=None):
+            events.append(("log", step, sorted(data)))
+
+        def finish(self):
+            return "finished"
+
+    monkeypatch.setattr(
+        PPOTrainerSync, "_save_checkpoint", lambda self: events.append(("save", self.global_steps))
+    )
+    trainer = make_trainer([], global_step=2)
+    trainer._save_checkpoint()  # outside the training loop: at once
+    assert events == [("save", 2)]
+    events.clear()
+    trainer.logger = Recorder()
+    trainer.on_train_begin()
+    trainer._save_checkpoint()  # where verl's loop asks for it, before the step's metrics
+    assert events == []
+    trainer.logger.log(data={"critic/score/mean": 0.5}, step=2)
+    assert events == [
+        ("log", 2, ["critic/score/mean"]),
+        ("save", 2),
+        ("log", 2, ["timing_s/save_checkpoint"]),
+    ]
+    events.clear()
+    trainer.global_steps = 3
+    trainer.logger.log(data={"critic/score/mean": 0.7}, step=3)  # no checkpoint due: a log only
+    assert events == [("log", 3, ["critic/score/mean"])]
+    assert trainer.logger.finish() == "finished"  # the rest is the logger's own
+    trainer._save_checkpoint()
+    with pytest.raises(RuntimeError, match="checkpoint of step 3 was due"):
+        trainer.logger.log(data={}, step=4)
 
 
 def test_worked_example_through_verl_compute_advantage(fake_tq):

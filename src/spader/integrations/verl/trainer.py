@@ -9,11 +9,17 @@ that runs there, :meth:`SpaderTrainerSync._compute_advantage`: it reads ``rm_sco
 writes back dense ``rm_scores`` (each step's reward on the last token of its assistant run, see
 :func:`spader.core.densify.densify_rewards`) and hands over to verl's own ``_compute_advantage``, which
 dispatches to the registered estimator. Selected with ``trainer.v1.trainer_mode=spader_sync``.
+
+The mode also saves each checkpoint after its step's metrics are logged (verl saves first): see
+:class:`SpaderTrainerSync`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import transfer_queue as tq
@@ -82,9 +88,36 @@ def densify_tq_batch(batch, settings: SpaderSettings, global_step: int) -> dict[
     return stats.metrics()
 
 
+class _CheckpointAfterLog:
+    """verl's metrics logger, followed by the checkpoint its step asked for (see
+    :class:`SpaderTrainerSync`); every other attribute is the logger's own."""
+
+    def __init__(self, tracking, save: Callable[[int], float | None]):
+        self._tracking = tracking
+        self._save = save
+
+    def log(self, data: dict, step: int, **kwargs) -> None:
+        self._tracking.log(data=data, step=step, **kwargs)
+        seconds = self._save(step)
+        if seconds is not None:  # the step's metrics went out before the save: its time follows
+            self._tracking.log(data={"timing_s/save_checkpoint": seconds}, step=step)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tracking, name)
+
+
 @register_trainer(MODE)
 class SpaderTrainerSync(PPOTrainerSync):
-    """verl's synchronous PPO trainer with SPADER's dense step rewards."""
+    """verl's synchronous PPO trainer with SPADER's dense step rewards.
+
+    Checkpoints follow their step's metrics. verl 0.9.1 saves step N's checkpoint, then computes
+    and logs step N's metrics; a job stopped in between (a scheduler's SIGTERM) resumes after
+    step N and step N's metrics are never logged (a hole in the reward curve, seen in the CPU
+    training test). Here the save verl asks for waits until the step's metrics are logged, with
+    the same state (nothing between the two changes weights, optimizer or data position): a
+    checkpoint of step N exists only once step N's metrics do, and a job stopped before the save
+    trains step N again.
+    """
 
     def __init__(self, config):
         # fail before any GPU work when the variant's settings are malformed; a baseline's step
@@ -105,6 +138,33 @@ class SpaderTrainerSync(PPOTrainerSync):
             raise ValueError(
                 f"{type(self).__name__} is selected by trainer.v1.trainer_mode={MODE}, got {value!r}"
             )
+
+    def on_train_begin(self) -> None:
+        super().on_train_begin()
+        self._checkpoint_due: int | None = None
+        self.logger = _CheckpointAfterLog(self.logger, self._save_due_checkpoint)
+
+    def _save_checkpoint(self) -> None:
+        """Mark the step's checkpoint due; it is saved once the step's metrics are logged. Outside
+        the training loop (no logger installed yet) it is saved at once."""
+        if isinstance(getattr(self, "logger", None), _CheckpointAfterLog):
+            self._checkpoint_due = self.global_steps
+        else:
+            super()._save_checkpoint()
+
+    def _save_due_checkpoint(self, logged_step: int) -> float | None:
+        """Save the checkpoint due, if any, after ``logged_step``'s metrics; returns its seconds."""
+        due, self._checkpoint_due = self._checkpoint_due, None
+        if due is None:
+            return None
+        if due != logged_step or due != self.global_steps:
+            raise RuntimeError(
+                f"checkpoint of step {due} was due, but the metrics logged are of step {logged_step} "
+                f"(trainer at step {self.global_steps})"
+            )
+        started = time.perf_counter()
+        super()._save_checkpoint()
+        return time.perf_counter() - started
 
     def _compute_advantage(self, batch, metrics: dict):
         """Densify the step rewards, then run verl's advantage computation."""
