@@ -6,7 +6,7 @@ step and its evidence building, side by side with the straightforward designs.
    5 passages per query (~100 words, Zipf vocabulary), 5 evidence passages per question (the
    mix's 60k entities over 12k questions), each rollout drawing its passages from a pool per
    question as rollouts of one prompt do. Timed end to end through
-   :func:`spader.core.baseline_densify.stepsearch_dense_rewards` (records -> dense token rewards):
+   :func:`spader.core.scorer_densify.stepsearch_dense_rewards` (records -> dense token rewards):
    (a) ours in the trainer process; (b) ours with the TF-IDF on a pool of ``--workers``
    processes (the training default); (c) StepSearch's design: a TF-IDF vectoriser fitted for
    every returned passage (scikit-learn, as its code does), timed on a sample and scaled to the
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spader.core.baseline_densify import TurnDetails, stepsearch_dense_rewards
+from spader.core.scorer_densify import TurnDetails, stepsearch_dense_rewards
 
 VOCAB = 20_000
 
@@ -84,7 +84,7 @@ def word_reranker(vocab: np.ndarray, out: Path) -> Path:
     tokenizer would make it ~500)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from spader.models.tiny import save_random_cross_encoder
+    from spader.demo.tiny import save_random_cross_encoder
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*specials, *vocab])}, unk_token="<unk>"))
@@ -196,11 +196,11 @@ def bench_reward(args) -> None:
 
 
 def bench_evidence(args) -> None:
-    from spader.baselines.evidence import EvidenceSettings, build_evidence
     from spader.data.records import MIX_SCHEMA, records_frame, write_frame
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.index import build_bm25_index
     from spader.retrieval.service import running_service
+    from spader.scorers.evidence import EvidenceSettings, build_evidence
 
     print(f"\n== evidence building, {args.passages} passages, {args.questions} questions x 5 entities")
     with tempfile.TemporaryDirectory(prefix="bench-evidence-") as tmp:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from spader.agent.engines import Generation, TransformersEngine, load_tokenizer
+from spader.agent.generation import Generation, TransformersEngine, load_tokenizer
 from spader.agent.loop import AgentSettings, Question, run_episodes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def demo_inputs():
     if not (eval_dir.is_dir() and index.is_dir() and importlib.util.find_spec("spader.retrieval.service")):
         return None
     from spader.agent.search import RetrievalSearch
-    from spader.evaluation.records import load_eval_set
+    from spader.evaluation.episodes import load_eval_set
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.service import running_service
 
@@ -218,7 +218,7 @@ def bench_gpu(model_dir: Path | None, tiny_dir: Path, n: int, tmp: Path) -> None
             f"cuda={torch.cuda.is_available()}, sglang={'installed' if importlib.util.find_spec('sglang') else 'absent'})"
         )
         return
-    from spader.agent.engines import SglangEngine
+    from spader.integrations.sglang import SglangEngine
 
     model_dir = model_dir or gpu_sized_random_qwen3(tiny_dir, tmp / "qwen3_gpu")
     settings = AgentSettings(max_turns=3, max_turn_tokens=256, max_context_tokens=8192)
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or ROOT / "results/models/tiny/qwen3"
         if not (model / "config.json").exists():
-            from spader.models.tiny import build_tiny_qwen3
+            from spader.demo.tiny import build_tiny_qwen3
 
             model = build_tiny_qwen3(Path(tmp) / "qwen3")
             print(f"(tiny random Qwen3 built in {model}; run the demo to reuse results/models/tiny/qwen3)")

@@ -102,7 +102,7 @@ def ours(args, out: dict) -> None:
     import numpy as np
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    from spader.models.tiny import save_random_cross_encoder
+    from spader.demo.tiny import save_random_cross_encoder
     from spader.retrieval.replicas import RerankerReplicas
 
     words = "the of film river album city director novel band lake village church market index".split()

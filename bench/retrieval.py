@@ -142,7 +142,7 @@ def make_corpus(root: Path, n: int, n_queries: int, seed: int = 0):
 
 
 def build_bench_reranker(out: Path, seed: int = 0) -> Path:
-    """A tiny random XLM-R cross-encoder (the shape of ``spader.models.tiny``) with a word-level
+    """A tiny random XLM-R cross-encoder (the shape of ``spader.demo.tiny``) with a word-level
     tokenizer over the synthetic vocabulary: passages come to ~100 tokens as real ones do with
     bge-reranker-v2-m3 (the 65-piece tiny tokenizer would spell them out letter by letter, ~500
     tokens), every word is known (FlagEmbedding's decode/re-encode round trip is exact), and
@@ -150,7 +150,7 @@ def build_bench_reranker(out: Path, seed: int = 0) -> Path:
     where batched vs per-query float noise reorders near-ties)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from spader.models.tiny import save_random_cross_encoder
+    from spader.demo.tiny import save_random_cross_encoder
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     vocab = {t: i for i, t in enumerate(specials + [word(i) for i in range(VOCAB)])}

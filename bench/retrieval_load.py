@@ -132,7 +132,7 @@ def _cpu_seconds(pid: int) -> float:
 def bench_load(work: Path, archive: Path, clients: int, per_client: int, distinct: int, threads: int) -> dict:
     """``clients`` concurrent clients x ``per_client`` requests of 1-3 queries against the service
     on the demo index with the demo's reranker (the tiny random cross-encoder, CPU)."""
-    from spader.models.tiny import build_tiny_reranker
+    from spader.demo.tiny import build_tiny_reranker
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.index import build_bm25_index
     from spader.retrieval.service import running_service

@@ -125,12 +125,12 @@ def smk() -> Smk:
     return Smk()
 
 
-# Tiny random models (spader.models.tiny), built once per test session and shared by every test
+# Tiny random models (spader.demo.tiny), built once per test session and shared by every test
 # directory: their outputs are meaningless by design (no weights can be downloaded here).
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny random Qwen3 with its chat template."""
-    from spader.models.tiny import build_tiny_qwen3
+    from spader.demo.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "qwen3")
 
@@ -143,7 +143,7 @@ def tiny_qwen3_dir(tiny_model) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model):
     """The tiny Qwen3's tokenizer, loaded as the engines load it."""
-    from spader.agent.engines import load_tokenizer
+    from spader.agent.generation import load_tokenizer
 
     return load_tokenizer(tiny_model)
 
@@ -151,6 +151,6 @@ def tokenizer(tiny_model):
 @pytest.fixture(scope="session")
 def tiny_reranker(tmp_path_factory) -> Path:
     """A tiny random cross-encoder of bge-reranker-v2-m3's architecture."""
-    from spader.models.tiny import build_tiny_reranker
+    from spader.demo.tiny import build_tiny_reranker
 
     return build_tiny_reranker(tmp_path_factory.mktemp("tiny") / "reranker")

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from spader.agent.engines import Generation
+from spader.agent.generation import Generation
 
 PASSAGES = [
     {

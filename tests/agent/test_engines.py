@@ -6,16 +6,16 @@ import sys
 
 import pytest
 
-from spader.agent.engines import (
+from spader.agent.generation import (
     Sampling,
     TransformersEngine,
-    _cut_at_markers,
-    _ensure_stop_kept,
-    build_engine,
+    cut_at_markers,
+    keep_through_stop,
 )
 from spader.agent.loop import AgentSettings, Question, render_prompt, run_episodes
 from spader.core.prompt import build_messages
-from spader.evaluation.records import episode_record
+from spader.evaluation.backends import build_engine
+from spader.evaluation.episodes import episode_record
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +77,10 @@ def test_a_failing_prompt_is_isolated(engine, monkeypatch):
 
 
 def test_output_is_cut_at_end_of_turn_markers_and_after_the_first_stop_string():
-    assert _cut_at_markers("abc<|im_end|>junk<|endoftext|>", ["<|im_end|>", "<|endoftext|>"]) == "abc"
+    assert cut_at_markers("abc<|im_end|>junk<|endoftext|>", ["<|im_end|>", "<|endoftext|>"]) == "abc"
     text = '<tool_call>["q"]</tool_call><tool_response>invented</tool_response>'
-    assert _ensure_stop_kept(text, ("</tool_call>", "</answer>")) == '<tool_call>["q"]</tool_call>'
-    assert _ensure_stop_kept("no stop", ("</answer>",)) == "no stop"
+    assert keep_through_stop(text, ("</tool_call>", "</answer>")) == '<tool_call>["q"]</tool_call>'
+    assert keep_through_stop("no stop", ("</answer>",)) == "no stop"
 
 
 def test_sglang_is_never_imported_and_its_absence_is_a_clear_error(tiny_qwen3_dir):

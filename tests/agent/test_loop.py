@@ -8,7 +8,7 @@ import json
 import pytest
 
 from spader.agent.loop import AgentSettings, Question, run_episodes
-from spader.evaluation.records import episode_record
+from spader.evaluation.episodes import episode_record
 
 FILMS = "Which films were directed by Ilse Varga?"
 FILMS_GOLD = [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"], ["Glass Harbour"]]
@@ -297,7 +297,7 @@ def test_any_failure_of_one_episode_is_recorded_and_scored_zero(scripted, fake_s
     (films, _lake), (rf, rl) = run(scripted, fake_search, scripts)
     assert films.status == "episode_error" and "recording search results: KeyError" in films.error
     assert (rf["f1"], rf["status"]) == (0.0, "episode_error") and rl["f1"] == 1.0
-    from spader.evaluation.records import summarize
+    from spader.evaluation.episodes import summarize
 
     assert summarize([rf, rl])["failed"] == 1
 

@@ -120,7 +120,7 @@ def test_the_cpu_launch_composes_and_passes_verls_validation(tmp_path):
     job = TrainJob(
         backbone="demo",
         variant="spader",
-        backbone_spec={"model": "tiny:qwen3", "gpus": 0, "variants": ["spader"], "baselines": []},
+        backbone_spec={"model": "tiny:qwen3", "gpus": 0, "variants": ["spader"], "prompting": []},
         variant_spec={
             "advantage": "spa",
             "reward": "step",

@@ -167,9 +167,9 @@ def test_spader_raises_the_reward_and_the_zero_advantage_control_does_not(
 
 
 def test_the_exported_checkpoint_loads_in_the_evaluation_engine(spader_run, tmp_path):
-    from spader.agent.engines import Sampling, TransformersEngine
-    from spader.models.tiny import TINY_MARKER
-    from spader.training.export import export_checkpoint
+    from spader.agent.generation import Sampling, TransformersEngine
+    from spader.models.local import TINY_MARKER
+    from spader.training.hf_export import export_checkpoint
 
     job, _, _ = spader_run
     meta = export_checkpoint(job.final_json, tmp_path / "model", tmp_path / "model.json")

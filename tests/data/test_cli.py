@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spader.config import ConfigError, check_config
 from spader.data import normalize_release, read_records, record_schema
 from spader.data.layout import dump_jsonl
-from spader.infra.config import ConfigError, check_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,13 +92,13 @@ def test_hub_source_passes_the_schema_and_a_bad_one_names_its_key():
         "url": None,
         "hub": {"repo_id": "cmalaviya/quest", "filename": "train_aug.jsonl"},
     }
-    check_config(cfg, REPO / "workflow" / "schemas" / "config.schema.yaml")
+    check_config(cfg)
     cfg["datasets"]["quest"]["files"]["train_aug.jsonl"]["hub"] = {
         "filename": "train_aug.jsonl",
         "format": "tsv",
     }
     with pytest.raises(ConfigError) as err:
-        check_config(cfg, REPO / "workflow" / "schemas" / "config.schema.yaml")
+        check_config(cfg)
     assert "datasets.quest.files.train_aug.jsonl.hub" in str(err.value)
 
 
@@ -115,7 +115,7 @@ def test_mix_section_errors_name_the_key(edit, key):
     cfg = _config()
     edit(cfg["mix"])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        check_config(cfg, REPO / "workflow" / "schemas" / "config.schema.yaml")
+        check_config(cfg)
 
 
 def test_data_package_stays_in_the_pure_core():

@@ -143,7 +143,7 @@ def test_verl_rlhf_dataset_lifts_tools_kwargs(tmp_path):
         from omegaconf import OmegaConf
         from transformers import AutoTokenizer
         from verl.utils.dataset.rl_dataset import RLHFDataset
-        from spader.models.tiny import build_tiny_qwen3
+        from spader.demo.tiny import build_tiny_qwen3
 
         tok = AutoTokenizer.from_pretrained(build_tiny_qwen3(sys.argv[2]))
         cfg = OmegaConf.create({"cache_dir": sys.argv[3], "max_prompt_length": 4096,

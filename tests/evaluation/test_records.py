@@ -8,7 +8,7 @@ import pytest
 
 from spader.agent.loop import Episode, Question, Step
 from spader.core.parsing import parse_answer
-from spader.evaluation.records import EvalSetError, episode_record, load_eval_set, summarize
+from spader.evaluation.episodes import EvalSetError, episode_record, load_eval_set, summarize
 
 GOLD = [["Paris", "Paname"], ["Lyon"], ["Marseille", "Massilia"]]
 

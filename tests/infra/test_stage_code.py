@@ -16,9 +16,9 @@ FILES = {
     "core/rewards.py": "from spader.core.matching import hits  # re-exported\n\ndef reward():\n    return 1\n",
     "core/matching.py": "from .text import norm\n\ndef hits():\n    return norm()\n",
     "core/text.py": "def norm():\n    return 0\n",
-    "data/__init__.py": "from spader.data.mix import mix\nfrom spader.data.download import fetch\n",
+    "data/__init__.py": "from spader.data.mix import mix\nfrom spader.data.fetch import fetch\n",
     "data/mix.py": "from spader.core.text import norm\n\ndef mix():\n    return norm()\n",
-    "data/download.py": "from spader.infra import tracking\n\ndef fetch():\n    pass\n",
+    "data/fetch.py": "from spader.infra import tracking\n\ndef fetch():\n    pass\n",
     "infra/__init__.py": "",
     "infra/tracking.py": "from spader.core import rewards\n",
     "train/__init__.py": 'ENTRY = "spader.train.main"\n',
@@ -69,7 +69,7 @@ def test_modules_a_script_runs(tmp_path):
         "spader.core.text",
     }
     # a neutral module is neither counted nor followed (tracking imports the rewards)
-    assert graph.script_modules(scripts / "download_stage.py") == {"spader.data.download"}
+    assert graph.script_modules(scripts / "download_stage.py") == {"spader.data.fetch"}
 
 
 def test_re_exports_of_a_module_are_followed(tmp_path):

@@ -1,5 +1,5 @@
 """Scripted warm-start episodes (spader.demo.trajectories) and their tokenization for supervised
-fine-tuning (spader.models.warmstart.encode_conversation). The search engine is the fake of
+fine-tuning (spader.demo.warmstart.encode_conversation). The search engine is the fake of
 conftest.py; the tokenizer and chat template are the real tiny Qwen3's."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from spader.demo.trajectories import (
     script_trajectories,
     world_questions,
 )
-from spader.models.warmstart import encode_conversation
+from spader.demo.warmstart import encode_conversation
 
 VARGA = Question(
     "q1",
@@ -103,7 +103,7 @@ def test_an_episode_that_finds_nothing_is_not_kept(fake_search):
 
 
 def test_every_turn_fits_the_turn_budget(fake_search, tokenizer):
-    from spader.models.warmstart import turn_fits
+    from spader.demo.warmstart import turn_fits
 
     long_question = Question(
         "q4", "Which films made in the cold northern harbour towns were directed by Ilse Varga?", VARGA.gold

@@ -63,9 +63,9 @@ def episodes(demo):
     """react and rag episodes of the warm-started policy on every demo evaluation question."""
     import yaml
 
-    from spader.agent.engines import TransformersEngine
+    from spader.agent.generation import TransformersEngine
     from spader.agent.loop import AgentSettings, run_episodes
-    from spader.evaluation.records import load_eval_set
+    from spader.evaluation.episodes import load_eval_set
     from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 
     config = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
@@ -94,7 +94,7 @@ def episodes(demo):
 def test_rule_writes_a_tiny_warm_started_model(demo):
     from transformers import AutoModelForCausalLM
 
-    from spader.models.tiny import TINY_MARKER, is_tiny
+    from spader.demo.tiny import TINY_MARKER, is_tiny
 
     model = demo / WARM / "model"
     assert is_tiny(model)

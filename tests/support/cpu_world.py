@@ -127,8 +127,8 @@ def _warm_start(records, template, base: Path, model: Path, steps: int, lr: floa
     half of them well-formed (a JSON list) and half not (the bare name): the policy learns both
     and picks either, so rewards differ inside every group and a few reinforcement-learning steps
     can move that one choice towards the rewarded form."""
-    from spader.models.tiny import TINY_MARKER, build_tiny_qwen3
-    from spader.models.warmstart import WarmstartSettings, train_warmstart
+    from spader.demo.tiny import TINY_MARKER, build_tiny_qwen3
+    from spader.demo.warmstart import WarmstartSettings, train_warmstart
 
     build_tiny_qwen3(base)
     conversations = []
@@ -188,7 +188,7 @@ def train_job(world: TrainWorld, out: str | os.PathLike, *, variant: str = "spad
     return TrainJob(
         backbone="world",
         variant=variant,
-        backbone_spec={"model": "tiny:qwen3", "gpus": 0, "variants": [variant], "baselines": []},
+        backbone_spec={"model": "tiny:qwen3", "gpus": 0, "variants": [variant], "prompting": []},
         variant_spec=dict(config["variants"][variant]),
         training=training or cpu_training(),
         retrieval=world.retrieval,

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from spader.training.export import ExportError, export_checkpoint
+from spader.training.hf_export import ExportError, export_checkpoint
 
 
 def _final(tmp_path, actor_dir) -> dict:

@@ -16,11 +16,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from spader.training.baselines import judge_params
+from spader.integrations.verl.hydra import hydra_value
 from spader.training.checkpoints import Checkpoint
 from spader.training.launch import (
     compose_config,
-    hydra_value,
     job_overrides,
     merge_overrides,
     override_key,
@@ -28,6 +27,7 @@ from spader.training.launch import (
 )
 from spader.training.lineage import RunLink
 from spader.training.run import TrainJob, plan_launch
+from spader.training.scorer_launch import judge_params
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = list(yaml.safe_load((REPO / "config" / "config.yaml").read_text())["variants"])

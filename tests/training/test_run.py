@@ -86,7 +86,7 @@ def workflow_job(tmp_path, monkeypatch, paper_config, tiny_model, bm25_index):
         "artifact_root": "results/mlflow/artifacts",
         "state_dir": "results/mlflow",
     }
-    config["backbones"]["tiny"] = {"model": "tiny:qwen3", "gpus": 1, "variants": ["spader"], "baselines": []}
+    config["backbones"]["tiny"] = {"model": "tiny:qwen3", "gpus": 1, "variants": ["spader"], "prompting": []}
     config["retrieval"]["reranker"]["model"] = None
     config["retrieval"]["service"]["startup_timeout_s"] = 120
     config["training"].update(save_freq=2, test_freq=2, train_batch_size=8, ppo_mini_batch_size=8,

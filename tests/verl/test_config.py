@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
-from spader.infra.config import verl_config_chain
+from spader.config import verl_config_chain
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import ESTIMATORS, TRAINING_KEYS, method_overrides
 

@@ -21,7 +21,7 @@ pytest.importorskip("verl")
 from verl.workers.rollout.replica import TokenOutput
 from verl_episode import agent_episode, search_tool
 
-from spader.agent.engines import Generation
+from spader.agent.generation import Generation
 from spader.agent.loop import AgentSettings, Question, render_prompt, run_episodes
 from spader.agent.search import RetrievalSearch
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY, STEPS_KEY

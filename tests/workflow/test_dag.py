@@ -34,7 +34,7 @@ def test_paper_dag_lists_every_stage(smk, paper_config, backbone):
     assert PIPELINE_RULES <= set(rules), f"missing rules: {PIPELINE_RULES - set(rules)}"
 
     spec = paper_config["backbones"][backbone]
-    variants, methods = set(spec["variants"]), set(spec["variants"]) | set(spec["baselines"])
+    variants, methods = set(spec["variants"]), set(spec["variants"]) | set(spec["prompting"])
     evals = {(j.wildcards["method"], j.wildcards["dataset"]) for j in jobs if j.rule == "evaluate_policy"}
     assert evals == {(m, d) for m in methods for d in DATASETS}
     # identical trainings (spader/beta_4, no_np/beta_0) are one run, trained under the first name
@@ -75,7 +75,7 @@ def test_paper_dag_variants(smk, paper_config):
         "r3rag",
     }
     llama = set(paper_config["backbones"]["llama3_1_8b"]["variants"]) | set(
-        paper_config["backbones"]["llama3_1_8b"]["baselines"]
+        paper_config["backbones"]["llama3_1_8b"]["prompting"]
     )
     assert {"spader", "grpo", "ppo", "stepsearch", "r3rag", "rag", "react"} <= llama
 

@@ -113,6 +113,12 @@ def test_demo_logs_every_job_and_tracks_it(demo):
     assert len(jobs) == len(logs)
 
 
+# ---------------------------------------------------------------------------------------------
+# Read-only checks of the demo's outputs go here, before test_demo_leaves_the_checkout_clean and
+# the rerun tests below, which add files to the copy and change it.
+# ---------------------------------------------------------------------------------------------
+
+
 def test_demo_leaves_the_checkout_clean(demo, smk):
     """Everything the demo generates (downloads, their records, results, logs) is ignored: a
     checkout of the copied files shows no change after the demo. Runs before the tests below,

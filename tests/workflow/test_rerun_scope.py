@@ -128,7 +128,7 @@ def test_reward_hyperparameter_reruns_only_that_variants_training_and_dependants
 PAPER = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 QWEN = PAPER["backbones"]["qwen3_8b"]
 VARIANTS = set(QWEN["variants"])
-METHODS = VARIANTS | set(QWEN["baselines"])
+METHODS = VARIANTS | set(QWEN["prompting"])
 TRAINING = ("train_policy", "export_checkpoint")
 
 # name: (file of the repository, [appended text] or [old, new], the rules it reruns).
@@ -175,7 +175,7 @@ CODE_EDITS = {
     "infra tracking": ("src/spader/infra/tracking.py", _SEMANTIC, ()),
     "infra glue": ("src/spader/infra/glue.py", _SEMANTIC, ()),
     "infra downloader": ("src/spader/infra/download.py", _SEMANTIC, ()),
-    "dataset download": ("src/spader/data/download.py", _SEMANTIC, ()),
+    "dataset download": ("src/spader/data/fetch.py", _SEMANTIC, ()),
     "model download": ("src/spader/models/hub.py", _SEMANTIC, ()),
     # a stage's own script
     "aggregate script": ("workflow/scripts/aggregate_results.py", _SEMANTIC, ("aggregate_results",)),
@@ -262,7 +262,7 @@ def test_operational_settings_rerun_nothing():
 def test_adding_a_baseline_retrains_nothing():
     base = _paper()
     changed = copy.deepcopy(base)
-    changed["backbones"]["qwen3_8b"]["baselines"] = ["rag"]
+    changed["backbones"]["qwen3_8b"]["prompting"] = ["rag"]
     affected_jobs = _affected(_jobs(base, TARGET), _jobs(changed, TARGET))
     assert affected_jobs == {("aggregate_results", None)}
 

@@ -4,12 +4,11 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
-from spader.infra.config import (
-    BASELINES,
+from spader.config import (
     DATASETS,
+    PROMPTING,
     check_config,
     hub_slug,
-    missing_sources,
     model_kind,
     verl_config_chain,
     verl_config_dir,
@@ -18,7 +17,7 @@ from spader.core.prompt import load_template
 from spader.infra.glue import without_operational
 from spader.integrations.verl.overrides import shared_training_runs
 from spader.infra.stage_code import stage_fingerprints
-from spader.training.baselines import judge_params
+from spader.training.scorer_launch import judge_params
 
 # The repository that holds this workflow. Files shipped with the workflow (default config, verl
 # YAMLs, schemas, report captions, bundled demo files) resolve against it; outputs against the
@@ -38,15 +37,14 @@ def workflow_file(path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Configuration: checked (keys named in every error) and completed with the schema's defaults
-# before any rule is defined.
+# Configuration (spader.config): checked against the typed model, every error naming its key,
+# then completed with the defaults of the schema generated from that model, before any rule is
+# defined. CONFIG is the same configuration as typed objects.
 # ---------------------------------------------------------------------------------------------
 VERL_CONFIG_DIR = verl_config_dir(REPO)
-check_config(
-    config, Path(workflow.basedir) / "schemas" / "config.schema.yaml", verl_config_dir=VERL_CONFIG_DIR
-)
+CONFIG = check_config(config, verl_config_dir=VERL_CONFIG_DIR)
 validate(config, "../schemas/config.schema.yaml")
-for _key, _hint in missing_sources(config):
+for _key, _hint in CONFIG.missing_sources():
     logger.warning(f"config key '{_key}' is not set: {_hint} (jobs that need it will fail)")
 
 SUITE = config["suite"]
@@ -92,7 +90,7 @@ wildcard_constraints:
     split="train|test",
     backbone=_alternatives(config["backbones"]),
     variant=_alternatives(VARIANTS),
-    method=_alternatives(VARIANTS + list(BASELINES)),
+    method=_alternatives(VARIANTS + list(PROMPTING)),
     file="[A-Za-z0-9._-]+",
     repo="[A-Za-z0-9._-]+--[A-Za-z0-9._-]+",
     kind="qwen3|reranker",
@@ -119,7 +117,7 @@ def get_final_output():
 
 def methods_of(backbone):
     spec = config["backbones"][backbone]
-    return list(spec["variants"]) + list(spec["baselines"])
+    return list(spec["variants"]) + list(spec["prompting"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +152,7 @@ def hub_revision(repo):
 def backbone_params(backbone):
     """What training needs of `backbones.<backbone>` (not its method lists: adding a baseline
     must not retrain)."""
-    return {k: v for k, v in config["backbones"][backbone].items() if k not in ("variants", "baselines")}
+    return {k: v for k, v in config["backbones"][backbone].items() if k not in ("variants", "prompting")}
 
 
 def get_base_model(wildcards):
@@ -171,7 +169,7 @@ def get_backbone_model(wildcards):
 
 
 def get_policy_model(wildcards):
-    if wildcards.method in BASELINES:
+    if wildcards.method in PROMPTING:
         return get_backbone_model(wildcards)
     return f"results/{wildcards.backbone}/models/{training_run(wildcards.backbone, wildcards.method)}"
 

@@ -28,7 +28,7 @@ rule build_tiny_model:
 
 # CPU demo only: a tiny random policy never writes a valid action, so it is first taught the
 # action format by supervised fine-tuning on scripted episodes with real search results
-# (spader.models.warmstart). It starts its own retrieval service, like evaluation.
+# (spader.demo.warmstart). It starts its own retrieval service, like evaluation.
 rule warmstart_policy:
     input:
         mix=f"results/{SUITE}/data/mix/train.jsonl",

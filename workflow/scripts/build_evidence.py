@@ -1,7 +1,7 @@
-"""Glue for rule build_evidence. Logic: spader.baselines.evidence."""
+"""Glue for rule build_evidence. Logic: spader.scorers.evidence."""
 
-from spader.baselines.evidence import EvidenceSettings, build_evidence_with_service, coverage_metrics
 from spader.infra.glue import job, retrieval_settings
+from spader.scorers.evidence import EvidenceSettings, build_evidence_with_service, coverage_metrics
 
 with job(snakemake) as run:
     coverage = build_evidence_with_service(

@@ -1,7 +1,7 @@
-"""Glue for rule build_tiny_model. Logic: spader.models.tiny."""
+"""Glue for rule build_tiny_model. Logic: spader.demo.tiny."""
 
+from spader.demo.tiny import build
 from spader.infra.glue import job
-from spader.models.tiny import build
 
 with job(snakemake):
     build(snakemake.wildcards.kind, snakemake.output.model, seed=snakemake.params.seed)

@@ -1,7 +1,7 @@
-"""Glue for rule warmstart_policy. Logic: spader.models.warmstart (tests/models/)."""
+"""Glue for rule warmstart_policy. Logic: spader.demo.warmstart (tests/models/)."""
 
+from spader.demo.warmstart import warmstart_policy
 from spader.infra.glue import job, retrieval_settings
-from spader.models.warmstart import warmstart_policy
 
 with job(snakemake) as run:
     summary = warmstart_policy(

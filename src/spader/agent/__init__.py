@@ -1,8 +1,8 @@
-"""Agent inference: the one search/answer loop (``loop``), its generation engines (``engines``:
-transformers on CPU/GPU, sglang on GPU, imported lazily) and the search function over the
-retrieval service (``search``)."""
+"""Agent inference: the one search/answer loop (``loop``), the generation engine protocol and the
+transformers engine (``generation``; sglang's is in :mod:`spader.integrations.sglang`) and the
+search function over the retrieval service (``search``)."""
 
-from spader.agent.engines import Generation, Sampling, build_engine
+from spader.agent.generation import Generation, Sampling
 from spader.agent.loop import AgentSettings, Episode, Question, Step, run_episodes
 from spader.agent.search import RetrievalSearch
 
@@ -14,6 +14,5 @@ __all__ = [
     "RetrievalSearch",
     "Sampling",
     "Step",
-    "build_engine",
     "run_episodes",
 ]

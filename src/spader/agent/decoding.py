@@ -2,7 +2,7 @@
 
 One function, :func:`decode_batch`, generates for a batch of token-id prompts and decides where
 each generation ends the way sglang's scheduler does, so that the CPU rollout replica (verl's
-``server_manager.generate``) and the evaluation engine (:class:`spader.agent.engines.TransformersEngine`)
+``server_manager.generate``) and the evaluation engine (:class:`spader.agent.generation.TransformersEngine`)
 behave like the sglang engines they stand in for:
 
 * a generation ends at the first of: its token budget (``finish = "length"``), an end-of-sequence

@@ -34,7 +34,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from spader.agent.engines import Engine, Sampling
+from spader.agent.generation import Engine, Sampling
 from spader.core.matching import passage_hits
 from spader.core.metrics import unique_gold
 from spader.core.parsing import TURN_END_TAGS, AnswerParse, parse_turn
@@ -314,7 +314,7 @@ def run_episodes(
 
     Args:
         questions: the instances (ids, question text, gold aliases for discovery).
-        engine: a generation engine (``spader.agent.engines``).
+        engine: a generation engine (``spader.agent.generation``).
         search: batched search function (``spader.agent.search.RetrievalSearch`` in real runs).
         settings: budgets and decoding.
         method: ``rag`` (one retrieval with the question, then one answer turn) or anything else

@@ -21,7 +21,7 @@ sample): :func:`turn_returns` sums the token rewards from each token to the end 
 turn, with nothing carried over from later turns.
 
 Also here: the judge's prompt (:func:`judge_messages`) and the parsing of its verdict
-(:func:`parse_relevance`); the network client lives in :mod:`spader.baselines.judge`.
+(:func:`parse_relevance`); the network client lives in :mod:`spader.scorers.judge`.
 """
 
 from __future__ import annotations

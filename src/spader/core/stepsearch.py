@@ -1,7 +1,7 @@
 """StepSearch's step rewards, adapted to multi-answer QA (docs/baselines.md, "StepSearch").
 
 Per training question the gold evidence is one passage per gold entity (built offline by rule
-``build_evidence``, :mod:`spader.baselines.evidence`); ``n`` is the number of entities that have
+``build_evidence``, :mod:`spader.scorers.evidence`); ``n`` is the number of entities that have
 one. At search turn t of a trajectory, with passages ``d`` returned (all queries of the call):
 
 * match degree ``c_i^t = max_d cos_tfidf(d, g_i)``, the TF-IDF vocabulary and IDF fitted on

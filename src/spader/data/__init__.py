@@ -5,11 +5,10 @@ Normative description: docs/data.md (sections 1-4 release formats, 7 records and
 Modules: :mod:`~spader.data.readers` (release files, errors with file and line),
 :mod:`~spader.data.sources` (one extractor per dataset), :mod:`~spader.data.records` (the unified
 record, ``build_entities``, schemas), :mod:`~spader.data.mix`, :mod:`~spader.data.export`,
-:mod:`~spader.data.download` and :mod:`~spader.data.layout` (release-file writers). CLI:
+:mod:`~spader.data.fetch` and :mod:`~spader.data.layout` (release-file writers). CLI:
 ``python -m spader.data normalize ...``.
 """
 
-from spader.data.download import DatasetSourceError, download_dataset, fetch_from_hub
 from spader.data.export import (
     EVAL_SCHEMA,
     SEARCH_TOOL_NAME,
@@ -19,6 +18,7 @@ from spader.data.export import (
     export_rl_dataset,
     verl_rows,
 )
+from spader.data.fetch import DatasetSourceError, download_dataset, fetch_from_hub
 from spader.data.mix import MixConfig, MixError, build_mix, mix_metrics, mix_training_set
 from spader.data.records import (
     DATASETS,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
+from spader.config import DATASETS
 from spader.core.text import clean_text, normalize
 from spader.infra import integrity
 
@@ -46,7 +47,6 @@ __all__ = [
     "write_frame",
 ]
 
-DATASETS = ("qampari", "mintaka", "webqsp", "quest")
 
 # docs/data.md 7.3; ``non_list_answer_type`` is followed by ":<answerType>".
 DROP_REASONS = (

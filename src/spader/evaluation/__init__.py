@@ -3,8 +3,8 @@
 (``aggregate``)."""
 
 from spader.evaluation.aggregate import aggregate_results
+from spader.evaluation.episodes import EvalSetError, episode_record, load_eval_set, summarize
 from spader.evaluation.evaluate import TINY_NOTE, evaluate_method, evaluate_policy
-from spader.evaluation.records import EvalSetError, episode_record, load_eval_set, summarize
 
 __all__ = [
     "TINY_NOTE",

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spader.evaluation.episodes import read_jsonl
 from spader.evaluation.evaluate import TINY_NOTE
 from spader.evaluation.plots import plot_efficiency, plot_temporal
-from spader.evaluation.records import read_jsonl
 from spader.evaluation.tables import (
     ablation_table,
     beta_sweep_table,

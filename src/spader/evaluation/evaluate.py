@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from spader.agent.engines import build_engine
 from spader.agent.loop import AgentSettings, Question, SearchFn, run_episodes
 from spader.agent.search import RetrievalSearch
 from spader.core.prompt import PromptTemplate, checked_template
-from spader.evaluation.records import episode_record, load_eval_set, summarize, write_jsonl
-from spader.models.tiny import is_tiny
+from spader.evaluation.backends import build_engine
+from spader.evaluation.episodes import episode_record, load_eval_set, summarize, write_jsonl
+from spader.models.local import is_tiny
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import polars as pl
 
+from spader.config import PROMPTING
 from spader.core.metrics import macro_average
-from spader.infra.config import BASELINES
 
 __all__ = [
     "ABLATION_ROWS",
@@ -48,7 +48,7 @@ Runs = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]  # (method, dataset
 
 def method_order(methods: Sequence[str]) -> list[str]:
     """Prompting baselines first (as in the paper's tables), then trained variants in config order."""
-    return [m for m in BASELINES if m in methods] + [m for m in methods if m not in BASELINES]
+    return [m for m in PROMPTING if m in methods] + [m for m in methods if m not in PROMPTING]
 
 
 def _records(runs: Runs, method: str, dataset: str) -> Sequence[Mapping[str, Any]]:

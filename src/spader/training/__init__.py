@@ -12,7 +12,7 @@ Modules:
   directory (resume) and reads the per-step metrics of every attempt.
 * :mod:`~spader.training.lineage` - MLflow wiring: verl's own logger attaches to the job's run.
 * :mod:`~spader.training.run` - the ``train_policy`` job itself.
-* :mod:`~spader.training.export` - the ``export_checkpoint`` job.
+* :mod:`~spader.training.hf_export` - the ``export_checkpoint`` job.
 * :mod:`~spader.training.smoke` - the GPU smoke test (``scripts/gpu_smoke.sh``).
 
 Nothing here imports verl, ray or sglang at module import time; the functions that need verl

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from spader.training.launch import hydra_value
+from spader.integrations.verl.hydra import hydra_value
 
 log = logging.getLogger(__name__)
 

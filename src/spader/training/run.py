@@ -30,7 +30,6 @@ from typing import Any
 from spader.infra.glue import retrieval_settings
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.integrations.verl.overrides import AGENT_DEFAULTS, agent_overrides
-from spader.training.baselines import BaselineLaunch, baseline_launch, judge_endpoint, judge_settings
 from spader.training.checkpoints import (
     Checkpoint,
     latest_checkpoint,
@@ -52,6 +51,7 @@ from spader.training.launch import (
 )
 from spader.training.lineage import RunLink, previous_attempts, record_attempt, verl_tracking_env
 from spader.training.preflight import PreflightError, check_retrieval, static_checks
+from spader.training.scorer_launch import BaselineLaunch, baseline_launch, judge_endpoint, judge_settings
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class TrainJob:
     experiment: str = "spader"
     extra_overrides: tuple[str, ...] = ()
     entry: tuple[str, ...] | None = None
-    # the step-level baselines (spader.training.baselines): StepSearch's evidence and settings,
+    # the step-level baselines (spader.training.scorer_launch): StepSearch's evidence and settings,
     # R3-RAG's judge settings and model directory
     evidence: Path | None = None
     stepsearch: dict | None = None

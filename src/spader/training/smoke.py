@@ -28,9 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from spader.infra.config import check_config
+from spader.config import load_config as load_workflow_config
 
 log = logging.getLogger(__name__)
 
@@ -76,28 +74,12 @@ SMOKE_OVERRIDES = (
 )
 
 
-def _deep_update(base: dict, overlay: Mapping) -> dict:
-    """Overlay nested dicts the way Snakemake merges ``--configfile`` files."""
-    for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _deep_update(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
-
-
 def load_config(paths: Sequence[str | os.PathLike], root: str | os.PathLike = ".") -> dict:
     """Load and check the workflow config (later files overlay earlier ones); ``root`` is the
     repository root (schema and verl YAMLs)."""
-    root = Path(root)
-    config: dict = {}
-    for p in paths:
-        with open(p, encoding="utf-8") as f:
-            _deep_update(config, yaml.safe_load(f) or {})
-    check_config(
-        config, root / "workflow" / "schemas" / "config.schema.yaml", verl_config_dir=root / "config" / "verl"
+    return load_workflow_config(*paths, verl_config_dir=Path(root) / "config" / "verl").model_dump(
+        mode="json"
     )
-    return config
 
 
 def _tiny_dir(name: str | None, root: Path) -> str | None:
@@ -137,7 +119,7 @@ def smoke_job(
     return TrainJob(
         backbone="smoke",
         variant="spader",
-        backbone_spec={"model": "tiny:qwen3", "gpus": 1, "variants": ["spader"], "baselines": []},
+        backbone_spec={"model": "tiny:qwen3", "gpus": 1, "variants": ["spader"], "prompting": []},
         variant_spec=dict(config["variants"]["spader"]),
         training={**config["training"], **SMOKE_TRAINING},
         agent={**config["agent"], **SMOKE_AGENT},

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from spader.infra.config import verl_config_dir
+from spader.config import verl_config_dir
 
 __all__ = ["GPU_PATH_KEYS", "compose", "gpu_path_settings", "spader_settings", "validate"]
 
@@ -53,7 +53,7 @@ def compose(
         variant_config: YAML name without ``.yaml`` (e.g. ``spader``).
         overrides: Hydra overrides (``key=value``, ``+new.key=value``).
         config_dir: directory of the project's verl YAMLs; training jobs pass the workflow's
-            (their inputs), the default is :func:`spader.infra.config.verl_config_dir`.
+            (their inputs), the default is :func:`spader.config.verl_config_dir`.
     Returns:
         The composed, unresolved config (interpolations such as ``${actor_rollout_ref.model.path}``
         are kept, as verl's own Hydra main sees them).
@@ -128,7 +128,7 @@ def validate(cfg: DictConfig) -> None:
         and not resolved.actor_rollout_ref.rollout.agent.agent_loop_config_path
     ):
         raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop: unknown agent loop '{agent}'")
-    from spader.integrations.verl.baselines import check_baseline_config, step_reward_kind
+    from spader.integrations.verl.scorer_rewards import check_baseline_config, step_reward_kind
 
     if trainer_mode == "spader_sync" and step_reward_kind(resolved) != "spader":
         check_baseline_config(resolved)  # StepSearch / R3-RAG step rewards

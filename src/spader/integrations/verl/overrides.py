@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from spader.integrations.verl.hydra import hydra_value
+
 __all__ = [
     "AGENT_DEFAULTS",
     "AGENT_KEYS",
@@ -172,17 +174,6 @@ def method_settings(variant: Mapping[str, Any], training: Mapping[str, Any]) -> 
     return out
 
 
-def _render(value: Any) -> str:
-    """A value of :func:`method_settings` as Hydra override text."""
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_render(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
 def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
     """Hydra overrides that set the method of one config.yaml variant (:func:`method_settings`).
 
@@ -207,7 +198,7 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
             )
             else ""
         )
-        out.append(f"{prefix}{key}={_render(value)}")
+        out.append(f"{prefix}{key}={hydra_value(value)}")
     return out
 
 
@@ -217,8 +208,6 @@ def agent_overrides(agent: Mapping[str, Any]) -> list[str]:
     Raises:
         KeyError: a mapped agent key is missing (the message names ``agent.<key>``).
     """
-    from spader.training.launch import hydra_value
-
     out = []
     for name, key in AGENT_KEYS.items():
         if name not in agent:

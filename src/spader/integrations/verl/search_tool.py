@@ -32,7 +32,7 @@ from spader.core.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.core.matching import passage_hits
 from spader.core.metrics import gold_count, unique_gold
 from spader.core.prompt import fit_observation, format_observation
-from spader.integrations.verl.baselines import turn_fields
+from spader.integrations.verl.scorer_rewards import turn_fields
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
 
 __all__ = ["SearchTool", "as_alias_lists"]

@@ -28,8 +28,8 @@ from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
 from spader.core.densify import N_GOLD_KEY, densify_rewards, parse_step_records
-from spader.integrations.verl.baselines import make_step_rewards
-from spader.integrations.verl.metrics import episode_metrics
+from spader.integrations.verl.episode_metrics import episode_metrics
+from spader.integrations.verl.scorer_rewards import make_step_rewards
 from spader.integrations.verl.settings import SpaderSettings
 from spader.integrations.verl.turn_gae import critic_values
 
@@ -121,7 +121,7 @@ class SpaderTrainerSync(PPOTrainerSync):
 
     def __init__(self, config):
         # fail before any GPU work when the variant's settings are malformed; a baseline's step
-        # rewards (algorithm.step_reward: stepsearch, r3rag) replace SPADER's (.baselines)
+        # rewards (algorithm.step_reward: stepsearch, r3rag) replace SPADER's (.scorer_rewards)
         self.step_rewards = make_step_rewards(config)
         self.spader = SpaderSettings.from_config(config) if self.step_rewards is None else None
         super().__init__(config)

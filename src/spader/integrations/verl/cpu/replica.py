@@ -9,7 +9,7 @@ sglang's; this module supplies CPU ones with the same contract:
 * :class:`TransformersServer` (a Ray actor per replica) owns the policy copy used for rollouts and
   answers ``generate(prompt_ids, sampling_params, request_id, ...) -> TokenOutput``. Concurrent
   requests are gathered for a few milliseconds and decoded together by the evaluation engine's
-  decoder (:meth:`spader.agent.engines.TransformersEngine.decode`), which applies sglang's
+  decoder (:meth:`spader.agent.generation.TransformersEngine.decode`), which applies sglang's
   sampling semantics (stop strings and tokens, budgets, seeds, log-probs). The token budget is
   derived exactly as verl's sglang server derives it; a request without a seed gets one derived
   from ``rollout.seed`` (:meth:`TransformersServer._derived_seed`), so rollouts are reproducible.
@@ -82,7 +82,7 @@ class TransformersServer:
     """
 
     def __init__(self, config, model_config, replica_rank: int):
-        from spader.agent.engines import TransformersEngine
+        from spader.agent.generation import TransformersEngine
 
         self.config: RolloutConfig = omega_conf_to_dataclass(config)
         self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)

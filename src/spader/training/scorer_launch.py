@@ -4,7 +4,7 @@
 * ``stepsearch``: the evidence artifact (rule ``build_evidence``) and the TF-IDF processes.
 * ``r3rag`` with the LLM judge: the judge's endpoint. With ``judge.url`` the job uses it; without,
   the job serves the judge on the last ``judge.gpus`` GPUs of its node
-  (:func:`spader.baselines.judge_server.running_judge`) and verl trains on the others.
+  (:func:`spader.scorers.judge_server.running_judge`) and verl trains on the others.
 
 :func:`baseline_launch` is known when the launch is planned (and checked with it);
 :func:`judge_endpoint` runs around verl and adds the endpoint's URL and the GPU split.
@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spader.training.launch import hydra_value
+from spader.integrations.verl.hydra import hydra_value
 
 __all__ = [
     "OPERATIONAL_JUDGE_KEYS",
@@ -131,7 +131,7 @@ def judge_endpoint(
     if judge.get("url"):
         yield [f"++algorithm.r3rag.judge.url={hydra_value(str(judge['url']))}"], {}
         return
-    from spader.baselines.judge_server import running_judge, split_gpus, visible_gpus
+    from spader.scorers.judge_server import running_judge, split_gpus, visible_gpus
 
     if model_dir is None:
         raise ValueError("the served judge needs its model directory (input 'judge_model')")

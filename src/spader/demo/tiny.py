@@ -11,12 +11,19 @@ import logging
 import os
 from pathlib import Path
 
+from spader.models.local import TINY_MARKER, is_tiny
+
 log = logging.getLogger(__name__)
 
-__all__ = ["TINY_MARKER", "build", "build_tiny_qwen3", "build_tiny_reranker", "save_random_cross_encoder"]
+__all__ = [
+    "TINY_MARKER",
+    "build",
+    "build_tiny_qwen3",
+    "build_tiny_reranker",
+    "is_tiny",
+    "save_random_cross_encoder",
+]
 
-# Written next to the weights so every consumer can say plainly that the model is random.
-TINY_MARKER = "spader_tiny_model.json"
 
 _QWEN_SPECIALS = [
     "<|endoftext|>",
@@ -249,8 +256,3 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0) -> Path:
     if kind not in builders:
         raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {sorted(builders)}")
     return builders[kind](out, seed=seed)
-
-
-def is_tiny(model_dir: str | os.PathLike) -> bool:
-    """True when ``model_dir`` holds a tiny random model built by this module."""
-    return (Path(model_dir) / TINY_MARKER).exists()

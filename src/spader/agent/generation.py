@@ -1,5 +1,6 @@
-"""Generation engines behind the agent loop: Hugging Face transformers (CPU or GPU) and sglang's
-offline engine (GPU, the default for real runs).
+"""Generation engines behind the agent loop: the :class:`Engine` protocol and the Hugging Face
+transformers engine (CPU or GPU). sglang's offline engine (GPU, the default for real runs) lives
+in :mod:`spader.integrations.sglang`; :func:`spader.evaluation.backends.build_engine` picks one.
 
 Both take already tokenized prompts (the loop renders the chat template once, with the model's
 own tokenizer, and counts the context from the same ids) and return one :class:`Generation` per
@@ -7,8 +8,6 @@ prompt. A failure is confined to the prompts it concerns: a batch that raises is
 prompt at a time, and a prompt that still fails comes back with ``error`` set instead of raising,
 so the loop can score that episode as a failure (P = R = F1 = 0) and keep the others.
 
-sglang is imported only inside :class:`SglangEngine` (it is not installed on CPU machines, and
-installing it replaces torch).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from spader.agent.decoding import DecodeParams, DecodeResult, decode_batch
@@ -25,16 +23,15 @@ from spader.agent.decoding import DecodeParams, DecodeResult, decode_batch
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ENGINES",
     "Engine",
     "Generation",
     "Sampling",
-    "SglangEngine",
     "TransformersEngine",
-    "build_engine",
+    "cut_at_markers",
+    "keep_through_stop",
+    "load_tokenizer",
+    "special_strings",
 ]
-
-ENGINES = ("transformers", "sglang")
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,7 @@ class Engine(Protocol):
         """Release the model (and any worker processes)."""
 
 
-def _special_strings(tokenizer) -> list[str]:
+def special_strings(tokenizer) -> list[str]:
     """End-of-turn / padding markers cut from generated text (the turn ends there)."""
     out = []
     for tok in (getattr(tokenizer, "eos_token", None), getattr(tokenizer, "pad_token", None)):
@@ -85,7 +82,7 @@ def _special_strings(tokenizer) -> list[str]:
     return out
 
 
-def _cut_at_markers(text: str, markers: Sequence[str]) -> str:
+def cut_at_markers(text: str, markers: Sequence[str]) -> str:
     cut = len(text)
     for m in markers:
         i = text.find(m)
@@ -94,7 +91,7 @@ def _cut_at_markers(text: str, markers: Sequence[str]) -> str:
     return text[:cut]
 
 
-def _ensure_stop_kept(text: str, stop: Sequence[str]) -> str:
+def keep_through_stop(text: str, stop: Sequence[str]) -> str:
     """Cut the text just after the first stop string, if any (engines differ in what follows)."""
     best = None
     for s in stop:
@@ -146,7 +143,7 @@ class TransformersEngine:
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(self.device)
         self.model.eval()
-        self._markers = _special_strings(self.tokenizer)
+        self._markers = special_strings(self.tokenizer)
         self._pad_id = self.tokenizer.pad_token_id
         log.info(
             "transformers engine: %s on %s (%s), batch %d", model_dir, self.device, dtype, self.batch_size
@@ -181,7 +178,7 @@ class TransformersEngine:
         ]
         results = []
         for out in decode_batch(self.model, self.tokenizer, prompts, params, self.eos_ids):
-            text = _ensure_stop_kept(_cut_at_markers(out.text, self._markers), sampling.stop)
+            text = keep_through_stop(cut_at_markers(out.text, self._markers), sampling.stop)
             results.append(Generation(text, completion_tokens=len(out.token_ids), finish=out.finish))
         return results
 
@@ -224,128 +221,3 @@ def _as_list(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-class SglangEngine:
-    """sglang's offline ``Engine`` (GPU). Requests of one turn are submitted as one batch and
-    scheduled by sglang (continuous batching).
-
-    Args:
-        model_dir: a Hugging Face model directory.
-        tp_size: tensor-parallel degree (GPUs of the job).
-        mem_fraction: ``mem_fraction_static``; leave room for the reranker of the search service
-            when it shares the GPU.
-        context_length: longest sequence the engine must hold.
-        seed: sglang's random seed (sampling).
-    """
-
-    name = "sglang"
-
-    def __init__(
-        self,
-        model_dir: str | os.PathLike,
-        tp_size: int = 1,
-        mem_fraction: float = 0.7,
-        context_length: int | None = None,
-        seed: int = 0,
-    ):
-        try:
-            import sglang
-        except ImportError as exc:
-            raise RuntimeError(
-                "evaluation.engine is 'sglang' but sglang is not installed in this environment. Install "
-                "the GPU extra on a CUDA machine (pip install -e '.[gpu]'), or set evaluation.engine: "
-                "transformers."
-            ) from exc
-        self.tokenizer = load_tokenizer(model_dir)
-        self._markers = _special_strings(self.tokenizer)
-        kwargs = dict(
-            model_path=str(model_dir),
-            tp_size=int(tp_size),
-            mem_fraction_static=float(mem_fraction),
-            random_seed=int(seed),
-        )
-        if context_length:
-            kwargs["context_length"] = int(context_length)
-        self.engine = sglang.Engine(**kwargs)
-        log.info("sglang engine: %s, tp %d, mem fraction %.2f", model_dir, tp_size, mem_fraction)
-
-    def _params(self, budget: int, sampling: Sampling) -> dict:
-        return {
-            "max_new_tokens": int(budget),
-            "temperature": float(sampling.temperature),
-            "top_p": float(sampling.top_p),
-            "stop": list(sampling.stop) or None,
-            # Keep the stop string (the parser needs the closing tag) and the agent's own tags,
-            # which some tokenizers mark as special.
-            "no_stop_trim": True,
-            "skip_special_tokens": False,
-            "spaces_between_special_tokens": False,
-        }
-
-    def _one(self, out: dict, sampling: Sampling) -> Generation:
-        meta = out.get("meta_info", {}) or {}
-        reason = meta.get("finish_reason") or {}
-        kind = reason.get("type") if isinstance(reason, dict) else str(reason)
-        text = _ensure_stop_kept(_cut_at_markers(out.get("text", ""), self._markers), sampling.stop)
-        return Generation(
-            text,
-            completion_tokens=int(meta.get("completion_tokens", 0)),
-            finish="length" if kind == "length" else "stop",
-        )
-
-    def generate(self, prompts, max_new_tokens, sampling: Sampling) -> list[Generation]:
-        """See :class:`Engine`."""
-        params = [self._params(b, sampling) for b in max_new_tokens]
-        try:
-            outs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
-            return [self._one(o, sampling) for o in outs]
-        except Exception as exc:  # noqa: BLE001  isolate the failing prompt(s)
-            log.warning("sglang batch of %d prompts failed (%s); retrying one by one", len(prompts), exc)
-        results = []
-        for p, prm in zip(prompts, params, strict=True):
-            try:
-                results.append(
-                    self._one(self.engine.generate(input_ids=list(p), sampling_params=prm), sampling)
-                )
-            except Exception as exc:  # noqa: BLE001 (recorded on the episode, scored as 0)
-                results.append(Generation("", finish="error", error=f"{type(exc).__name__}: {exc}"))
-        return results
-
-    def close(self) -> None:
-        self.engine.shutdown()
-
-
-def build_engine(
-    engine: str,
-    model_dir: str | os.PathLike,
-    *,
-    gpus: int = 0,
-    batch_size: int = 8,
-    mem_fraction: float = 0.7,
-    context_length: int | None = None,
-    seed: int = 0,
-    threads: int | None = None,
-) -> Engine:
-    """Construct the engine named by ``evaluation.engine``.
-
-    Args:
-        engine: ``transformers`` or ``sglang``.
-        model_dir: the policy's Hugging Face directory.
-        gpus: GPUs of the job (0 = CPU; sglang needs at least one).
-        threads: CPU threads of the job (transformers on CPU).
-    """
-    if not Path(model_dir, "config.json").exists():
-        raise FileNotFoundError(f"model directory {model_dir} has no config.json (not a Hugging Face model)")
-    if engine == "transformers":
-        device = "cuda" if gpus > 0 else "cpu"
-        return TransformersEngine(model_dir, device=device, batch_size=batch_size, threads=threads)
-    if engine == "sglang":
-        if gpus < 1:
-            raise ValueError(
-                "evaluation.engine 'sglang' needs a GPU (evaluation.gpus >= 1); use 'transformers' on CPU"
-            )
-        return SglangEngine(
-            model_dir, tp_size=gpus, mem_fraction=mem_fraction, context_length=context_length, seed=seed
-        )
-    raise ValueError(f"evaluation.engine must be one of {ENGINES}, got {engine!r}")

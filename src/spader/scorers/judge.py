@@ -3,7 +3,7 @@
 One request per search turn, with the prompt of :func:`spader.core.r3rag.judge_messages`; the
 reply's ``Relevance: x.xx`` is the turn's process score (:func:`spader.core.r3rag.parse_relevance`;
 an unparsable reply scores 0 and is logged). The endpoint is sglang serving the judge model on GPUs
-of the training node (:mod:`spader.baselines.judge_server`), or any URL given in the config.
+of the training node (:mod:`spader.scorers.judge_server`), or any URL given in the config.
 
 Robustness: every request has a timeout; connection errors, timeouts, 429 and 5xx answers are
 retried a bounded number of times (:func:`spader.infra.retry.retrying`, the project's one policy),

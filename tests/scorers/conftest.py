@@ -60,7 +60,7 @@ def fake_tq(monkeypatch):
     import transfer_queue
     import verl.trainer.ppo.v1.trainer_base as trainer_base
 
-    import spader.integrations.verl.baselines as baselines
+    import spader.integrations.verl.scorer_rewards as baselines
     import spader.integrations.verl.trainer as spader_trainer
     import spader.integrations.verl.turn_gae as turn_gae
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from openai_test_server import TestServer, create_app
 
-from spader.baselines.judge import JudgeClient, JudgeError, JudgeUnavailableError
-from spader.baselines.judge_server import running_judge, split_gpus, visible_gpus
 from spader.core.r3rag import judge_messages
+from spader.scorers.judge import JudgeClient, JudgeError, JudgeUnavailableError
+from spader.scorers.judge_server import running_judge, split_gpus, visible_gpus
 
 SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "openai_test_server.py"
 MESSAGES = judge_messages(
@@ -29,7 +29,7 @@ def client(url, **kw):
 def test_the_tiny_model_answers_and_an_unparsable_verdict_scores_zero(tiny_model, caplog):
     with TestServer(create_app(tiny_model)) as server, client(server.url) as judge:
         judge.check()
-        with caplog.at_level(logging.WARNING, logger="spader.baselines.judge"):
+        with caplog.at_level(logging.WARNING, logger="spader.scorers.judge"):
             verdicts = judge.judge_many([MESSAGES, MESSAGES])
     assert server.counters.requests == 2
     for v in verdicts:  # a random model does not write "Relevance: x.xx"; if it ever did, it parses

@@ -3,7 +3,7 @@
 FSDP2 actor, critic and reference on gloo, the ``transformers`` rollout replica) with the demo's
 CPU settings shrunk to one step of 2 prompts x 2 rollouts. Stand-ins: the tiny random Qwen3
 (no weights can be downloaded) and the stdlib retrieval service of tests/verl (the search is not
-what is under test; tests/baselines/test_evidence.py runs the real one). R3-RAG uses the reranker
+what is under test; tests/scorers/test_evidence.py runs the real one). R3-RAG uses the reranker
 judge (the demo's; an LLM judge needs a served model)."""
 
 from __future__ import annotations

@@ -12,15 +12,14 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
-from spader.infra.config import ConfigError, check_config
-from spader.integrations.verl.baselines import check_baseline_config
+from spader.config import ConfigError, check_config
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import method_overrides
-from spader.training.baselines import baseline_launch, judge_endpoint, judge_params, judge_settings
+from spader.integrations.verl.scorer_rewards import check_baseline_config
+from spader.training.scorer_launch import baseline_launch, judge_endpoint, judge_params, judge_settings
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -160,13 +159,12 @@ def paper(mutate):
 )
 def test_workflow_config_errors_name_the_key(mutate, message):
     with pytest.raises(ConfigError, match=message):
-        check_config(paper(mutate), SCHEMA, REPO / "config" / "verl")
+        check_config(paper(mutate), REPO / "config" / "verl")
 
 
 def test_a_judge_url_frees_the_gpus():
     check_config(
         paper(lambda c: c["judge"].update(gpus=1, url="http://judge:30000/v1")),
-        SCHEMA,
         REPO / "config" / "verl",
     )
 

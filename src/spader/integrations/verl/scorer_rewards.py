@@ -6,9 +6,9 @@ the chosen function reads the batch from TransferQueue and writes dense ``rm_sco
 
 * ``stepsearch`` (``algorithm.stepsearch``: ``lambda_s``, ``evidence_path``, ``workers``):
   information gain against the question's evidence minus redundancy per search turn
-  (:func:`spader.core.baseline_densify.stepsearch_dense_rewards`), verl's ``gae`` after it;
+  (:func:`spader.core.scorer_densify.stepsearch_dense_rewards`), verl's ``gae`` after it;
 * ``r3rag`` (``algorithm.r3rag.judge``): outcome-scaled process scores from the LLM judge
-  (:class:`spader.baselines.judge.JudgeClient`) or the reranker's scores
+  (:class:`spader.scorers.judge.JudgeClient`) or the reranker's scores
   (:func:`spader.core.r3rag.reranker_relevance`), the per-turn GAE of :mod:`.turn_gae` after it.
 
 Both need the search tool to record turn details (tool config ``record_turns: true``, set by the
@@ -30,14 +30,14 @@ import transfer_queue as tq
 from tensordict import TensorDict
 from verl.workers.utils.padding import response_to_nested
 
-from spader.core.baseline_densify import (
+from spader.core.densify import FINAL_TURN_KEY
+from spader.core.r3rag import classify_final_turn, judge_messages, reranker_relevance, turn_reasoning
+from spader.core.scorer_densify import (
     TurnDetails,
     parse_turn_details,
     r3rag_dense_rewards,
     stepsearch_dense_rewards,
 )
-from spader.core.densify import FINAL_TURN_KEY
-from spader.core.r3rag import classify_final_turn, judge_messages, reranker_relevance, turn_reasoning
 from spader.core.stepsearch import LAMBDA_S
 
 __all__ = [
@@ -141,7 +141,7 @@ def turn_fields(
     shown, queries: Sequence[str], observation: str, extra_fields: Mapping[str, Any] | None
 ) -> dict:
     """What the search tool adds to its step record for the baselines (see
-    :meth:`spader.core.baseline_densify.TurnDetails.fields`). The turn's text is the one the agent
+    :meth:`spader.core.scorer_densify.TurnDetails.fields`). The turn's text is the one the agent
     loop recorded for the turn being executed (:data:`spader.core.densify.FINAL_TURN_KEY`)."""
     text = str((extra_fields or {}).get(FINAL_TURN_KEY) or "")
     return TurnDetails.fields(shown, queries, turn_reasoning(text), observation)
@@ -191,7 +191,7 @@ class StepSearchRewards(_BatchRewards):
     prefix = "stepsearch/"
 
     def __init__(self, settings: StepSearchSettings):
-        from spader.baselines.evidence import read_evidence
+        from spader.scorers.evidence import read_evidence
 
         if not settings.evidence_path:
             raise ValueError(
@@ -236,7 +236,7 @@ class R3RagRewards(_BatchRewards):
         self.settings = settings
         self.client = None
         if settings.kind == "llm":
-            from spader.baselines.judge import JudgeClient
+            from spader.scorers.judge import JudgeClient
 
             if not settings.url:
                 raise ValueError(

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from spader.baselines.judge import JudgeUnavailableError
+from spader.scorers.judge import JudgeUnavailableError
 
 __all__ = ["judge_server_command", "running_judge", "split_gpus", "visible_gpus"]
 

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from spader.core.baseline_densify import TurnDetails, r3rag_dense_rewards
 from spader.core.r3rag import (
     classify_final_turn,
     judge_messages,
@@ -17,6 +16,7 @@ from spader.core.r3rag import (
     reranker_relevance,
     turn_reasoning,
 )
+from spader.core.scorer_densify import TurnDetails, r3rag_dense_rewards
 
 RHO = [0.5, 0.25, 0.75]  # process scores of three turns (the last one only counts without an answer)
 
@@ -180,8 +180,8 @@ def test_doc_examples():
     for name in (
         "spader.core.r3rag",
         "spader.core.stepsearch",
-        "spader.baselines.evidence",
-        "spader.baselines.judge_server",
+        "spader.scorers.evidence",
+        "spader.scorers.judge_server",
     ):
         result = doctest.testmod(importlib.import_module(name))
         assert result.attempted > 0 and result.failed == 0, name

@@ -63,7 +63,7 @@ def merge_command(actor_dir: str | os.PathLike, target_dir: str | os.PathLike) -
 def _keep_tiny_marker(final: dict, target: Path) -> None:
     """A policy trained from a tiny demo model stays marked as one (its evaluation reports say
     the model is tiny); the marker records the training it went through."""
-    from spader.models.tiny import TINY_MARKER
+    from spader.models.local import TINY_MARKER
 
     base = Path(final.get("model_dir") or "")
     if not (base / TINY_MARKER).is_file():

@@ -9,7 +9,9 @@ import zipfile
 
 import pytest
 
-from spader.baselines.evidence import (
+from spader.core.matching import find_hits
+from spader.data.records import MIX_SCHEMA, DataFormatError, records_frame, write_frame
+from spader.scorers.evidence import (
     EvidenceSettings,
     build_evidence,
     build_evidence_with_service,
@@ -17,8 +19,6 @@ from spader.baselines.evidence import (
     entity_query,
     read_evidence,
 )
-from spader.core.matching import find_hits
-from spader.data.records import MIX_SCHEMA, DataFormatError, records_frame, write_frame
 
 RECORDS = [
     {

@@ -3,9 +3,9 @@
 * :mod:`.evidence` - StepSearch's gold evidence per training question (rule ``build_evidence``).
 * :mod:`.judge` - R3-RAG's step judge, a client of an OpenAI-compatible endpoint.
 * :mod:`.judge_server` - the judge served by sglang on GPUs of the training node (started by
-  :mod:`spader.training.baselines`).
+  :mod:`spader.training.scorer_launch`).
 
 The rewards themselves are in :mod:`spader.core.stepsearch`, :mod:`spader.core.r3rag` and
-:mod:`spader.core.baseline_densify`; the verl glue in :mod:`spader.integrations.verl.baselines`.
+:mod:`spader.core.scorer_densify`; the verl glue in :mod:`spader.integrations.verl.scorer_rewards`.
 This ``__init__`` imports nothing.
 """

@@ -7,7 +7,7 @@ format by supervised fine-tuning on scripted episodes of the demo world
 Real backbones are never warm-started (the config check allows it for ``tiny:`` models only).
 
 The fine-tuning itself (tokenization through the chat template, assistant-only loss) is
-:mod:`spader.models.sft`; this module scripts the episodes, trains and writes the marked model.
+:mod:`spader.demo.sft`; this module scripts the episodes, trains and writes the marked model.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spader.models.sft import WarmstartSettings, encode_conversation, train_warmstart
+from spader.demo.sft import WarmstartSettings, encode_conversation, train_warmstart
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def _questions(mix_path, eval_paths, settings: WarmstartSettings) -> list:
     evaluation question (nor, for world questions, anything an evaluation question names)."""
     from spader.core.text import normalize
     from spader.demo.trajectories import load_questions, world_questions
-    from spader.evaluation.records import load_eval_set
+    from spader.evaluation.episodes import load_eval_set
 
     excluded = [q for path in eval_paths for q, _ in load_eval_set(path)]
     banned = {normalize(q.question) for q in excluded}
@@ -76,7 +76,7 @@ def turn_fits(tokenizer, max_turn_tokens: int):
 def _mark_warm(base_dir: Path, out_dir: Path, summary: Mapping[str, Any]) -> None:
     """Keep the tiny-model marker (evaluation reports say the model is tiny) and say what the warm
     start did to it."""
-    from spader.models.tiny import TINY_MARKER
+    from spader.models.local import TINY_MARKER
 
     marker = json.loads((base_dir / TINY_MARKER).read_text()) if (base_dir / TINY_MARKER).exists() else {}
     marker.update(
@@ -129,7 +129,7 @@ def warmstart_policy(
     from spader.agent.search import RetrievalSearch
     from spader.core.prompt import checked_template
     from spader.demo.trajectories import script_trajectories
-    from spader.models.tiny import is_tiny
+    from spader.models.local import is_tiny
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.service import running_service
 

@@ -1,6 +1,6 @@
 """Supervised fine-tuning of a causal LM on chat conversations, loss on the assistant's tokens only.
 
-The training routine of the demo's warm start (:mod:`spader.models.warmstart`): plain torch on CPU,
+The training routine of the demo's warm start (:mod:`spader.demo.warmstart`): plain torch on CPU,
 seeded. Conversations are tokenized through the model's chat template exactly as the agent loop
 renders its prompts (:func:`spader.agent.loop.render_prompt`, no ``tools`` argument): an assistant
 turn's tokens are what the loop's generation would have to produce after that prompt, up to and

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from spader.core.baseline_densify import TurnDetails, stepsearch_dense_rewards
+from spader.core.scorer_densify import TurnDetails, stepsearch_dense_rewards
 from spader.core.stepsearch import (
     EvidenceIndex,
     SearchTurn,

@@ -25,8 +25,8 @@ from typing import Any
 
 import polars as pl
 
+from spader.config import USER_SUPPLIED as _USER_SUPPLIED
 from spader.data.layout import dump_mintaka_json
-from spader.infra.config import USER_SUPPLIED as _USER_SUPPLIED
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,800 @@
+"""The workflow configuration as one typed model: every key's type, default, description and the
+rules that tie keys together.
+
+``config/config.yaml`` (the paper's setup) and any ``--configfile`` overlay are read into
+:class:`Config`. The JSON schema Snakemake's ``validate()`` checks at start-up
+(``workflow/schemas/config.schema.yaml``) and the key reference ``config/README.md`` are generated
+from these classes (:mod:`spader.config.schema`, :mod:`spader.config.docs`; a test fails when the
+committed files drift), so this module is the one place a key is defined.
+
+Rules that cross keys (a target naming a backbone, a backbone naming a variant, an advantage that
+does not train a reward, a judge that leaves verl a GPU count that does not divide a step's
+trajectories, ...) are validators here, checked after every default is filled in. Checks that
+read the file system (a variant's verl YAML, a local model path) take the directories from the
+validation context (:func:`spader.config.checks.check_config`).
+
+Jobs receive the sections they use as ``params:`` (plain dicts, so that editing a value reruns
+exactly the jobs that use it) and turn them back into these classes with ``model_validate``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, model_validator
+
+__all__ = [
+    "CROSS_KEY_RULES",
+    "DATASETS",
+    "OPERATIONAL_SERVICE_KEYS",
+    "PROMPTING",
+    "USER_SUPPLIED",
+    "AgentConfig",
+    "BackboneConfig",
+    "Bm25Config",
+    "Config",
+    "CorpusConfig",
+    "CostWarmup",
+    "DatasetConfig",
+    "DatasetsConfig",
+    "DivergencesConfig",
+    "EvaluationConfig",
+    "EvidenceConfig",
+    "HubSource",
+    "JudgeConfig",
+    "MixConfig",
+    "MixCounts",
+    "MlflowConfig",
+    "RerankerConfig",
+    "RetrievalConfig",
+    "ServiceConfig",
+    "SourceConfig",
+    "SplitConfig",
+    "SplitsConfig",
+    "StepSearchConfig",
+    "TrainingConfig",
+    "VariantConfig",
+    "WarmstartConfig",
+    "model_kind",
+]
+
+#: The four datasets of the paper, in table order.
+DATASETS = ("qampari", "mintaka", "webqsp", "quest")
+#: Prompting methods: evaluated with the backbone as released (or warm-started), never trained.
+PROMPTING = ("rag", "react")
+#: Advantages a reward can be trained with (docs/method.md, docs/baselines.md).
+_SCORER_ADVANTAGE = {"stepsearch": "gae", "r3rag": "turn_gae"}
+
+#: The rules between keys, as ``config/README.md`` states them (each is a validator below).
+CROSS_KEY_RULES = (
+    "`targets` name keys of `backbones`, each once.",
+    "`backbones.<name>.variants` name keys of `variants`; no variant is called like a prompting "
+    "method (`rag`, `react`).",
+    "`backbones.<name>.model`: a tiny backbone is `tiny:qwen3`, and only tiny backbones take a "
+    "`warmstart`; a local path must exist.",
+    "`retrieval.reranker.model`: a tiny reranker is `tiny:reranker`.",
+    "`variants.<name>.advantage` trains `variants.<name>.reward`: `spa` and `grpo_return` train "
+    "`step`; `gae` trains `terminal` or `stepsearch`; `turn_gae` trains `r3rag`, and `r3rag` only "
+    "`turn_gae`; `stepsearch` only `gae`.",
+    "`variants.<name>.verl_config` names a YAML in `config/verl/`.",
+    "`variants.<name>.judge: reranker` needs `retrieval.reranker.model`.",
+    "`judge.gpus`: when a backbone trains an LLM-judged R3-RAG variant and `judge.url` is null, the "
+    "GPUs left to verl (`backbones.<name>.gpus - judge.gpus`) are at least 1 and divide "
+    "`training.train_batch_size * training.rollout_n`.",
+    "`training.rollout_backend`: `cuda` trains with `sglang`, `cpu` with `transformers`.",
+    "`datasets.<name>.splits.<split>.file` names a key of `datasets.<name>.files`.",
+)
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")]
+FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]+$")]
+Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda:[0-9]+)$")]
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+def model_kind(name: str) -> str:
+    """``tiny`` (``tiny:<kind>``, built locally), ``path`` (a local path) or ``hub`` (a hub id).
+
+    >>> model_kind("tiny:qwen3"), model_kind("Qwen/Qwen3-8B"), model_kind("./weights")
+    ('tiny', 'hub', 'path')
+    """
+    if name.startswith("tiny:"):
+        return "tiny"
+    if os.path.exists(name) or name.startswith(("/", "./", "../")):
+        return "path"
+    return "hub"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracking and data sources
+# ---------------------------------------------------------------------------------------------
+class MlflowConfig(Section):
+    """MLflow tracking (not a rerun trigger)."""
+
+    enabled: bool = Field(True, description="track jobs in MLflow")
+    tracking_uri: str = Field(
+        "sqlite:///results/mlflow/mlflow.db",
+        description="tracking URI; relative sqlite:/// paths resolve against the working directory",
+    )
+    experiment: str = Field("spader", min_length=1, description="experiment name")
+    artifact_root: str = Field(
+        "results/mlflow/artifacts", description="artifact root of a newly created experiment"
+    )
+    state_dir: str = Field(
+        "results/mlflow", description="where the pipeline run id of the current invocation is kept"
+    )
+    stale_run_hours: float = Field(
+        72,
+        gt=0,
+        description="at the start of an invocation, RUNNING runs of other hosts older than this are "
+        "marked KILLED (runs of this host are checked by PID)",
+    )
+
+
+class CorpusConfig(Section):
+    """The QAMPARI Wikipedia 2021 chunk dump (docs/data.md 1.4)."""
+
+    url: str = Field(
+        "https://aggreg-qa.s3.amazonaws.com/chunked_wikipedia.tar.gz",
+        description="where chunked_wikipedia.tar.gz is downloaded from (http(s), file: or path; "
+        "relative paths resolve against the repository root)",
+    )
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        None, description="expected sha256 of the archive"
+    )
+    size_bytes: int | None = Field(None, ge=1, description="expected size of the archive in bytes")
+    archive: str | None = Field(
+        None,
+        description="an already downloaded archive (skips download_dump; a relative path is relative "
+        "to the working directory)",
+    )
+    prebuilt_index: str | None = Field(
+        None,
+        description="a prebuilt Lucene index with stored raw documents (skips download and build; a "
+        "relative path is relative to the working directory)",
+    )
+    expected_documents: int | None = Field(None, ge=1, description="verified number of indexed passages")
+
+
+class HubSource(Section):
+    """A file on the Hugging Face hub."""
+
+    repo_id: str = Field(description="hub repository id, e.g. cmalaviya/quest")
+    filename: str = Field(description="file path inside the repository")
+    revision: str = Field("main", description="branch, tag or commit")
+    repo_type: Literal["dataset", "model"] = Field("dataset", description="hub repository type")
+    format: Literal["raw", "mintaka_parquet"] = Field(
+        "raw",
+        description="raw: the file as is; mintaka_parquet: rebuild mintaka_<split>.json from the "
+        "parquet export",
+    )
+    split: str | None = Field(
+        None,
+        description="format mintaka_parquet: keep only the rows of this split when the file has a "
+        "`split` column (null: all rows)",
+    )
+    local_dir: str | None = Field(
+        None,
+        description="read the hub layout from this local directory instead of the network (offline "
+        "mirrors, tests)",
+    )
+
+
+class SourceConfig(Section):
+    """Where a release file comes from."""
+
+    url: str | None = Field(
+        description="http(s) URL, file: URL, or a path (relative paths resolve against the repository "
+        "root). null means the file must be supplied by the user; the download rule then fails "
+        "with a message naming this key."
+    )
+    hub: HubSource | None = Field(
+        None, description="Load the file from the Hugging Face hub instead of `url`."
+    )
+
+
+class SplitConfig(Section):
+    """Which release file (and zip member) holds one split."""
+
+    file: str = Field(description="a key of the dataset's `files`")
+    member: str | None = Field(None, description="member path inside a zip archive")
+
+
+class SplitsConfig(Section):
+    """train (the mix pool) and test (the evaluation set)."""
+
+    train: SplitConfig = Field(description="the split the training mix draws from")
+    test: SplitConfig = Field(description="the evaluation set")
+
+
+class DatasetConfig(Section):
+    """One dataset's release files and splits (docs/data.md sections 1-4)."""
+
+    files: dict[FileName, SourceConfig] = Field(
+        min_length=1, description="Release files by name; each is fetched by rule download_dataset."
+    )
+    splits: SplitsConfig = Field(description="train (the mix pool) and test (the evaluation set).")
+
+    @model_validator(mode="after")
+    def _splits_name_files(self) -> DatasetConfig:
+        for split in ("train", "test"):
+            name = getattr(self.splits, split).file
+            if name not in self.files:
+                raise ValueError(
+                    f"splits.{split}.file: '{name}' is not a key of files ({', '.join(self.files)})"
+                )
+        return self
+
+
+class DatasetsConfig(Section):
+    """The four datasets' release files (docs/data.md)."""
+
+    qampari: DatasetConfig = Field(description="QAMPARI (docs/data.md 1)")
+    mintaka: DatasetConfig = Field(description="Mintaka (docs/data.md 2)")
+    webqsp: DatasetConfig = Field(description="WebQSP (docs/data.md 3)")
+    quest: DatasetConfig = Field(description="QUEST (docs/data.md 4)")
+
+
+class MixCounts(Section):
+    """Training instances per dataset."""
+
+    qampari: int = Field(6000, ge=0, description="QAMPARI instances")
+    mintaka: int = Field(2000, ge=0, description="Mintaka instances")
+    webqsp: int = Field(2000, ge=0, description="WebQSP instances")
+    quest: int = Field(2000, ge=0, description="QUEST instances")
+
+
+class MixConfig(Section):
+    """The training mix (docs/data.md 7.4)."""
+
+    seed: int = Field(42, description="sampling seed")
+    counts: MixCounts = Field(default_factory=MixCounts, description="Training instances per dataset.")
+    min_answers: int = Field(1, ge=1, description="fewest answers a training question may have")
+    max_answers: int | None = Field(None, ge=1, description="most answers a training question may have")
+    val_per_dataset: int = Field(
+        50,
+        ge=0,
+        description="validation instances per dataset (from the train pools, disjoint from the mix)",
+    )
+    eval_limit: int | None = Field(None, ge=1, description="cap on instances per evaluation set")
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval
+# ---------------------------------------------------------------------------------------------
+class Bm25Config(Section):
+    """BM25 parameters."""
+
+    k1: float = Field(0.9, ge=0, description="term-frequency saturation")
+    b: float = Field(0.4, ge=0, le=1, description="length normalization")
+
+
+class RerankerConfig(Section):
+    """Cross-encoder reranker (FlagEmbedding)."""
+
+    model: str | None = Field(
+        "BAAI/bge-reranker-v2-m3",
+        description="hub id, local path, tiny:reranker, or null for no reranking",
+    )
+    revision: str | None = Field(
+        None,
+        description="hub revision (a commit) the weights are downloaded at, when `model` is a hub id; "
+        "null: the main branch",
+    )
+    batch_size: int = Field(64, ge=1, description="pairs per forward pass")
+    max_length: int = Field(512, ge=16, description="max tokens per query-passage pair")
+    max_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="most tokens per forward pass (pairs x padded length), which bounds activation "
+        "memory; null: batch_size x max_length",
+    )
+    fp16: bool = Field(True, description="half precision on GPU")
+    devices: Device | list[Device] | None = Field(
+        None,
+        description="reranker devices, one replica each (cpu or cuda:<i>); null: every GPU of a "
+        "training job, else the first GPU or the CPU",
+    )
+
+    @model_validator(mode="after")
+    def _tiny_kind(self) -> RerankerConfig:
+        if self.model and self.model.startswith("tiny:") and self.model != "tiny:reranker":
+            raise ValueError(f"model: tiny rerankers are 'tiny:reranker', got '{self.model}'")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether passages are reranked at all."""
+        return self.model not in (None, "none")
+
+
+class ServiceConfig(Section):
+    """The retrieval HTTP service started for the jobs that need it."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    max_queries_per_request: int = Field(512, ge=1, description="largest accepted batch")
+    max_query_chars: int = Field(1000, ge=1, description="longest accepted query")
+    startup_timeout_s: float = Field(1800, ge=1, description="how long to wait for /health")
+    request_timeout_s: float = Field(120, ge=1, description="client timeout per request")
+    retries: int = Field(3, ge=0, description="client retries on transient errors")
+    cache_entries: int = Field(
+        100000, ge=0, description="most results the service's LRU cache keeps (0: no cache)"
+    )
+    cache_bytes: int = Field(268435456, ge=0, description="most bytes the cached passages may hold")
+    slice_queries: int = Field(
+        64, ge=1, description="queries per search step; larger and merged requests are cut into slices"
+    )
+    overlap: bool = Field(True, description="BM25 of the next slice while the current one is reranked")
+
+
+#: Service settings that cannot change a result: where it binds, how long clients wait and how
+#: often they retry. They are not params (editing them reruns nothing).
+OPERATIONAL_SERVICE_KEYS = ("host", "startup_timeout_s", "request_timeout_s", "retries")
+
+
+class RetrievalConfig(Section):
+    """The search tool (docs/method.md, "Retrieval")."""
+
+    bm25: Bm25Config = Field(default_factory=Bm25Config, description="BM25 parameters.")
+    initial_k: int = Field(50, ge=1, description="BM25 candidates per query")
+    topk: int = Field(5, ge=1, description="passages per query after reranking")
+    reranker: RerankerConfig = Field(
+        default_factory=RerankerConfig, description="Cross-encoder reranker (FlagEmbedding)."
+    )
+    service: ServiceConfig = Field(
+        default_factory=ServiceConfig,
+        description="The retrieval HTTP service started for the jobs that need it.",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Backbones and variants
+# ---------------------------------------------------------------------------------------------
+class WarmstartConfig(Section):
+    """Supervised warm start of a tiny policy (CPU demo only): fine-tuning on scripted episodes of
+    the demo world (search with the question, then with the name in it if nothing was found,
+    answer with the gold entities the passages showed), so that a random tiny model writes valid
+    actions."""
+
+    steps: int = Field(300, ge=1, description="optimizer steps")
+    lr: float = Field(
+        3.0e-3, gt=0, description="peak AdamW learning rate (linear warm-up, cosine decay to 10%)"
+    )
+    batch_size: int = Field(4, ge=1, description="scripted episodes per step")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="fraction of the steps spent warming up")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_searches: Literal[1, 2] = Field(
+        2,
+        description="search steps a scripted episode may take (the second only when the first showed "
+        "no gold entity)",
+    )
+    world_questions: bool = Field(
+        True,
+        description="besides the training mix, script the bundled demo world's questions about topics "
+        "no evaluation question asks about or answers",
+    )
+    first_turn_examples: bool = Field(
+        True,
+        description="also train on each multi-turn episode's first turn alone (prompt and first search)",
+    )
+    seed: int = Field(0, description="seed of the batches and of torch")
+
+
+class BackboneConfig(Section):
+    """One policy backbone and the methods it runs."""
+
+    model: str = Field(
+        min_length=1, description="hub id, local path, or tiny:qwen3 (a tiny random model built locally)"
+    )
+    revision: str | None = Field(
+        None,
+        description="hub revision (a commit) the weights are downloaded at, when `model` is a hub id; "
+        "null: the repository's main branch",
+    )
+    gpus: int = Field(8, ge=0, description="GPUs per training job (resources: gpu)")
+    warmstart: WarmstartConfig | None = Field(
+        None,
+        description="tiny:qwen3 backbones only: warm-start the policy by supervised fine-tuning (rule "
+        "warmstart_policy) before training and the prompting methods use it; null: the model as "
+        "built or released",
+    )
+    variants: list[str] = Field(default_factory=list, description="trained variants (keys of `variants`)")
+    prompting: list[Literal["rag", "react"]] = Field(
+        default_factory=lambda: list(PROMPTING),
+        description="prompting methods evaluated with the backbone as released (or warm-started)",
+    )
+
+    @model_validator(mode="after")
+    def _model_rules(self, info: ValidationInfo) -> BackboneConfig:
+        _unique(self.variants, "variants")
+        _unique(self.prompting, "prompting")
+        if self.model.startswith("tiny:") and self.model != "tiny:qwen3":
+            raise ValueError(f"model: tiny backbones are 'tiny:qwen3', got '{self.model}'")
+        if self.warmstart is not None and not self.model.startswith("tiny:"):
+            raise ValueError(
+                f"warmstart: only tiny backbones (tiny:qwen3) are warm-started, '{self.model}' is used "
+                "as released; set it to null"
+            )
+        if (info.context or {}).get("check_paths") and model_kind(self.model) == "path":
+            if not os.path.exists(self.model):
+                raise ValueError(f"model: local path '{self.model}' does not exist")
+        return self
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model.startswith("tiny:")
+
+
+class VariantConfig(Section):
+    """One trained variant (docs/method.md, "Ablations and baselines")."""
+
+    verl_config: Name = Field(description="name of the verl YAML in config/verl/")
+    advantage: Literal["spa", "grpo_return", "grpo", "gae", "turn_gae"] = Field(
+        "spa",
+        description="spa: step-wise peer advantage; grpo_return: trajectory GRPO on the summed "
+        "return; grpo: verl GRPO on the terminal reward; gae: PPO with a critic; turn_gae: GAE "
+        "inside each assistant turn (R3-RAG)",
+    )
+    reward: Literal["step", "terminal", "stepsearch", "r3rag"] = Field(
+        "step",
+        description="step: diversity-aware step rewards plus terminal F1; terminal: F1 only (-1 "
+        "invalid); stepsearch / r3rag: the step scorers' rewards (docs/baselines.md)",
+    )
+    alpha: float = Field(1.0, ge=0, description="information-gain weight alpha")
+    beta: float = Field(4.0, ge=0, description="novelty-premium weight beta")
+    cost: float = Field(0.01, ge=0, description="tool cost c per query")
+    lambda_s: float = Field(
+        0.6, ge=0, description="StepSearch step-reward scale (0.6 nominal; 1.6 as its code applies)"
+    )
+    judge: Literal["llm", "reranker"] = Field(
+        "llm",
+        description="R3-RAG process scorer: llm (the judge block) or reranker (sigmoid of the "
+        "reranker score)",
+    )
+
+    @model_validator(mode="after")
+    def _advantage_trains_reward(self) -> VariantConfig:
+        reward, advantage = self.reward, self.advantage
+        errors = []
+        if (reward in _SCORER_ADVANTAGE or advantage == "turn_gae") and _SCORER_ADVANTAGE.get(
+            reward
+        ) != advantage:
+            errors.append(
+                f"advantage: {advantage!r} does not train reward {reward!r} (stepsearch: gae, r3rag: turn_gae)"
+            )
+        if advantage == "gae" and reward not in ("terminal", "stepsearch"):
+            errors.append("reward: PPO (advantage gae) is trained on the terminal reward")
+        if advantage in ("spa", "grpo_return") and reward != "step":
+            errors.append(f"reward: advantage {advantage!r} is defined on the step rewards (reward: step)")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+    @property
+    def serves_judge(self) -> bool:
+        """An R3-RAG variant scored by the LLM judge."""
+        return self.reward == "r3rag" and self.judge == "llm"
+
+
+# ---------------------------------------------------------------------------------------------
+# Training, agent, evaluation
+# ---------------------------------------------------------------------------------------------
+class CostWarmup(Section):
+    """Tool-cost warm-up schedule of the authors' code."""
+
+    free_steps: int = Field(100, ge=0, description="steps with zero tool cost")
+    ramp_steps: int = Field(100, ge=0, description="steps of linear ramp to the full cost")
+
+
+class DivergencesConfig(Section):
+    """Options reproducing the authors' published code (docs/method.md, "Known divergences")."""
+
+    novelty: Literal["inverse", "exp_decay"] = Field(
+        "inverse", description="inverse: beta/N (paper); exp_decay: beta*exp(-(N-1)) (code)"
+    )
+    invalid_format_reward: float = Field(
+        -1.0, description="terminal reward of an invalid format (paper -1, code 0)"
+    )
+    cost_warmup: CostWarmup | None = Field(
+        None, description="tool-cost warm-up by training step (code); null: none"
+    )
+    epsilon: Literal["outside", "inside_sqrt"] = Field(
+        "outside", description="SPA spread: sigma + eps (paper) or sqrt(var + eps) (code)"
+    )
+
+
+class TrainingConfig(Section):
+    """verl training hyperparameters (docs/method.md, "Training setup")."""
+
+    epochs: int = Field(1, ge=1, description="passes over the training mix")
+    train_batch_size: int = Field(32, ge=1, description="prompts per step")
+    ppo_mini_batch_size: int = Field(32, ge=1, description="prompts per PPO mini-batch")
+    ppo_micro_batch_size_per_gpu: int = Field(4, ge=1, description="micro-batch per GPU")
+    lr: float = Field(1.0e-5, gt=0, description="AdamW learning rate")
+    lr_warmup_ratio: float = Field(0.05, ge=0, le=1, description="warm-up fraction of steps")
+    rollout_n: int = Field(16, ge=1, description="rollouts per prompt (G)")
+    temperature: float = Field(1.0, ge=0, description="rollout temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="rollout top-p")
+    kl_loss_coef: float = Field(0.001, ge=0, description="KL loss coefficient")
+    kl_loss_type: str = Field("low_var_kl", description="verl KL loss type")
+    gamma: float = Field(0.9, ge=0, le=1, description="discount over decision steps")
+    max_prompt_length: int = Field(512, ge=1, description="prompt tokens")
+    max_response_length: int = Field(8192, ge=1, description="response tokens, tool text included")
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="sglang memory fraction")
+    save_freq: int = Field(100, ge=1, description="checkpoint every N steps")
+    test_freq: int = Field(50, ge=1, description="validate every N steps")
+    max_actor_ckpt_to_keep: int | None = Field(
+        2, ge=1, description="actor checkpoints kept, the newest (null: all)"
+    )
+    max_critic_ckpt_to_keep: int | None = Field(
+        2, ge=1, description="critic checkpoints kept, the newest (null: all)"
+    )
+    seed: int = Field(1, description="training seed: prompt order, mini-batch shuffling, rollout sampling")
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda",
+        description="where verl trains: GPUs, or the CPU (verl's trainer through the project's CPU platform)",
+    )
+    rollout_backend: Literal["sglang", "transformers"] = Field(
+        "sglang", description="rollout engine: sglang (cuda) or the transformers replica (cpu)"
+    )
+    cpu_workers: int = Field(1, ge=1, description="training processes (FSDP ranks) when device is cpu")
+    max_steps: int | None = Field(
+        None, ge=1, description="stop after this many steps (null: the epochs decide)"
+    )
+    divergences: DivergencesConfig = Field(
+        default_factory=DivergencesConfig,
+        description='Options reproducing the authors\' published code (docs/method.md, "Known divergences").',
+    )
+
+    @model_validator(mode="after")
+    def _device_runs_backend(self) -> TrainingConfig:
+        if (self.device, self.rollout_backend) not in (("cuda", "sglang"), ("cpu", "transformers")):
+            raise ValueError(
+                f"rollout_backend: {self.rollout_backend!r} cannot serve device {self.device!r} "
+                "(cuda trains with sglang, cpu with transformers)"
+            )
+        return self
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.train_batch_size * self.rollout_n
+
+
+class AgentConfig(Section):
+    """One agent turn, the same in training rollouts and evaluation (docs/method.md, "Prompt and
+    format")."""
+
+    max_turns: int = Field(16, ge=1, description="assistant turns per episode")
+    max_turn_tokens: int = Field(1024, ge=1, description="new tokens per assistant turn")
+    max_tool_response_chars: int = Field(11000, ge=1, description="observation cap in characters")
+    max_queries_per_call: int = Field(
+        10, ge=1, description="queries of one tool call beyond this are not run (they still count in q_t)"
+    )
+    stop: list[Literal["</tool_call>", "</answer>"]] = Field(
+        default_factory=lambda: ["</tool_call>", "</answer>"],
+        min_length=1,
+        description="a turn ends right after the first of these closing tags (kept)",
+    )
+    prompt_template: Annotated[str, StringConstraints(min_length=1)] | None = Field(
+        None,
+        description="a prompt template file (one {question} placeholder) replacing the project's; "
+        "null: src/spader/core/prompts/default.txt",
+    )
+
+    @model_validator(mode="after")
+    def _unique_stop(self) -> AgentConfig:
+        _unique(self.stop, "stop")
+        return self
+
+
+class EvaluationConfig(Section):
+    """Agent inference for evaluation (docs/method.md, "Evaluation")."""
+
+    engine: Literal["sglang", "transformers"] = Field("sglang", description="generation engine")
+    max_context_tokens: int = Field(16384, ge=1, description="episode stops when the context exceeds this")
+    temperature: float = Field(0.0, ge=0, description="0 is greedy decoding")
+    top_p: float = Field(1.0, gt=0, le=1, description="top-p when sampling")
+    seed: int = Field(0, description="sampling seed (temperature > 0)")
+    gpus: int = Field(1, ge=0, description="GPUs per evaluation job")
+    gpu_memory_utilization: float = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="sglang mem_fraction_static (the search service's reranker shares the GPU)",
+    )
+    batch_size: int = Field(64, ge=1, description="transformers engine: prompts per forward batch")
+
+
+class EvidenceConfig(Section):
+    """Rule build_evidence, one evidence passage per gold entity of the training mix."""
+
+    depth: int = Field(50, ge=1, le=1000, description="passages per query kept after reranking")
+    queries_per_request: int = Field(128, ge=1, description="queries per request to the retrieval service")
+    concurrency: int = Field(2, ge=1, description="requests in flight")
+    qampari_proof_text: bool = Field(
+        False, description="QAMPARI entities take the release's proof_text instead"
+    )
+    gpus: int = Field(1, ge=0, description="GPUs of the job (the reranker's)")
+
+
+class StepSearchConfig(Section):
+    """StepSearch (docs/baselines.md): its evidence and reward computation."""
+
+    evidence: EvidenceConfig = Field(
+        default_factory=EvidenceConfig,
+        description="Rule build_evidence, one evidence passage per gold entity of the training mix.",
+    )
+    workers: int = Field(
+        4, ge=0, description="processes computing the per-passage TF-IDF in training (0: none)"
+    )
+
+
+class JudgeConfig(Section):
+    """R3-RAG's LLM judge (variants with judge llm)."""
+
+    model: str = Field(
+        "Qwen/Qwen2.5-14B-Instruct", min_length=1, description="hub id or local path of the judge model"
+    )
+    revision: str | None = Field(None, description="hub commit of the judge weights")
+    url: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = Field(
+        None,
+        description="OpenAI-compatible base URL of a running judge (null: serve one on the training node)",
+    )
+    gpus: int = Field(4, ge=1, description="GPUs of the training node set aside for the judge server")
+    tensor_parallel: int = Field(1, ge=1, description="GPUs per judge replica")
+    mem_fraction: float = Field(0.85, gt=0, le=1, description="sglang mem_fraction_static of the judge")
+    max_tokens: int = Field(256, ge=1, description="reply budget of the judge")
+    temperature: float = Field(0.0, ge=0, description="judge sampling temperature")
+    startup_timeout_s: float = Field(1800, ge=1, description="how long the judge server may take to load")
+    timeout_s: float = Field(120, gt=0, description="timeout per judge request")
+    retries: int = Field(3, ge=0, description="retries on connection errors, timeouts, 429 and 5xx")
+    concurrency: int = Field(64, ge=1, description="judge requests in flight")
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole configuration
+# ---------------------------------------------------------------------------------------------
+class Config(Section):
+    """Configuration of the SPADER reproduction pipeline (config/config.yaml, optionally overlaid
+    by --configfile files such as config/demo.yaml). Every key has a description and a default
+    where one makes sense; unknown keys are rejected."""
+
+    suite: Name = Field(
+        "paper",
+        description="Name of the data setup; data outputs live under resources/<suite>/ and results/<suite>/.",
+    )
+    targets: list[str] = Field(
+        default_factory=lambda: ["qwen3_8b", "llama3_1_8b"],
+        min_length=1,
+        description="Backbones built by `rule all` (results/<backbone>/f1.tsv).",
+    )
+    mlflow: MlflowConfig = Field(
+        default_factory=MlflowConfig, description="MLflow tracking (not a rerun trigger)."
+    )
+    corpus: CorpusConfig = Field(
+        default_factory=CorpusConfig, description="The QAMPARI Wikipedia 2021 chunk dump (docs/data.md 1.4)."
+    )
+    retrieval: RetrievalConfig = Field(
+        default_factory=RetrievalConfig, description='The search tool (docs/method.md, "Retrieval").'
+    )
+    datasets: DatasetsConfig = Field(description="The four datasets' release files (docs/data.md).")
+    mix: MixConfig = Field(default_factory=MixConfig, description="The training mix (docs/data.md 7.4).")
+    backbones: dict[Name, BackboneConfig] = Field(min_length=1, description="Backbones by name.")
+    variants: dict[Name, VariantConfig] = Field(default_factory=dict, description="Trained variants by name.")
+    training: TrainingConfig = Field(
+        default_factory=TrainingConfig,
+        description='verl training hyperparameters (docs/method.md, "Training setup").',
+    )
+    agent: AgentConfig = Field(
+        default_factory=AgentConfig,
+        description="One agent turn, the same in training rollouts and evaluation (docs/method.md, "
+        '"Prompt and format").',
+    )
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig,
+        description='Agent inference for evaluation (docs/method.md, "Evaluation").',
+    )
+    stepsearch: StepSearchConfig = Field(
+        default_factory=StepSearchConfig,
+        description="StepSearch (docs/baselines.md): its evidence and reward computation.",
+    )
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="R3-RAG's LLM judge (variants with judge llm)."
+    )
+
+    @model_validator(mode="after")
+    def _cross_key_rules(self, info: ValidationInfo) -> Config:
+        errors = self.cross_key_errors((info.context or {}).get("verl_config_dir"))
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+    def cross_key_errors(self, verl_config_dir: str | os.PathLike | None = None) -> list[str]:
+        """Rules between sections, each message naming the key (``config key 'a.b': ...``)."""
+        errors = []
+        _unique(self.targets, "targets")
+        for t in self.targets:
+            if t not in self.backbones:
+                errors.append(
+                    f"config key 'targets': '{t}' is not a key of 'backbones' ({', '.join(self.backbones)})"
+                )
+        for name in self.variants:
+            if name in PROMPTING:
+                errors.append(f"config key 'variants.{name}': '{name}' is a prompting method's name")
+        for b, spec in self.backbones.items():
+            for v in spec.variants:
+                if v not in self.variants:
+                    errors.append(f"config key 'backbones.{b}.variants': '{v}' is not a key of 'variants'")
+        for v, spec in self.variants.items():
+            if verl_config_dir is not None:
+                path = Path(verl_config_dir) / f"{spec.verl_config}.yaml"
+                if not path.exists():
+                    errors.append(f"config key 'variants.{v}.verl_config': {path} does not exist")
+            if spec.reward == "r3rag" and spec.judge == "reranker" and not self.retrieval.reranker.enabled:
+                errors.append(
+                    f"config key 'variants.{v}.judge': the reranker judge needs retrieval.reranker.model"
+                )
+        errors += self._served_judge_errors()
+        return errors
+
+    def _served_judge_errors(self) -> list[str]:
+        """A judge served on the training node leaves verl the other GPUs, whose number must
+        divide the trajectories of a step (verl's own check, made before anything runs)."""
+        if self.judge.url:
+            return []
+        per_step = self.training.trajectories_per_step
+        errors = []
+        for b, spec in self.backbones.items():
+            served = [v for v in spec.variants if v in self.variants and self.variants[v].serves_judge]
+            if not served:
+                continue
+            left = spec.gpus - self.judge.gpus
+            if left < 1 or per_step % left:
+                errors.append(
+                    f"config key 'judge.gpus': backbone '{b}' trains {served[0]} on {spec.gpus} GPUs, "
+                    f"{self.judge.gpus} of them serving the judge; the {max(left, 0)} left must be >= 1 and "
+                    f"divide the {per_step} trajectories of a step (or set judge.url)"
+                )
+        return errors
+
+    def methods_of(self, backbone: str) -> list[str]:
+        """What a backbone's tables report: its trained variants, then its prompting methods."""
+        spec = self.backbones[backbone]
+        return [*spec.variants, *spec.prompting]
+
+    def missing_sources(self) -> list[tuple[str, str]]:
+        """Release files with neither a URL nor a hub location (the user must supply them).
+
+        Returns:
+            ``[(config key of the url, what to do)]``.
+        """
+        out = []
+        for d in DATASETS:
+            for name, source in getattr(self.datasets, d).files.items():
+                if not source.url and source.hub is None:
+                    hint = USER_SUPPLIED.get(name, f"{name} has no configured source")
+                    out.append(
+                        (f"datasets.{d}.files.{name}.url", f"{hint}, then set this key to its local path")
+                    )
+        return out
+
+
+#: Release files the project cannot fetch for the user, with where to get them.
+USER_SUPPLIED = {
+    "WebQSP.zip": "WebQSP is not redistributable: download WebQSP.zip from "
+    "https://www.microsoft.com/en-us/download/details.aspx?id=52763",
+}
+
+
+def _unique(items: list[Any], key: str) -> None:
+    seen = set()
+    for item in items:
+        if item in seen:
+            raise ValueError(f"{key}: '{item}' is listed twice")
+        seen.add(item)

@@ -1,0 +1,113 @@
+"""sglang's offline engine behind the agent loop's :class:`~spader.agent.generation.Engine` protocol.
+
+sglang is imported only when the engine is built: it is installed by the ``gpu`` extra on CUDA
+machines only (installing it replaces torch).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from spader.agent.generation import (
+    Generation,
+    Sampling,
+    cut_at_markers,
+    keep_through_stop,
+    load_tokenizer,
+    special_strings,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SglangEngine"]
+
+
+class SglangEngine:
+    """sglang's offline ``Engine`` (GPU). Requests of one turn are submitted as one batch and
+    scheduled by sglang (continuous batching).
+
+    Args:
+        model_dir: a Hugging Face model directory.
+        tp_size: tensor-parallel degree (GPUs of the job).
+        mem_fraction: ``mem_fraction_static``; leave room for the reranker of the search service
+            when it shares the GPU.
+        context_length: longest sequence the engine must hold.
+        seed: sglang's random seed (sampling).
+    """
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        tp_size: int = 1,
+        mem_fraction: float = 0.7,
+        context_length: int | None = None,
+        seed: int = 0,
+    ):
+        try:
+            import sglang
+        except ImportError as exc:
+            raise RuntimeError(
+                "evaluation.engine is 'sglang' but sglang is not installed in this environment. Install "
+                "the GPU extra on a CUDA machine (pip install -e '.[gpu]'), or set evaluation.engine: "
+                "transformers."
+            ) from exc
+        self.tokenizer = load_tokenizer(model_dir)
+        self._markers = special_strings(self.tokenizer)
+        kwargs = dict(
+            model_path=str(model_dir),
+            tp_size=int(tp_size),
+            mem_fraction_static=float(mem_fraction),
+            random_seed=int(seed),
+        )
+        if context_length:
+            kwargs["context_length"] = int(context_length)
+        self.engine = sglang.Engine(**kwargs)
+        log.info("sglang engine: %s, tp %d, mem fraction %.2f", model_dir, tp_size, mem_fraction)
+
+    def _params(self, budget: int, sampling: Sampling) -> dict:
+        return {
+            "max_new_tokens": int(budget),
+            "temperature": float(sampling.temperature),
+            "top_p": float(sampling.top_p),
+            "stop": list(sampling.stop) or None,
+            # Keep the stop string (the parser needs the closing tag) and the agent's own tags,
+            # which some tokenizers mark as special.
+            "no_stop_trim": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+        }
+
+    def _one(self, out: dict, sampling: Sampling) -> Generation:
+        meta = out.get("meta_info", {}) or {}
+        reason = meta.get("finish_reason") or {}
+        kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+        text = keep_through_stop(cut_at_markers(out.get("text", ""), self._markers), sampling.stop)
+        return Generation(
+            text,
+            completion_tokens=int(meta.get("completion_tokens", 0)),
+            finish="length" if kind == "length" else "stop",
+        )
+
+    def generate(self, prompts, max_new_tokens, sampling: Sampling) -> list[Generation]:
+        """See :class:`Engine`."""
+        params = [self._params(b, sampling) for b in max_new_tokens]
+        try:
+            outs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
+            return [self._one(o, sampling) for o in outs]
+        except Exception as exc:  # noqa: BLE001  isolate the failing prompt(s)
+            log.warning("sglang batch of %d prompts failed (%s); retrying one by one", len(prompts), exc)
+        results = []
+        for p, prm in zip(prompts, params, strict=True):
+            try:
+                results.append(
+                    self._one(self.engine.generate(input_ids=list(p), sampling_params=prm), sampling)
+                )
+            except Exception as exc:  # noqa: BLE001 (recorded on the episode, scored as 0)
+                results.append(Generation("", finish="error", error=f"{type(exc).__name__}: {exc}"))
+        return results
+
+    def close(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,193 @@
+"""The typed configuration model is the one source of every key: the committed schema and key
+reference are generated from it, Snakemake's default-filling equals the model's defaults, every
+rule between keys fires with the key named, and the sections round-trip as jobs receive them."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from spader.config import (
+    AgentConfig,
+    Config,
+    ConfigError,
+    TrainingConfig,
+    check_config,
+    load_config,
+)
+from spader.config.docs import render, rows
+from spader.config.model import CROSS_KEY_RULES
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+VERL_DIR = REPO / "config" / "verl"
+
+
+def _merged(*names: str) -> dict:
+    out: dict = {}
+
+    def up(base, overlay):
+        for k, v in overlay.items():
+            if isinstance(v, dict) and isinstance(base.get(k), dict):
+                up(base[k], v)
+            else:
+                base[k] = copy.deepcopy(v)
+
+    for name in names:
+        up(out, yaml.safe_load((REPO / "config" / name).read_text()))
+    return out
+
+
+def test_generated_schema_and_reference_are_up_to_date():
+    proc = subprocess.run(
+        [sys.executable, "-m", "spader.config", "check"], cwd=REPO, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_check_detects_a_stale_reference(tmp_path):
+    for rel in ("workflow/schemas", "config"):
+        (tmp_path / rel).mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "spader.config", "write", "--root", str(tmp_path)], check=True)
+    readme = tmp_path / "config" / "README.md"
+    readme.write_text(readme.read_text().replace("AdamW learning rate", "learning rate"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "spader.config", "check", "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and "config/README.md" in proc.stderr
+
+
+@pytest.mark.parametrize("files", [("config.yaml",), ("config.yaml", "demo.yaml")])
+def test_snakemake_fills_the_same_defaults_as_the_model(files):
+    raw = _merged(*files)
+    filled = copy.deepcopy(raw)
+    validate(filled, str(SCHEMA))  # what common.smk does after the model check
+    assert filled == check_config(raw, VERL_DIR).model_dump(mode="json")
+
+
+def test_every_key_is_described_and_rendered():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    readme = (REPO / "config" / "README.md").read_text()
+    table = list(rows(schema))
+    assert len(table) > 120
+    undescribed = [key for key, _, _, text in table if not text]
+    assert not undescribed
+    for key in ("training.lr", "variants.<name>.beta", "retrieval.reranker.revision", "mix.counts.qampari"):
+        assert f"`{key}`" in readme
+    for rule in CROSS_KEY_RULES:
+        assert rule in readme
+
+
+def test_reference_renders_nested_and_free_keys():
+    schema = {
+        "type": "object",
+        "$defs": {"thing": {"type": "object", "properties": {"x": {"type": "integer", "default": 3}}}},
+        "properties": {
+            "a": {"type": "object", "description": "A | pipe", "properties": {"b": {"type": "string"}}},
+            "m": {"type": "object", "patternProperties": {"^[a-z]+$": {"$ref": "#/$defs/thing"}}},
+            "o": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None},
+        },
+    }
+    assert [r[0] for r in rows(schema)] == ["a", "a.b", "m", "m.<name>", "m.<name>.x", "o"]
+    text = render(schema)
+    assert "| `m.<name>.x` | integer | `3` |" in text and "A \\| pipe" in text
+    assert "| `o` | integer or null | `null` |" in text
+
+
+def test_free_key_names_are_checked():
+    paper = _merged("config.yaml")
+    paper["backbones"]["Qwen-8B"] = paper["backbones"].pop("qwen3_8b")
+    with pytest.raises(
+        ConfigError, match=r"config key 'backbones\.Qwen-8B' is not allowed \(names must match"
+    ):
+        check_config(paper, VERL_DIR)
+
+
+def _paper(mutate):
+    config = _merged("config.yaml")
+    mutate(config)
+    return config
+
+
+# One case per rule of CROSS_KEY_RULES (same order), each naming the key it is about.
+RULE_CASES = [
+    (
+        lambda c: c.update(targets=["qwen3_8b", "qwen3_8b"]),
+        "config key 'targets': 'qwen3_8b' is listed twice",
+    ),
+    (lambda c: c["variants"].update(rag=dict(c["variants"]["grpo"])), "config key 'variants.rag'"),
+    (
+        lambda c: c["backbones"]["qwen3_8b"].update(model="tiny:llama"),
+        "config key 'backbones.qwen3_8b.model'",
+    ),
+    (lambda c: c["retrieval"]["reranker"].update(model="tiny:bert"), "config key 'retrieval.reranker.model'"),
+    (lambda c: c["variants"]["ppo"].update(reward="step"), "config key 'variants.ppo.reward'"),
+    (
+        lambda c: c["variants"]["spader"].update(verl_config="nope"),
+        "config key 'variants.spader.verl_config'",
+    ),
+    (
+        lambda c: (
+            c["variants"]["r3rag"].update(judge="reranker"),
+            c["retrieval"]["reranker"].update(model=None),
+        ),
+        "config key 'variants.r3rag.judge'",
+    ),
+    (lambda c: c["judge"].update(gpus=5), "config key 'judge.gpus': backbone 'qwen3_8b'"),
+    (lambda c: c["training"].update(device="cpu"), "config key 'training.rollout_backend'"),
+    (
+        lambda c: c["datasets"]["quest"]["splits"]["test"].update(file="missing.jsonl"),
+        "config key 'datasets.quest.splits.test.file'",
+    ),
+]
+
+
+def test_every_rule_has_a_case():
+    assert len(RULE_CASES) == len(CROSS_KEY_RULES)
+
+
+@pytest.mark.parametrize(("mutate", "message"), RULE_CASES)
+def test_each_rule_between_keys_names_the_key(mutate, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        check_config(_paper(mutate), VERL_DIR)
+
+
+def test_warmstart_only_for_tiny_backbones():
+    cfg = _paper(lambda c: c["backbones"]["qwen3_8b"].update(warmstart={"steps": 5}))
+    with pytest.raises(ConfigError, match=r"'backbones\.qwen3_8b\.warmstart': only tiny backbones"):
+        check_config(cfg, VERL_DIR)
+
+
+def test_sections_round_trip_as_jobs_receive_them():
+    config = load_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml")
+    as_param = config.model_dump(mode="json")["training"]  # what a rule's params hand a job
+    assert TrainingConfig.model_validate(as_param) == config.training
+    assert AgentConfig.model_validate(config.model_dump(mode="json")["agent"]).max_turns == 3
+    with pytest.raises(ValueError, match="lr"):
+        TrainingConfig.model_validate({**as_param, "lr": -1})
+
+
+def test_the_paper_config_is_typed():
+    config = load_config(REPO / "config" / "config.yaml")
+    assert isinstance(config, Config)
+    assert config.training.trajectories_per_step == 512
+    assert config.methods_of("llama3_1_8b") == [
+        "spader",
+        "grpo",
+        "ppo",
+        "stepsearch",
+        "r3rag",
+        "rag",
+        "react",
+    ]
+    assert (
+        config.missing_sources() and config.missing_sources()[0][0] == "datasets.webqsp.files.WebQSP.zip.url"
+    )
