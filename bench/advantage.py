@@ -34,6 +34,7 @@ from spader.core.densify import StepRecord, densify_rewards
 # the slow per-token loop version lives with the tests, which check the vectorised code against it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from loop_reference import reference_dense_rewards, reference_token_advantages
+from records import write_record  # bench/records.py (the script's own directory is on sys.path)
 
 SETTINGS = dict(alpha=1.0, beta=4.0, cost=0.01)
 GAMMA = 0.9
@@ -105,6 +106,7 @@ def main() -> None:
         help="torch intra-op threads (1: the loop reference is single-threaded too, and "
         "extra threads oversubscribe a shared 2-core machine)",
     )
+    parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -145,6 +147,30 @@ def main() -> None:
         f"vectorised < 100 ms: {ok(med(vec_wall) < 0.1)} wall, {ok(med(vec_cpu) < 0.1)} CPU; "
         f"outputs agree (< 1e-4): {ok(diff < 1e-4)}"
     )
+    held = wall_x >= 50 and med(vec_wall) < 0.1 and diff < 1e-4
+    path = write_record(
+        "bench/advantage.py",
+        [
+            {
+                "what": f"reward + SPA advantage, {args.prompts} prompts x {args.rollouts} rollouts x "
+                f"{args.length:,} tokens, up to {args.max_steps} steps",
+                "result": f"{med(vec_wall) * 1e3:.1f} ms vectorised vs {med(ref_wall) * 1e3:,.0f} ms per-token "
+                f"loop: **{wall_x:.0f}x** (CPU time {cpu_x:.0f}x), max difference {diff:.1e}",
+                "target": ">= 50x, < 100 ms, identical advantages",
+                "verdict": "met" if held else "not met",
+                "numbers": {
+                    "vectorised_ms": round(med(vec_wall) * 1e3, 2),
+                    "reference_ms": round(med(ref_wall) * 1e3, 1),
+                    "speedup_wall": round(wall_x, 1),
+                    "speedup_cpu": round(cpu_x, 1),
+                    "max_difference": diff,
+                },
+            }
+        ],
+        argv=sys.argv[1:],
+        directory=args.records,
+    )
+    print(f"record: {path}")
 
 
 if __name__ == "__main__":

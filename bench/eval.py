@@ -12,7 +12,9 @@ side in one run:
 3. On a GPU with sglang installed: the same episodes with the sglang and the transformers engines.
    Skipped cleanly (and said so) anywhere else.
 
-Usage: .venv/bin/python bench/eval.py [--episodes 24] [--model DIR] [--gpu-model DIR]
+The run ends by writing a record (``bench/records/``, see ``bench/records.py``), one row per part.
+
+Usage: .venv/bin/python bench/eval.py [--episodes 24] [--model DIR] [--gpu-model DIR] [--records DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from records import write_record  # bench/records.py (the script's own directory is on sys.path)
 
 from spader.agent.generation import Generation, TransformersEngine, load_tokenizer
 from spader.agent.loop import AgentSettings, Question, run_episodes
@@ -60,7 +64,7 @@ class InstantEngine:
     def __init__(self, tokenizer, turns: int):
         self.tokenizer, self.turns, self.seen = tokenizer, turns, {}
 
-    def generate(self, prompts, max_new_tokens, sampling):
+    def generate(self, prompts, max_new_tokens, sampling, seeds=None):
         out = []
         for ids in prompts:
             key = tuple(ids[:64])
@@ -69,7 +73,8 @@ class InstantEngine:
                 text = f'<think>step {n}</think><tool_call>["q{n} a", "q{n} b", "q{n} c"]</tool_call>'
             else:
                 text = '<think>done</think><answer>["river", "lake"]</answer>'
-            out.append(Generation(text, completion_tokens=20))
+            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            out.append(Generation(text, completion_tokens=len(tokens), token_ids=tokens))
         return out
 
     def close(self):
@@ -101,7 +106,7 @@ def questions(n: int) -> list[Question]:
     ]
 
 
-def bench_overhead(tokenizer, episodes: int, turns: int) -> float:
+def bench_overhead(tokenizer, episodes: int, turns: int) -> dict:
     settings = AgentSettings(max_turns=turns, max_context_tokens=10**7)
     runs = []
     for _ in range(3):
@@ -117,7 +122,15 @@ def bench_overhead(tokenizer, episodes: int, turns: int) -> float:
         f"[1] loop overhead per turn (generation and search excluded), {episodes} episodes x {turns} turns, "
         f"3 queries x 5 passages per search, prompts up to {longest} tokens: {1e3 * per_turn:.2f} ms (median of 3)"
     )
-    return per_turn
+    return {
+        "id": "loop-overhead",
+        "what": f"agent loop overhead per turn (generation and search excluded), {episodes} episodes x {turns} "
+        f"turns, 3 queries x 5 passages per search, prompts up to {longest:,} tokens",
+        "result": f"**{1e3 * per_turn:.2f} ms** per turn (median of 3 runs)",
+        "target": None,
+        "verdict": None,
+        "numbers": {"per_turn_ms": round(1e3 * per_turn, 4), "runs_ms": [round(1e3 * r, 4) for r in runs]},
+    }
 
 
 def demo_inputs():
@@ -148,7 +161,7 @@ def demo_inputs():
     return items, search, f"demo ({len(items)} questions, real BM25 + tiny reranker service)"
 
 
-def bench_throughput(model_dir: Path, n: int, threads: int) -> None:
+def bench_throughput(model_dir: Path, n: int, threads: int) -> dict:
     found = demo_inputs()
     if found is None:
         items, label = (
@@ -189,6 +202,23 @@ def bench_throughput(model_dir: Path, n: int, threads: int) -> None:
         f"{threads} / {threads + 1} threads = {b8 / more:.2f}x"
     )
     print(f"    share of wall time outside generation (loop + search), batch 8: {100 * share8:.1f}%")
+    return {
+        "id": "cpu-throughput",
+        "what": f"evaluation with the CPU engine (transformers), tiny random Qwen3, {label}, {turns} turns",
+        "result": f"batch 8: **{b8 / b1:.1f}x** one episode at a time ({b8:.2f} vs {b1:.2f} episodes/s, "
+        f"{threads} torch thread(s)); {threads + 1} threads: {more:.2f} episodes/s; outside generation "
+        f"(loop + search) {100 * share8:.0f}% of the wall time",
+        "target": None,
+        "verdict": None,
+        "numbers": {
+            "batched_eps": round(b8, 4),
+            "unbatched_eps": round(b1, 4),
+            "more_threads_eps": round(more, 4),
+            "share_outside_generation": round(share8, 4),
+            "turns": turns,
+            "inputs": label,
+        },
+    }
 
 
 def gpu_sized_random_qwen3(tiny_dir: Path, out: Path) -> Path:
@@ -209,7 +239,7 @@ def gpu_sized_random_qwen3(tiny_dir: Path, out: Path) -> Path:
     return out
 
 
-def bench_gpu(model_dir: Path | None, tiny_dir: Path, n: int, tmp: Path) -> None:
+def bench_gpu(model_dir: Path | None, tiny_dir: Path, n: int, tmp: Path) -> dict | None:
     import torch
 
     if not torch.cuda.is_available() or importlib.util.find_spec("sglang") is None:
@@ -217,7 +247,7 @@ def bench_gpu(model_dir: Path | None, tiny_dir: Path, n: int, tmp: Path) -> None
             "[3] sglang vs transformers: skipped (needs a CUDA GPU and sglang; this machine has "
             f"cuda={torch.cuda.is_available()}, sglang={'installed' if importlib.util.find_spec('sglang') else 'absent'})"
         )
-        return
+        return None
     from spader.integrations.sglang import SglangEngine
 
     model_dir = model_dir or gpu_sized_random_qwen3(tiny_dir, tmp / "qwen3_gpu")
@@ -238,6 +268,16 @@ def bench_gpu(model_dir: Path | None, tiny_dir: Path, n: int, tmp: Path) -> None
         f"[3] GPU, {model_dir}: sglang {rates['sglang']:.2f} episodes/s, transformers {rates['transformers']:.2f} "
         f"episodes/s; sglang / transformers = {rates['sglang'] / rates['transformers']:.2f}x"
     )
+    return {
+        "id": "gpu-engines",
+        "what": f"evaluation on a GPU ({torch.cuda.get_device_name()}), {model_dir.name}, {n} episodes: sglang vs "
+        "transformers",
+        "result": f"sglang **{rates['sglang'] / rates['transformers']:.1f}x** transformers "
+        f"({rates['sglang']:.2f} vs {rates['transformers']:.2f} episodes/s)",
+        "target": None,
+        "verdict": None,
+        "numbers": rates,
+    }
 
 
 def main(argv=None) -> int:
@@ -252,6 +292,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--gpu-model", type=Path, default=None, help="GPU comparison model (default: a random 2-layer Qwen3)"
     )
+    ap.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
@@ -261,9 +302,14 @@ def main(argv=None) -> int:
 
             model = build_tiny_qwen3(Path(tmp) / "qwen3")
             print(f"(tiny random Qwen3 built in {model}; run the demo to reuse results/models/tiny/qwen3)")
-        bench_overhead(load_tokenizer(model), args.episodes, turns=4)
-        bench_throughput(model, args.episodes, args.threads)
-        bench_gpu(args.gpu_model, model, max(args.episodes, 64), Path(tmp))
+        rows = [
+            bench_overhead(load_tokenizer(model), args.episodes, turns=4),
+            bench_throughput(model, args.episodes, args.threads),
+        ]
+        gpu = bench_gpu(args.gpu_model, model, max(args.episodes, 64), Path(tmp))
+    rows += [gpu] if gpu else []
+    argv = sys.argv[1:] if argv is None else list(argv)
+    print(f"record: {write_record('bench/eval.py', rows, argv=argv, directory=args.records)}")
     return 0
 
 

@@ -20,20 +20,32 @@ and with two replicas on the same GPU:
 pairs/s, scores of two replicas against one, and the footprint ``reserve_peak`` holds. Needs the
 package (``PYTHONPATH=src``) and FlagEmbedding.
 
-Usage: python bench/reranker_gpu.py [--out results.json] [--tiny] [--ours]   (--tiny: a small
-model, for a quick check of the script on CPU)
+The run ends by writing a record (``bench/records/``, see ``bench/records.py``): throughput and
+memory rows, the fixed-shape and ``--ours`` tables, and on a GPU the worst-case memory of one
+replica at ``--max-batch-tokens`` (weights + activations per token x the cap + allocator slack +
+CUDA context, each measured), the table docs/retrieval.md quotes. A ``--tiny`` run writes a record
+only where ``--records DIR`` sends it (it measures nothing the docs use).
+
+Usage: python bench/reranker_gpu.py [--out results.json] [--tiny] [--ours] [--records DIR]
+       (--tiny: a small model, for a quick check of the script on CPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+from records import write_record  # bench/records.py (the script's own directory is on sys.path)
+
+# torch and transformers are imported where the model runs: the record's arithmetic imports neither
+if TYPE_CHECKING:
+    from transformers import XLMRobertaConfig
 
 # (pairs per batch, tokens per pair, with a padding mask)
 SHAPES = [
@@ -65,6 +77,8 @@ def gpu_used_mib() -> float | None:
 
 def model_config(tiny: bool) -> XLMRobertaConfig:
     """bge-reranker-v2-m3's architecture (or a tiny one)."""
+    from transformers import XLMRobertaConfig
+
     cfg = XLMRobertaConfig(
         vocab_size=250002,
         hidden_size=1024,
@@ -100,7 +114,9 @@ def ours(args, out: dict) -> None:
     import tempfile
 
     import numpy as np
+    import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
 
     from spader.demo.tiny import save_random_cross_encoder
     from spader.retrieval.replicas import RerankerReplicas
@@ -133,8 +149,9 @@ def ours(args, out: dict) -> None:
         setattr(cfg, key, getattr(big, key))
     torch.manual_seed(0)
     XLMRobertaForSequenceClassification(cfg).save_pretrained(work / "small")
+    queries = 64 if args.tiny else 512  # --tiny: a quick check of the script on CPU
     pairs = []
-    for _ in range(512):
+    for _ in range(queries):
         query = " ".join(rng.choices(words, k=rng.randint(3, 8)))
         pairs += [(query, " ".join(rng.choices(words, k=rng.randint(18, 30)))) for _ in range(50)]
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -187,12 +204,182 @@ def ours(args, out: dict) -> None:
         "runs": rows,
         "max_score_diff_1_vs_2": diff,
         "identical_top5_1_vs_2": same_top5,
-        "queries": 512,
+        "queries": queries,
     }
     print(json.dumps(out["ours"], indent=1), flush=True)
 
 
+def replica_memory(out: dict, max_batch_tokens: int) -> dict | None:
+    """One replica's worst-case GPU memory at ``max_batch_tokens`` per pass, from the measured
+    weights, activations per token (median over the unmasked shapes), allocator slack (reserved
+    above weights + activations at the largest unmasked pass) and CUDA context (the process's
+    footprint less the allocator's), in MiB; None without GPU measurements."""
+    runs = [r for r in out.get("runs", []) if not r["masked"] and "peak_activation_mib" in r]
+    if not runs or out.get("process_gpu_mib") is None:
+        return None
+    weights = out["weights_mib"]
+    per_token = statistics.median(r["peak_activation_mib"] / (r["batch"] * r["tokens"]) for r in runs)
+    largest = max(runs, key=lambda r: r["peak_activation_mib"])
+    slack = largest["reserved_mib"] - weights - largest["peak_activation_mib"]
+    context = out["process_gpu_mib"] - out["max_reserved_mib"]
+    return {
+        "max_batch_tokens": max_batch_tokens,
+        "weights_mib": round(weights, 1),
+        "mib_per_token": round(per_token, 5),
+        "activations_mib": round(per_token * max_batch_tokens, 1),
+        "slack_mib": round(slack, 1),
+        "slack_at": f"{largest['batch']} x {largest['tokens']}",
+        "process_mib": round(out["process_gpu_mib"], 1),
+        "allocator_mib": round(out["max_reserved_mib"], 1),
+        "context_mib": round(context, 1),
+        "worst_case_mib": round(weights + per_token * max_batch_tokens + slack + context, 1),
+    }
+
+
+def memory_rows(m: dict, params: int) -> list[list[str]]:
+    """The table of :func:`replica_memory`."""
+    return [
+        [f"weights ({params / 1e6:.0f}M parameters, fp16), measured", f"{m['weights_mib']:,.0f}"],
+        [
+            f"activations of the largest pass, {m['max_batch_tokens']:,} tokens x {m['mib_per_token']:.4f} MiB "
+            "per token (median of the unmasked shapes)",
+            f"~{m['activations_mib']:,.0f}",
+        ],
+        [f"allocator slack above the peak (measured at {m['slack_at']})", f"~{m['slack_mib']:,.0f}"],
+        [
+            f"CUDA context (the process's {m['process_mib']:,.0f} MiB less the allocator's "
+            f"{m['allocator_mib']:,.0f}, measured)",
+            f"~{m['context_mib']:,.0f}",
+        ],
+        [
+            "**replica in all, worst case**",
+            f"**~{m['worst_case_mib']:,.0f} ({m['worst_case_mib'] / 1024:.1f} GiB)**",
+        ],
+    ]
+
+
+def _peak(peak) -> str:
+    """``reserve_peak``'s MiB per device as text ("—" where nothing is held: the CPU)."""
+    if isinstance(peak, dict):
+        return ", ".join(f"{d}: {v:,.0f} MiB" for d, v in peak.items()) or "—"
+    return "—" if peak is None else f"{peak:,.0f} MiB"
+
+
+def write_run_record(out: dict, args) -> str:
+    """Write the run's record; returns its path."""
+    device = out["device"]
+    model = "tiny cross-encoder" if args.tiny else "bge-reranker-v2-m3-shaped cross-encoder (random weights)"
+    precision = "fp16" if device != "cpu" else "fp32"
+    rows, tables = [], {}
+    if out.get("runs"):
+        runs = out["runs"]
+        best = max((r for r in runs if not r["masked"]), key=lambda r: r["pairs_per_s"])
+        first = runs[0]
+        longest = max((r for r in runs if not r["masked"]), key=lambda r: (r["tokens"], -r["batch"]))
+        footprint = ""
+        if "weights_mib" in out:
+            footprint = f"; weights {out['weights_mib']:,.0f} MiB"
+            if out.get("process_gpu_mib") is not None:
+                footprint += f", the process {out['process_gpu_mib']:,.0f} MiB with its CUDA context"
+        rows.append(
+            {
+                "id": "shapes",
+                "what": f"{model}, {device}, {precision}, fixed shapes (pairs per batch x tokens per pair)",
+                "result": f"**{best['pairs_per_s']:,.0f} pairs/s** at {best['batch']} x {best['tokens']}; "
+                f"{first['pairs_per_s']:,.0f} at {first['batch']} x {first['tokens']}, "
+                f"{longest['pairs_per_s']:,.0f} at {longest['batch']} x {longest['tokens']}" + footprint,
+                "target": None,
+                "verdict": None,
+                "numbers": {k: v for k, v in out.items() if k != "ours"},
+            }
+        )
+        tables["shapes"] = {
+            "title": f"{model}, {device}, {precision}, one shape per run",
+            "columns": [
+                "pairs x tokens",
+                "padding mask",
+                "pairs/s",
+                "TFLOP/s",
+                "activations above the weights",
+            ],
+            "rows": [
+                [
+                    f"{r['batch']} x {r['tokens']}",
+                    "yes" if r["masked"] else "no",
+                    f"{r['pairs_per_s']:,.0f}",
+                    f"{r['tflops']:.1f}",
+                    f"{r['peak_activation_mib']:,.0f} MiB" if "peak_activation_mib" in r else "—",
+                ]
+                for r in runs
+            ],
+        }
+        memory = replica_memory(out, args.max_batch_tokens)
+        if memory:
+            rows.append(
+                {
+                    "id": "replica-memory",
+                    "what": f"one reranker replica's worst-case GPU memory at {args.max_batch_tokens:,} tokens "
+                    "per pass, from the measured parts",
+                    "result": f"**~{memory['worst_case_mib']:,.0f} MiB ({memory['worst_case_mib'] / 1024:.1f} GiB)**",
+                    "target": None,
+                    "verdict": None,
+                    "numbers": memory,
+                }
+            )
+            tables["memory"] = {
+                "title": f"One replica's GPU memory at {args.max_batch_tokens:,} tokens per pass, MiB",
+                "columns": ["", "MiB"],
+                "rows": memory_rows(memory, out["params"]),
+            }
+    if "ours" in out:
+        ours_runs = out["ours"]["runs"]
+        same, queries = out["ours"]["identical_top5_1_vs_2"], out["ours"]["queries"]
+        parts = [f"{name}: {r['pairs_per_s']:,.0f} pairs/s" for name, r in ours_runs.items()]
+        rows.append(
+            {
+                "id": "ours",
+                "what": f"the service's scoring code (`RerankerReplicas`), {model}, {device}, {queries} queries "
+                "x 50 pairs, one and two replicas",
+                "result": "; ".join(parts) + f"; top-5s identical with one and two replicas {same}/{queries} "
+                f"(max score difference {out['ours']['max_score_diff_1_vs_2']:.1e})",
+                "target": "identical results",
+                "verdict": "met" if same == queries else "not met",
+                "numbers": out["ours"],
+            }
+        )
+        tables["ours"] = {
+            "title": f"The service's scoring code (`RerankerReplicas`), {device}",
+            "columns": ["run", "pairs/s", "tokenizer pairs/s", "`reserve_peak`"],
+            "rows": [
+                [
+                    name,
+                    f"{r['pairs_per_s']:,.0f}",
+                    f"{r['tokenize_pairs_per_s']:,.0f}",
+                    _peak(r["reserve_peak_mib"]),
+                ]
+                for name, r in ours_runs.items()
+            ],
+        }
+    return str(
+        write_record("bench/reranker_gpu.py", rows, argv=sys.argv[1:], tables=tables, directory=args.records)
+    )
+
+
+def finish(out: dict, args) -> None:
+    """Write ``--out`` and the record (a --tiny run only where --records says)."""
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.tiny and args.records is None:
+        print("(--tiny: no record written; pass --records DIR to write one)")
+    else:
+        print(f"record: {write_run_record(out, args)}")
+
+
 def main() -> None:
+    import torch
+    from transformers import XLMRobertaForSequenceClassification
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--tiny", action="store_true", help="a small model (check the script on CPU)")
@@ -205,13 +392,18 @@ def main() -> None:
         type=lambda text: [int(x) for x in text.split(",")],
         help="batch sizes of the --ours runs (one replica each; two replicas at the last)",
     )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=81_920,
+        help="tokens per pass of the worst-case replica memory (retrieval.reranker.max_batch_tokens)",
+    )
+    parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
     args = parser.parse_args()
     if args.only_ours:
         out = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
         ours(args, out)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=1)
+        finish(out, args)
         return
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -233,7 +425,9 @@ def main() -> None:
         out["weights_mib"] = torch.cuda.memory_allocated() / 2**20
     runs = []
     gen = torch.Generator().manual_seed(0)
-    for batch, tokens, masked in SHAPES:
+    # --tiny checks the script: the same shapes, scaled down to run in seconds on a CPU
+    shapes = [(b // 8, t // 4, m) for b, t, m in SHAPES] if args.tiny else SHAPES
+    for batch, tokens, masked in shapes:
         ids = torch.randint(5, cfg.vocab_size, (batch, tokens), generator=gen)
         ids[:, 0], ids[:, -1] = 0, 2
         ids = ids.to(dev)
@@ -281,9 +475,7 @@ def main() -> None:
             torch.cuda.empty_cache()
         ours(args, out)
     print(json.dumps(out, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    finish(out, args)
 
 
 if __name__ == "__main__":

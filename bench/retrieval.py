@@ -47,11 +47,14 @@ overhead <= 10% over raw pyserini (same input); at a 50% duplicate rate >= 2x fe
 pairs and >= 1.8x queries/s with the cache against every query computed (and the same ratios
 against the cache-less service, reported), identical top-5s; 0 errors under load.
 
+The run ends by writing a record (``bench/records/``; ``retrieval_record.py``): one row per section,
+and the stream and projection tables docs/retrieval.md quotes.
+
 Usage: .venv/bin/python bench/retrieval.py [--passages 200000] [--queries 512] [--threads 2]
        [--rounds 3] [--rerank-batch 256] [--device cpu] [--keep DIR]
        [--sections index,search,stream,overlap,replicas,load] [--rates 0,0.2,0.4,0.5,0.6]
        [--prompts 32] [--h200-pairs-per-s N] [--a100-pairs-per-s N] [--load-clients 512]
-       [--load-requests 20] [--load-distinct 400]
+       [--load-requests 20] [--load-distinct 400] [--records DIR]
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import retrieval_record
 from retrieval_index import OURS_DIR, OURS_TAR, RAW, RAW_TAR, bench_indexing
 from retrieval_load import bench_load
 from retrieval_scale import (
@@ -82,7 +86,11 @@ from retrieval_scale import (
 )
 
 VOCAB = 50_000
-ONE_REQUEST, CONCURRENT, BASELINE = "ours: one request", "ours: concurrent, 4 each", "per-query design"
+ONE_REQUEST, CONCURRENT, BASELINE = (
+    retrieval_record.ONE_REQUEST,
+    retrieval_record.CONCURRENT,
+    retrieval_record.BASELINE,
+)
 _CONS, _VOWELS = "bcdfghjklmnprstvwz", "aeiou"
 SYLLABLES = [c + v for c in _CONS for v in _VOWELS]  # 90 syllables of lowercase letters
 
@@ -380,6 +388,7 @@ def main() -> None:
     parser.add_argument(
         "--load-distinct", type=int, default=400, help="distinct queries the clients draw from"
     )
+    parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
     args = parser.parse_args()
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     unknown = set(sections) - set(SECTIONS)
@@ -448,6 +457,7 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {load_before} before, {os.getloadavg()} after")
     (work / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(f"results: {work / 'results.json'} (total {time.perf_counter() - started:.0f} s)")
+    print(f"record: {retrieval_record.write(results, args)}")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ class FakeSearch:
 
 class ScriptedEngine:
     """Fake engine: the n-th assistant turn of the episode whose question is in the prompt gets
-    ``scripts[question][n]`` (``Exception`` instances become generation errors)."""
+    ``scripts[question][n]`` as token ids, cut at the request's budget as an engine cuts it
+    (``Exception`` instances become generation errors; a list of ints is returned as ids)."""
 
     name = "scripted"
 
@@ -67,11 +68,14 @@ class ScriptedEngine:
         self.scripts = scripts
         self.calls: list[int] = []  # prompts per generate call
         self.turns: dict[str, int] = {}  # turns generated so far per question
+        self.requests: list[tuple[list[int], int, int | None]] = []  # (prompt, budget, seed)
 
-    def generate(self, prompts, max_new_tokens, sampling):
+    def generate(self, prompts, max_new_tokens, sampling, seeds=None):
         self.calls.append(len(prompts))
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
         out = []
-        for ids in prompts:
+        for ids, budget, seed in zip(prompts, max_new_tokens, seeds, strict=True):
+            self.requests.append((list(ids), int(budget), seed))
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
             question = next(q for q in self.scripts if f"Question: {q}" in text)
             turn = self.turns.get(question, 0)
@@ -79,8 +83,21 @@ class ScriptedEngine:
             item = self.scripts[question][turn]
             if isinstance(item, Exception):
                 out.append(Generation("", finish="error", error=str(item)))
-            else:
-                out.append(Generation(item, completion_tokens=len(self.tokenizer(item)["input_ids"])))
+                continue
+            tokens = (
+                list(item)
+                if isinstance(item, list)
+                else self.tokenizer.encode(item, add_special_tokens=False)
+            )
+            cut = tokens[:budget]
+            out.append(
+                Generation(
+                    self.tokenizer.decode(cut, skip_special_tokens=False),
+                    completion_tokens=len(cut),
+                    finish="length" if len(tokens) > budget else "stop",
+                    token_ids=tuple(cut),
+                )
+            )
         return out
 
     def close(self):

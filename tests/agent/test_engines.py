@@ -65,15 +65,72 @@ def test_a_failing_prompt_is_isolated(engine, monkeypatch):
     bad = len(prompts[1])
     real = engine._generate_batch
 
-    def fail_on_one(batch, budgets, sampling):  # fault injection: one prompt always fails
+    def fail_on_one(batch, budgets, sampling, seeds):  # fault injection: one prompt always fails
         if any(len(p) == bad for p in batch):
             raise RuntimeError("simulated device failure")
-        return real(batch, budgets, sampling)
+        return real(batch, budgets, sampling, seeds)
 
     monkeypatch.setattr(engine, "_generate_batch", fail_on_one)
     outs = engine.generate(prompts, [4, 4, 4], Sampling())
     assert [g.finish == "error" for g in outs] == [False, True, False]
     assert "simulated device failure" in outs[1].error and outs[0].error is None and outs[2].error is None
+
+
+def test_the_engine_returns_token_ids_and_a_seeded_request_samples_alone_as_in_a_batch(engine):
+    prompts = _prompts(engine, QUESTIONS)
+    sampling = Sampling(temperature=1.0, stop=("</tool_call>", "</answer>"), seed=0)
+    batched = engine.generate(prompts, [10, 10, 10], sampling, seeds=[11, 12, 13])
+    alone = engine.generate(prompts[1:2], [10], sampling, seeds=[12])[0]
+    assert batched[1].token_ids == alone.token_ids and len(alone.token_ids) == alone.completion_tokens
+    assert all(len(g.token_ids) == g.completion_tokens > 0 for g in batched)
+    # the ids are what the model generated; the text is their decoding (end-of-turn markers cut)
+    text = engine.tokenizer.decode(list(alone.token_ids), skip_special_tokens=False)
+    assert (
+        keep_through_stop(cut_at_markers(text, ["<|im_end|>", "<|endoftext|>"]), sampling.stop) == alone.text
+    )
+    other = engine.generate(prompts[1:2], [10], sampling, seeds=[99])[0]
+    assert other.token_ids != alone.token_ids  # another seed, another sample (10 tokens of a random model)
+
+
+class FakeSglangEngine:
+    """Stand-in for sglang's offline ``Engine`` (sglang cannot be installed here): answers as sglang
+    0.5's tokenizer manager does (``text``, ``output_ids``, ``meta_info``) and records the requests."""
+
+    def __init__(self, replies):
+        self.replies, self.params = list(replies), []
+
+    def generate(self, input_ids, sampling_params):
+        batch = isinstance(input_ids[0], list)
+        params = sampling_params if batch else [sampling_params]
+        self.params.extend(params)
+        outs = [self.replies.pop(0) for _ in params]
+        return outs if batch else outs[0]
+
+
+def test_the_sglang_engine_keeps_output_ids_and_sends_each_request_its_seed(tiny_qwen3_dir):
+    from spader.agent.generation import load_tokenizer
+    from spader.integrations.sglang import SglangEngine
+
+    tok = load_tokenizer(tiny_qwen3_dir)
+    ids = tok.encode('<tool_call>["q"]</tool_call>', add_special_tokens=False)
+    reply = {
+        "text": '<tool_call>["q"]</tool_call>',
+        "output_ids": ids,
+        "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(ids)},
+    }
+    eng = object.__new__(SglangEngine)  # no sglang here: the wrapper around the stand-in
+    eng.tokenizer, eng._markers, eng.engine = tok, ["<|im_end|>"], FakeSglangEngine([reply, reply])
+    outs = eng.generate(
+        [[1, 2], [3]], [8, 9], Sampling(temperature=1.0, stop=("</tool_call>",)), seeds=[5, 6]
+    )
+    assert [g.token_ids for g in outs] == [tuple(ids)] * 2 and outs[0].finish == "stop"
+    assert [(p["sampling_seed"], p["max_new_tokens"], p["no_stop_trim"]) for p in eng.engine.params] == [
+        (5, 8, True),
+        (6, 9, True),
+    ]
+    eng.engine = FakeSglangEngine([{"text": "x", "meta_info": {}}] * 2)  # answers without output_ids
+    (failed,) = eng.generate([[1]], [4], Sampling())
+    assert failed.finish == "error" and "output_ids" in failed.error
 
 
 def test_output_is_cut_at_end_of_turn_markers_and_after_the_first_stop_string():

@@ -44,7 +44,7 @@ def test_search_then_answer_records_turns_discovery_and_scores(scripted, fake_se
     # predictions: 3 unique after normalization, 2 correct of 3 gold -> P = R = F1 = 2/3
     assert rec["precision"] == pytest.approx(2 / 3) and rec["recall"] == pytest.approx(2 / 3)
     assert rec["f1"] == pytest.approx(2 / 3)
-    tool_msgs = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    tool_msgs = [s.observation for s in ep.steps if s.observation is not None]
     assert len(tool_msgs) == 2 and tool_msgs[0].startswith(
         'Results for "Ilse Varga films":\nDoc 1 (Title: The Salt Orchard)'
     )
@@ -76,10 +76,11 @@ def test_rag_retrieves_with_the_question_then_must_answer_in_one_turn(scripted, 
     assert films["format_valid"] and films["f1"] == pytest.approx(0.5)  # P 1, R 1/3
     assert films["search_calls"] == 1 and films["turns"] == 2
     assert lake["status"] == "turn_budget" and lake["f1"] == 0.0 and not lake["format_valid"]
-    assert eps[0].messages[1] == {
-        "role": "assistant",
-        "content": json.dumps([FILMS]).join(["<tool_call>", "</tool_call>"]),
-    }
+    # the retrieval is shown as a search turn of the model's own, then its observation
+    retrieval = json.dumps([FILMS]).join(["<tool_call>", "</tool_call>"])
+    assert eps[0].steps[0].text == retrieval
+    shown = eps[0].conversation.tokenizer.decode(eps[0].conversation.ids, skip_special_tokens=False)
+    assert f"<|im_start|>assistant\n{retrieval}<|im_end|>\n<|im_start|>user\n<tool_response>\n" in shown
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,7 @@ def test_malformed_tool_call_returns_an_error_observation_and_the_episode_goes_o
     }
     (ep,), (rec,) = run(scripted, fake_search, scripts)
     assert fake_search.calls == []
-    tool = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    tool = [s.observation for s in ep.steps if s.observation is not None]
     assert tool == [
         "Error: the tool call must be a JSON list of query strings",
         "Error: the tool call contains no non-empty query",
@@ -127,7 +128,10 @@ def test_malformed_tool_call_returns_an_error_observation_and_the_episode_goes_o
 
 def test_ten_thousand_item_answer_is_scored(scripted, fake_search):
     answer = ["Winter Quay", "Glass Harbour"] + [f"Film number {i}" for i in range(9998)]
-    (_ep,), (rec,) = run(scripted, fake_search, {FILMS: ["<answer>" + json.dumps(answer) + "</answer>"]})
+    settings = AgentSettings(max_turns=4, max_context_tokens=1_000_000)  # no per-turn cap
+    (_ep,), (rec,) = run(
+        scripted, fake_search, {FILMS: ["<answer>" + json.dumps(answer) + "</answer>"]}, settings=settings
+    )
     assert rec["format_valid"] and len(rec["predictions"]) == 10_000
     assert rec["precision"] == pytest.approx(2 / 10_000) and rec["recall"] == pytest.approx(2 / 3)
 
@@ -172,7 +176,7 @@ def test_long_observations_drop_low_ranked_passages_and_discovery_counts_only_sh
     settings = AgentSettings(max_turns=2, max_tool_response_chars=len(one) + 5, max_context_tokens=100_000)
     scripts = {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>']}
     (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
-    tool = next(m["content"] for m in ep.messages if m["role"] == "tool")
+    tool = next(s.observation for s in ep.steps if s.observation is not None)
     assert tool == one and rec["steps"][0]["passage_ids"] == [["p1"]]
     assert rec["new_entities_per_turn"] == [1, 0]  # Winter Quay was returned but not shown
 
@@ -203,14 +207,20 @@ def test_a_generation_failure_is_kept_as_zero_and_the_others_continue(scripted, 
 
 
 def test_settings_come_from_the_agent_and_evaluation_config_and_are_checked():
+    from spader.config import AgentConfig, EvaluationConfig
+
     s = AgentSettings.from_config(
-        {"engine": "transformers", "max_context_tokens": 900, "temperature": 0.5, "gpus": 0},
-        {"max_turns": 3, "max_turn_tokens": 40, "stop": ["</answer>"], "prompt_template": None},
+        EvaluationConfig(engine="transformers", max_context_tokens=900, temperature=0.5, gpus=0),
+        AgentConfig(max_turns=3, max_turn_tokens=40, stop=["</answer>"], regenerations=2),
     )
     assert (s.max_turns, s.max_turn_tokens, s.max_context_tokens, s.temperature) == (3, 40, 900, 0.5)
-    assert s.stop == ("</answer>",) and s.sampling.stop == ("</answer>",)
-    # turn settings are the agent block's only: an evaluation key of the same name is not read
-    assert AgentSettings.from_config({"max_turns": 7}, {}).max_turns == 16
+    assert s.stop == ("</answer>",) and s.sampling.stop == ("</answer>",) and s.regenerations == 2
+    # the defaults: no per-turn cap, the authors' evaluation decoding, a small error tolerance
+    d = AgentSettings.from_config(EvaluationConfig(max_context_tokens=8704), AgentConfig())
+    assert (d.max_turn_tokens, d.temperature, d.top_p, d.max_error_share) == (None, 1.0, 1.0, 0.02)
+    # the context budget is resolved by the workflow (training's); unresolved, it is an error
+    with pytest.raises(ValueError, match="max_context_tokens is null"):
+        AgentSettings.from_config(EvaluationConfig(), AgentConfig())
     with pytest.raises(ValueError, match="agent.max_turns"):
         AgentSettings(max_turns=0)
     with pytest.raises(ValueError, match="evaluation.max_context_tokens"):
@@ -242,7 +252,8 @@ def test_text_after_the_first_closing_tag_is_not_part_of_the_turn(scripted, fake
     (ep,), (rec,) = run(scripted, fake_search, scripts)
     assert ep.steps[0].kind == "search" and ep.steps[0].text == '<tool_call>["Ilse Varga"]</tool_call>'
     assert fake_search.calls == [["Ilse Varga"]] and ep.status == "answered" and rec["predictions"] == []
-    assert next(m["content"] for m in ep.messages if m["role"] == "assistant").endswith("</tool_call>")
+    shown = ep.conversation.tokenizer.decode(ep.conversation.ids, skip_special_tokens=False)
+    assert "</tool_call><|im_end|>" in shown and "Invented" not in shown
 
 
 def test_unusable_queries_are_that_episodes_error_observation(scripted, fake_search):
@@ -250,11 +261,12 @@ def test_unusable_queries_are_that_episodes_error_observation(scripted, fake_sea
         FILMS: ['<tool_call>["\\ud800 films"]</tool_call>', '<answer>["Winter Quay"]</answer>'],
         LAKE: ["<tool_call>[" + "[" * 3000 + "]" * 3000 + "]</tool_call>", '<answer>["Tam"]</answer>'],
     }
-    (films, lake), records = run(scripted, fake_search, scripts)
+    settings = AgentSettings(max_turns=4, max_context_tokens=100_000)  # the deep list is a long turn
+    (films, lake), records = run(scripted, fake_search, scripts, settings=settings)
     assert fake_search.calls == []  # nothing unusable reached the service
     for ep in (films, lake):
         assert "JSON list of query strings" in ep.steps[0].tool_error
-        assert ep.messages[2]["content"].startswith("Error:") and ep.status == "answered"
+        assert ep.steps[0].observation.startswith("Error:") and ep.status == "answered"
     assert [r["f1"] for r in records] == [pytest.approx(0.5), pytest.approx(2 / 3)]
     json.dumps(records)
 
@@ -309,7 +321,7 @@ def test_an_engine_that_raises_fails_its_episodes_not_the_run(tokenizer, fake_se
         def __init__(self, tok):
             self.tokenizer = tok
 
-        def generate(self, prompts, max_new_tokens, sampling):
+        def generate(self, prompts, max_new_tokens, sampling, seeds=None):
             raise RuntimeError("engine crashed")
 
     questions = [Question("q0", FILMS, FILMS_GOLD), Question("q1", LAKE, LAKE_GOLD)]
@@ -317,3 +329,106 @@ def test_an_engine_that_raises_fails_its_episodes_not_the_run(tokenizer, fake_se
     assert [(e.status, e.error) for e in episodes] == [
         ("generation_error", "RuntimeError: engine crashed")
     ] * 2
+
+
+# --------------------------------------------------------------------------------------------
+# One representation of a conversation, training's budgets and decoding
+# --------------------------------------------------------------------------------------------
+def test_the_conversation_keeps_the_generated_ids_and_is_never_re_rendered(scripted, fake_search, tokenizer):
+    """The next prompt holds the ids the model generated, not the template's rendering of its text."""
+    text = '<tool_call>["Ilse Varga"]</tool_call>'
+    odd = [i for ch in text for i in tokenizer.encode(ch, add_special_tokens=False)]  # one id per character
+    assert odd != tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(odd, skip_special_tokens=False) == text
+    engine = scripted({FILMS: [odd, '<answer>["Winter Quay"]</answer>']})
+    settings = AgentSettings(max_turns=3, max_context_tokens=100_000)
+    (ep,) = run_episodes([Question("q", FILMS, FILMS_GOLD)], engine, fake_search, settings, progress=False)
+    assert ep.status == "answered" and fake_search.calls == [["Ilse Varga"]]
+    first, second = engine.requests[0][0], engine.requests[1][0]
+    assert second[: len(first)] == first and second[len(first) : len(first) + len(odd)] == odd
+    # after the turn: the template's closing tokens, the observation as a user turn, the next header
+    tail = tokenizer.decode(second[len(first) + len(odd) :], skip_special_tokens=False)
+    assert tail.startswith('<|im_end|>\n<|im_start|>user\n<tool_response>\nResults for "Ilse Varga":')
+    assert tail.endswith("\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert ep.conversation.ids == second + tokenizer.encode(
+        '<answer>["Winter Quay"]</answer>', add_special_tokens=False
+    )
+
+
+def test_a_turn_may_use_the_remaining_budget_unless_a_cap_is_set(scripted, fake_search, tokenizer):
+    from spader.agent.loop import render_prompt
+    from spader.core.prompt import build_messages
+
+    first = len(render_prompt(tokenizer, build_messages(FILMS)))
+    for cap, expected in ((None, 500), (64, 64)):
+        engine = scripted({FILMS: ['<answer>["Winter Quay"]</answer>']})
+        settings = AgentSettings(max_turns=2, max_turn_tokens=cap, max_context_tokens=first + 500)
+        run_episodes([Question("q", FILMS, FILMS_GOLD)], engine, fake_search, settings, progress=False)
+        assert engine.requests[0][1] == expected
+
+
+def test_turns_cut_by_a_token_budget_are_counted(scripted, fake_search, tokenizer):
+    from spader.agent.loop import render_prompt
+    from spader.core.prompt import build_messages
+    from spader.evaluation.episodes import summarize
+
+    long = "<think>" + "more thinking " * 100 + '</think><answer>["Winter Quay"]</answer>'
+    capped = AgentSettings(max_turns=2, max_turn_tokens=30, max_context_tokens=100_000)
+    (ep,), (rec,) = run(scripted, fake_search, {FILMS: [long]}, settings=capped)
+    assert ep.steps[0].budget_cut and ep.status == "no_action" and rec["f1"] == 0.0
+    assert (rec["budget_cut"], rec["budget_cut_turns"]) == (True, 1)
+    # the context budget: the turn uses what is left and is cut there
+    first = len(render_prompt(tokenizer, build_messages(FILMS)))
+    tight = AgentSettings(max_turns=2, max_context_tokens=first + 30)
+    (ep2,), (rec2,) = run(scripted, fake_search, {FILMS: [long]}, settings=tight)
+    assert ep2.status == "context_budget" and rec2["budget_cut"] and rec2["budget_cut_turns"] == 1
+    # an answer within the budget is not cut
+    (_e,), (ok,) = run(scripted, fake_search, {FILMS: ['<answer>["Winter Quay"]</answer>']}, settings=capped)
+    assert (ok["budget_cut"], ok["budget_cut_turns"]) == (False, 0)
+    assert summarize([rec, rec2, ok])["budget_cut"] == 2
+
+
+def test_each_request_samples_with_its_own_seed_whatever_its_batch(scripted, fake_search):
+    from spader.agent.loop import request_seed
+
+    scripts = {
+        FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', "<answer>[]</answer>"],
+        LAKE: ["<answer>[]</answer>"],
+    }
+    settings = AgentSettings(max_turns=3, max_context_tokens=100_000, seed=7)
+    together = scripted(scripts)
+    run_episodes(
+        [Question("a", FILMS, FILMS_GOLD), Question("b", LAKE, LAKE_GOLD)], together, fake_search, settings,
+        progress=False,
+    )  # fmt: skip
+    alone = scripted(scripts)
+    run_episodes([Question("a", FILMS, FILMS_GOLD)], alone, fake_search, settings, progress=False)
+    seeds_together = [seed for _, _, seed in together.requests]
+    assert seeds_together == [request_seed(7, "a", 0), request_seed(7, "b", 0), request_seed(7, "a", 1)]
+    assert [seed for _, _, seed in alone.requests] == [seeds_together[0], seeds_together[2]]
+    assert len(set(seeds_together)) == 3 and request_seed(8, "a", 0) != seeds_together[0]
+
+
+def test_a_malformed_turn_is_sampled_again_when_regenerations_are_on(scripted, fake_search):
+    scripts = {FILMS: ["I am not sure.", '<answer>["Winter Quay"]</answer>']}
+    off = AgentSettings(max_turns=2, max_context_tokens=100_000)
+    (ep,), _ = run(scripted, fake_search, scripts, settings=off)
+    assert ep.status == "no_action" and len(ep.steps) == 1
+    on = AgentSettings(max_turns=2, max_context_tokens=100_000, regenerations=3)
+    (ep,), (rec,) = run(scripted, fake_search, scripts, settings=on)
+    assert ep.status == "answered" and len(ep.steps) == 1 and ep.steps[0].regenerated == 1
+    assert rec["f1"] == pytest.approx(0.5)
+    # the malformed sample left no trace in the conversation
+    assert "not sure" not in ep.conversation.tokenizer.decode(ep.conversation.ids)
+
+
+def test_too_many_generation_errors_stop_the_run(scripted, fake_search):
+    from spader.agent.loop import GenerationFailure
+
+    scripts = {FILMS: [RuntimeError("CUDA error: device lost")], LAKE: ['<answer>["Tam", "Oure"]</answer>']}
+    strict = AgentSettings(max_turns=2, max_context_tokens=100_000, max_error_share=0.02)
+    with pytest.raises(GenerationFailure, match=r"engine 'scripted': 1 of 2 episodes \(50.0%\).*device lost"):
+        run(scripted, fake_search, scripts, settings=strict)
+    tolerant = AgentSettings(max_turns=2, max_context_tokens=100_000, max_error_share=0.5)
+    _eps, (films, lake) = run(scripted, fake_search, scripts, settings=tolerant)
+    assert films["status"] == "generation_error" and lake["f1"] == 1.0

@@ -147,6 +147,18 @@ RULE_CASES = [
         lambda c: c["datasets"]["quest"]["splits"]["test"].update(file="missing.jsonl"),
         "config key 'datasets.quest.splits.test.file'",
     ),
+    (
+        lambda c: c["evaluation"].update(seeds=[1, 2], temperature=0.0),
+        "config key 'evaluation.seeds': greedy decoding",
+    ),
+    (
+        lambda c: c["training"].update(time_limit={"hours": {"default": 1.0, "nope": 2.0}}),
+        "config key 'training.time_limit.hours': 'nope'",
+    ),
+    (
+        lambda c: (c["training"].update(nodes=2), c["judge"].update(gpus=9)),
+        "config key 'judge.gpus': backbone 'qwen3_8b' trains r3rag on 2 nodes",
+    ),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -16,7 +17,6 @@ GOLD = [["Paris", "Paname"], ["Lyon"], ["Marseille", "Massilia"]]
 def finished(answer_text: str | None, status: str = "answered", gold=GOLD, steps=(), error=None) -> Episode:
     ep = Episode(
         question=Question("x", "Which cities?", gold),
-        messages=[],
         steps=list(steps),
         status=status,
         error=error,
@@ -75,6 +75,38 @@ def test_search_counts_and_discovery_per_turn():
     assert rec["data_source"] == "qampari"
 
 
+def test_search_efficiency_is_the_authors_queries_per_correct_entity():
+    """Per instance: every query the agent wrote (also those beyond the per-call cap or in a call
+    the budget left unrun) over the gold entities it predicted correctly; 0 when none."""
+    steps = [
+        Step(text="", kind="search", queries=["a", "b"], skipped_queries=3),
+        Step(text="", kind="search", queries=["c"]),
+        Step(text="", kind="answer"),
+    ]
+    two = episode_record(finished('<answer>["Paris", "Paname", "Lyon", "Nice"]</answer>', steps=steps))
+    assert (two["queries_written"], two["correct_entities"], two["search_efficiency"]) == (6, 2, 3.0)
+    none = episode_record(finished('<answer>["Nice"]</answer>', steps=steps))
+    assert (none["correct_entities"], none["search_efficiency"]) == (0, 0.0)
+    silent = episode_record(finished('<answer>["Lyon"]</answer>'))
+    assert (silent["queries_written"], silent["search_efficiency"]) == (0, 0.0)
+    # the run's figure is the mean over instances, not a ratio of totals
+    assert summarize([two, none, silent])["search_efficiency"] == pytest.approx(1.0)
+
+
+def test_turns_cut_by_a_token_budget_are_recorded_and_summed():
+    cut = episode_record(
+        finished(None, status="no_action", steps=[Step(text="<think>long", kind="none", budget_cut=True)])
+    )
+    full = episode_record(finished(None, status="context_budget"))
+    fine = episode_record(finished('<answer>["Lyon"]</answer>', steps=[Step(text="", kind="answer")]))
+    assert [(r["budget_cut"], r["budget_cut_turns"]) for r in (cut, full, fine)] == [
+        (True, 1),
+        (True, 0),
+        (False, 0),
+    ]
+    assert summarize([cut, full, fine])["budget_cut"] == 2
+
+
 def _write(tmp_path, lines):
     path = tmp_path / "qampari.jsonl"
     path.write_text("".join(line + "\n" for line in lines))
@@ -124,3 +156,129 @@ def test_malformed_eval_lines_name_file_line_and_field(tmp_path, line, message):
 def test_an_empty_eval_set_is_an_error(tmp_path):
     with pytest.raises(EvalSetError, match="qampari.jsonl: the evaluation set has no instances"):
         load_eval_set(_write(tmp_path, [""]))
+
+
+# --------------------------------------------------------------------------------------------
+# An evaluation whose engine dies fails instead of writing its records
+# --------------------------------------------------------------------------------------------
+class StandInService:
+    """Stand-in for the retrieval service and its client (the real ones need a Lucene index and
+    run in tests/evaluation/test_rules.py): two passages per query."""
+
+    @staticmethod
+    @contextlib.contextmanager
+    def running(index_dir, retrieval, log_path=None, threads=None):
+        yield "http://127.0.0.1:1"
+
+    class Client:
+        def __init__(self, base_url, timeout=None, retries=None):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def retrieve(self, queries, topk=None):
+            return [
+                [{"id": f"p{i}", "title": "Lyon", "text": f"{q} is in Lyon."} for i in range(2)]
+                for q in queries
+            ]
+
+
+class DyingSglang:
+    """Stand-in for sglang's offline engine (it cannot be installed here) whose scheduler process
+    dies after the first turn: the first batch answers with searches, every later request raises."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, 0
+
+    def generate(self, input_ids, sampling_params):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("sglang scheduler process died (exit code -9)")
+        ids = self.tokenizer.encode('<tool_call>["Lyon"]</tool_call>', add_special_tokens=False)
+        reply = {"text": "", "output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}}}
+        return [dict(reply) for _ in input_ids]
+
+    def shutdown(self):
+        pass
+
+
+def _dying_transformers(model_dir):
+    """The real transformers engine, killed after its first batch (fault injection)."""
+    from spader.agent.generation import TransformersEngine
+
+    engine = TransformersEngine(model_dir, device="cpu", batch_size=1, threads=1)
+    real, calls = engine._generate_batch, []
+
+    def dies(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(*args, **kwargs)
+
+    engine._generate_batch = dies
+    return engine
+
+
+def _dying_sglang(model_dir):
+    from spader.agent.generation import load_tokenizer
+    from spader.integrations.sglang import SglangEngine
+
+    engine = object.__new__(SglangEngine)  # the project's wrapper around the stand-in
+    engine.tokenizer = load_tokenizer(model_dir)
+    engine._markers = ["<|im_end|>"]
+    engine.engine = DyingSglang(engine.tokenizer)
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("name", "build"), [("transformers", _dying_transformers), ("sglang", _dying_sglang)]
+)
+def test_an_evaluation_whose_engine_dies_fails_and_writes_nothing(
+    tiny_qwen3_dir, tmp_path, monkeypatch, name, build
+):
+    import spader.evaluation.evaluate as evaluate
+    from spader.config import AgentConfig, EvaluationConfig
+
+    monkeypatch.setattr(
+        evaluate, "_service_and_client", lambda: (StandInService.running, StandInService.Client)
+    )
+    monkeypatch.setattr(evaluate, "build_engine", lambda engine, model_dir, **kw: build(model_dir))
+    rows = [
+        {"id": f"q{i}", "question_text": f"Which cities, part {i}?", "ground_truth": [["Lyon"]]}
+        for i in range(3)
+    ]
+    records = _write(tmp_path, [json.dumps(r) for r in rows])
+    out = tmp_path / "eval" / "react"
+    job_log = tmp_path / "logs" / "evaluate_policy.log"
+    with pytest.raises(evaluate.EvaluationFailed) as failure:
+        evaluate.evaluate_policy(
+            records,
+            tmp_path / "index",
+            tiny_qwen3_dir,
+            out / "qampari.jsonl",
+            out / "qampari.json",
+            method="react",
+            evaluation=EvaluationConfig(engine=name, max_context_tokens=2048, temperature=0.0, gpus=0),
+            retrieval={"topk": 2, "service": {}},
+            agent=AgentConfig(max_turns=3, max_turn_tokens=16),
+            job_log=job_log,
+        )
+    message = str(failure.value)
+    assert f"engine {name!r}" in message and "lost to generation errors" in message
+    assert "evaluation.max_error_share=0.02" in message and str(job_log) in message
+    assert not out.exists()  # no records, no summary: nothing for the tables to read
+
+
+def test_a_share_of_generation_errors_above_the_limit_fails_the_run():
+    from spader.evaluation.evaluate import EvaluationFailed, check_generation_errors
+
+    recs = [{"status": "answered"}] * 98 + [{"status": "generation_error"}] * 2
+    check_generation_errors(recs, engine="sglang", max_error_share=0.02)  # 2 % is allowed
+    with pytest.raises(EvaluationFailed, match=r"engine 'sglang': 3 of 101 episodes \(3.0%\).*see job.log"):
+        check_generation_errors(
+            [*recs, {"status": "generation_error"}], engine="sglang", max_error_share=0.02, log_path="job.log"
+        )

@@ -68,12 +68,22 @@ def write_evaluation(work: Path, method: str, dataset: str, f1s: list[float]) ->
         {
             "id": f"{dataset}-{i}", "precision": f, "recall": f, "f1": f, "format_valid": True, "status": "answered",
             "search_calls": 1, "queries_issued": 2, "entities_found": 1, "new_entities_per_turn": [1, 0],
+            "queries_written": 2, "correct_entities": 1, "search_efficiency": 2.0, "budget_cut": i == 0,
         }
         for i, f in enumerate(f1s)
     ]  # fmt: skip
     (out / f"{dataset}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     summary = {"method": method, "dataset": dataset, "n": len(recs), "tiny_model": True}
     (out / f"{dataset}.json").write_text(json.dumps(summary))
+    recorded(out / f"{dataset}.jsonl", out / f"{dataset}.json")
+
+
+def recorded(*paths: Path) -> None:
+    """Record files the test writes in place of their rules, as those rules' jobs would
+    (every output under results/ has an integrity record its readers check)."""
+    from spader.infra.integrity import record_outputs
+
+    record_outputs(paths, producer="test")
 
 
 def test_aggregate_results_tables_rerun_and_report(tmp_path):
@@ -89,7 +99,7 @@ def test_aggregate_results_tables_rerun_and_report(tmp_path):
     assert f1.columns == ["method", *DATASETS, "avg"] and f1["method"].to_list() == ["rag", "react"]
     assert f1.row(0) == pytest.approx(("rag", 0.05, 0.1, 0.15, 0.2, 0.125))
     prf = pl.read_csv(res / "prf.tsv", separator="\t")
-    assert prf.columns == ["method", "dataset", "precision", "recall", "f1", "n"] and prf.height == 8
+    assert prf.columns[:6] == ["method", "dataset", "precision", "recall", "f1", "n"] and prf.height == 8
     for name, rows in (
         ("ablation", ["spader", "no_spa", "no_np", "no_ig"]),
         ("beta_sweep", ["beta_0", "beta_1", "beta_4", "beta_8"]),
@@ -101,9 +111,13 @@ def test_aggregate_results_tables_rerun_and_report(tmp_path):
     assert set(zip(eff["method"], eff["dataset"], strict=True)) == {
         (m, d) for m in ("rag", "react") for d in [*DATASETS, "all"]
     }
-    assert eff["searches_per_entity"].to_list() == [1.0] * 10
+    assert eff["search_efficiency"].to_list() == [2.0] * 10  # the authors' figure: 2 queries / 1 entity
+    assert eff["search_calls_per_surfaced_entity"].to_list() == [1.0] * 10
+    assert eff.filter(pl.col("dataset") == "all")["budget_cut"].to_list() == [4, 4]
     tmp = pl.read_csv(res / "temporal.tsv", separator="\t")
-    assert tmp.columns == ["method", "dataset", "turn", "cumulative_entities", "n"] and set(tmp["turn"]) == {
+    assert tmp.columns[:5] == ["method", "dataset", "turn", "cumulative_entities", "n"] and set(
+        tmp["turn"]
+    ) == {
         1,
         2,
     }
@@ -120,7 +134,7 @@ def test_aggregate_results_tables_rerun_and_report(tmp_path):
     snakemake(work, "--allowed-rules", *allowed, "--report", "report.html", "--", "results/demo/f1.tsv")
     html = (work / "report.html").read_text()
     assert "Macro-averaged F1 of every method of backbone" in html
-    assert "tiny, randomly initialised model" in html and "search steps per valid entity" in html
+    assert "tiny, randomly initialised model" in html and "queries the agent" in html
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,6 +173,7 @@ def test_evaluate_policy_with_the_real_service_and_no_rerun_when_unchanged(tmp_p
         {"id": i, "question_text": q, "ground_truth": g, "data_source": "qampari"} for i, q, g in QUESTIONS
     ]
     (eval_dir / "qampari.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recorded(eval_dir / "qampari.jsonl")
     allowed = ("build_bm25_index", "build_tiny_model", "evaluate_policy")  # eval set: written above
     targets = ["results/demo/eval/rag/qampari.json", "results/demo/eval/react/qampari.json"]
     snakemake(work, "--allowed-rules", *allowed, "--", *targets)
@@ -177,6 +192,9 @@ def test_evaluate_policy_with_the_real_service_and_no_rerun_when_unchanged(tmp_p
     assert summary["engine"] == "transformers"
     react = json.loads((base / "react" / "qampari.json").read_text())
     assert react["n"] == 2 and 0.0 <= react["f1"] <= 1.0
+    # the context budget is training's prompt + response budget (config/demo.yaml: 1024 + 1024)
+    assert summary["settings"]["max_context_tokens"] == 2048 and summary["settings"]["temperature"] == 0.0
+    assert {"budget_cut", "search_efficiency", "generation_errors"} <= set(react)
 
     assert scheduled(work, *targets, allowed=allowed) == []  # unchanged model, set and settings
     overlay["agent"]["max_turns"] = 3  # a setting that changes scores: both rerun

@@ -8,6 +8,8 @@ import ast
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from spader.infra.stage_code import PackageGraph, code_hash, stage_fingerprints
 
 FILES = {
@@ -111,3 +113,74 @@ def test_code_hash_ignores_layout_but_not_values():
     assert code_hash(textwrap.dedent('def f():\n    "doc"\n    return 1\n')) == code_hash(
         "def f():\n    return 1\n"
     )
+
+
+def test_stage_groups_cover_every_computing_rule_and_match_the_config():
+    from spader.config import Config
+    from spader.config.model import CodeRerunsConfig
+    from spader.infra.stage_code import STAGE_GROUPS
+
+    repo = Path(__file__).resolve().parents[2]
+    rules = {p.stem for p in (repo / "workflow" / "scripts").glob("*.py")}
+    downloads = {r for r in rules if r.startswith("download_")}
+    grouped = [r for group in STAGE_GROUPS.values() for r in group]
+    assert sorted(grouped) == sorted(rules - downloads)  # each computing rule in exactly one group
+    assert set(STAGE_GROUPS) == set(CodeRerunsConfig.model_fields)
+    assert "code_reruns" in Config.model_fields
+    smk = "\n".join(p.read_text() for p in (repo / "workflow" / "rules").glob("*.smk"))
+    for rule in grouped:
+        assert f'code=code_of("{rule}")' in smk
+
+
+def test_affected_rules_lists_what_a_change_reruns(tmp_path):
+    from spader.infra.stage_code import affected_rules
+
+    package, scripts = _write(tmp_path)
+    assert affected_rules(["spader.core.text"], scripts, package) == {
+        "client_stage": ["spader.core.text"],
+        "mix_stage": ["spader.core.text"],
+        "train_stage": ["spader.core.text"],
+    }
+    by_path = affected_rules([str(package / "core" / "text.py")], scripts, package)
+    assert set(by_path) == {"client_stage", "mix_stage", "train_stage"}
+    assert affected_rules([str(scripts / "download_stage.py")], scripts, package) == {
+        "download_stage": ["workflow/scripts/download_stage.py"]
+    }
+    assert affected_rules(["spader.infra.tracking"], scripts, package) == {}  # result-neutral
+    with pytest.raises(KeyError, match="neither a module"):
+        affected_rules(["spader.nowhere"], scripts, package)
+
+
+def test_affected_command_names_the_switch(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    overlay = tmp_path / "off.yaml"
+    overlay.write_text("code_reruns: {training: false}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "spader.infra.stage_code", "affected", "src/spader/core/text.py",
+         "--configfile", "config/config.yaml", str(overlay)],
+        cwd=repo, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
+    assert "kept (code_reruns.training: false)" in lines["train_policy"]
+    assert "reruns" in lines["evaluate_policy"]
+
+
+def test_jobs_tag_the_code_they_run():
+    """The fingerprint of what ran is recorded even when the param (and so the plan) differs."""
+    from types import SimpleNamespace
+
+    from snakemake.iocontainers import Params
+
+    from spader.infra.glue import code_tags
+
+    repo = Path(__file__).resolve().parents[2]
+    params = Params(fromdict={"code": "0123456789abcdef"})
+    smk = SimpleNamespace(
+        rule="aggregate_results", scriptdir=str(repo / "workflow" / "scripts"), params=params
+    )
+    tags = code_tags(smk)
+    expected = stage_fingerprints(repo / "workflow" / "scripts")["aggregate_results"]
+    assert tags == {"code.fingerprint": expected, "code.param": "0123456789abcdef"}

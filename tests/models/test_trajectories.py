@@ -10,7 +10,7 @@ import pytest
 
 from spader.agent.loop import Question, render_prompt
 from spader.core.parsing import parse_turn
-from spader.core.prompt import fit_observation
+from spader.core.prompt import fit_observation, observation_message
 from spader.core.text import normalize
 from spader.demo.trajectories import (
     answer_text,
@@ -51,7 +51,7 @@ def test_entity_phrases(question, names):
 
 
 def _observations(traj) -> list[str]:
-    return [m["content"] for m in traj.messages if m["role"] == "tool"]
+    return traj.observations
 
 
 def test_answers_are_gold_entities_the_observations_show(fake_search):
@@ -73,15 +73,16 @@ def test_turns_are_the_loop_protocol_and_observations_are_the_loops(fake_search)
     search = fake_search(topk=2)
     (traj,) = script_trajectories([VARGA], search, max_tool_response_chars=200)
     roles = [m["role"] for m in traj.messages]
-    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert roles == ["user", "assistant", "user", "assistant"]  # the observation is a user turn
     call = parse_turn(traj.messages[1]["content"])
     assert call.kind == "search" and call.tool_call.queries == [VARGA.question]
     final = parse_turn(traj.messages[3]["content"])
     assert final.kind == "answer" and final.answer.valid and final.answer.answers == traj.answers
     # the observation is fit_observation's text for the same results and budget (a passage dropped)
     results = fake_search(topk=2)([VARGA.question])
-    assert traj.messages[2]["content"] == fit_observation([VARGA.question], results, 200)[0]
-    assert traj.messages[2]["content"].count("Doc ") == 1 and traj.answers == ["The Salt Orchard"]
+    text = fit_observation([VARGA.question], results, 200)[0]
+    assert traj.messages[2] == observation_message(text) and traj.observations == [text]
+    assert text.count("Doc ") == 1 and traj.answers == ["The Salt Orchard"]
     assert traj.messages[3]["content"] == answer_text(traj.answers)
 
 
@@ -198,3 +199,46 @@ def test_load_questions_reads_a_mix_file_and_names_a_bad_line(tmp_path):
     bad.write_text(json.dumps(rec) + "\nnot json\n")
     with pytest.raises(Exception, match=r"bad\.jsonl.*2"):
         load_questions(bad)
+
+
+def test_generated_worlds_share_no_name_with_the_demo_world_or_the_excluded_questions():
+    from spader.demo.trajectories import generated_questions
+    from spader.demo.world import SEED, build_world
+
+    demo = build_world(SEED)
+    demo_names = {normalize(e.plain) for t in demo.topics for e in (t.subject, *t.objects)}
+    excluded = Question("e1", "Which films were directed by Ilse Varga?", [["Winter Quay"]])
+    (questions, _), (others, _) = generated_questions([SEED + 1, SEED + 2], [excluded])
+    assert questions and all(q.id.startswith(f"gen{SEED + 1}:") for q in questions)
+    assert {q.question for q in questions} != {q.question for q in others}  # another world per seed
+    for q in questions:
+        names = {normalize(a) for aliases in q.gold for a in aliases}
+        assert not names & demo_names, q
+        assert "Ilse Varga" not in q.question and normalize(q.question) != normalize(excluded.question)
+    with pytest.raises(ValueError, match="demo world's own"):
+        generated_questions([SEED], [])
+
+
+def test_a_generated_world_is_searched_over_its_own_passages(tokenizer):
+    from spader.demo.trajectories import generated_questions
+    from spader.demo.warmstart import turn_fits
+    from spader.demo.world import SEED
+
+    ((questions, search),) = generated_questions([SEED + 1], [])
+    listing = next(q for q in questions if len(q.gold) > 2)
+    (results,) = search([listing.question])
+    assert results == search([listing.question])[0]  # the same order for the same query
+    titles = [p["title"] for p in results]
+    gold = {aliases[0] for aliases in listing.gold}
+    assert gold <= set(titles)  # every object's passage, the subject's, and one unrelated passage
+    assert len([t for t in titles if t not in gold]) == 3
+    (unrelated,) = search(["what is the tallest mountain"])  # names no topic: unrelated passages only
+    assert len(unrelated) == 1 and unrelated[0]["title"] not in gold
+    trajs = script_trajectories(
+        questions[:40], search, max_tool_response_chars=1500, fits=turn_fits(tokenizer, 48)
+    )
+    kept = [t for t in trajs if t.kept]
+    assert len(kept) >= 30  # nearly every episode shows a gold entity
+    for t in kept:
+        seen = "\n".join(t.observations)
+        assert all(name in seen for name in t.answers)

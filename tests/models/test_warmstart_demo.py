@@ -118,7 +118,7 @@ def test_rule_writes_a_tiny_warm_started_model(demo):
     }
     assert not evaluation & {t["question"] for t in trajectories}  # never an evaluation question
     for t in kept:  # every answer is written in an observation the episode saw
-        seen = "\n".join(m["content"] for m in t["messages"] if m["role"] == "tool")
+        seen = "\n".join(t["observations"])
         assert t["answers"] and all(a in seen for a in t["answers"])
 
 

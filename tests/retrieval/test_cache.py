@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from spader.retrieval.app import create_app
 from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
-from spader.retrieval.cache import ResultCache, passages_nbytes
+from spader.retrieval.cache import ResultCache, entry_nbytes, text_nbytes
 from spader.retrieval.corpus import Passage
 
 # A rollout-shaped stream: 4 "prompts", each repeated by several rollouts, later turns diverging.
@@ -45,11 +45,11 @@ def test_lru_evicts_least_recently_used_by_entries():
     assert cache.get(b) is None and cache.get(a) is not None and cache.get(c) is not None
     s = cache.stats
     assert (s.hits, s.misses, s.evictions, s.entries) == (3, 1, 1, 2)
-    assert s.bytes == passages_nbytes([_p(1)]) + passages_nbytes([_p(3)])
+    assert s.bytes == entry_nbytes("a", [_p(1)]) + entry_nbytes("c", [_p(3)])
 
 
 def test_lru_is_bounded_by_bytes_and_skips_oversized_results():
-    one = passages_nbytes([_p(0)])
+    one = entry_nbytes("0", [_p(0)])
     cache = ResultCache(max_entries=100, max_bytes=3 * one)
     for i in range(10):
         cache.put(cache.key(str(i), 5, 50), [_p(i)])
@@ -62,6 +62,70 @@ def test_lru_is_bounded_by_bytes_and_skips_oversized_results():
     ]
     cache.put(cache.key("big", 5, 50), [_p(0, "y" * (4 * one))])  # larger than the whole cache
     assert cache.get(cache.key("big", 5, 50)) is None and len(cache) == 3
+
+
+def test_bytes_are_counted_as_python_holds_them_keys_included():
+    """A 1,000-character key of characters outside the Basic Multilingual Plane is 4 bytes per
+    character in CPython (plus its UTF-8 copy), and passages' text is counted at its real width:
+    the earlier estimate left the key out and counted one byte per character."""
+    wide = "\U0001f600" * 1000
+    assert text_nbytes(wide) >= 4000 and text_nbytes(wide, utf8_copy=True) >= 8000
+    assert text_nbytes("a" * 1000, utf8_copy=True) == text_nbytes("a" * 1000) >= 1000
+    assert text_nbytes("\u00e9" * 1000, utf8_copy=True) >= 3000  # Latin-1: 1 byte each, 2 in UTF-8
+    passages = [_p(i, text="\u0416" * 600) for i in range(5)]  # Cyrillic: 2 bytes each in memory
+    cache = ResultCache(10, 10**7, identity=("index", 1))
+    cache.put(cache.key(wide, 5, 50), passages)
+    counted = cache.stats.bytes
+    assert counted == entry_nbytes(wide, passages)
+    assert counted >= 8000 + 5 * 2 * 600  # key (UCS-4 + its UTF-8) and text (UCS-2)
+    narrow = ResultCache(10, 10**7, identity=("index", 1))
+    narrow.put(narrow.key("a", 5, 50), passages)
+    assert counted - narrow.stats.bytes >= 8000  # the key is counted
+
+
+def _as_utf8(text: str) -> None:
+    """What a C extension does with a str it reads (PyO3, the tokenizer): CPython then keeps the
+    UTF-8 bytes inside the str for its lifetime."""
+    import ctypes
+
+    as_utf8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
+    as_utf8.restype, as_utf8.argtypes = ctypes.c_char_p, [ctypes.py_object, ctypes.c_void_p]
+    as_utf8(text, None)
+
+
+def _fill(cache: ResultCache, n: int, key_char: str, text_char: str) -> None:
+    for i in range(n):
+        query = f"{i} " + key_char * 998
+        passages = [
+            Passage(f"{i}__{j}", f"title {i} {j}", text_char * 700 + str(j), float(j)) for j in range(5)
+        ]
+        cache.put(cache.key(query, 5, 50), passages)
+
+
+@pytest.mark.parametrize(
+    ("key_char", "text_char"), [("a", "b"), ("\U0001f600", "\u0416"), ("\u00e9", "\U00010348")]
+)
+def test_counted_bytes_bound_what_the_process_holds(key_char, text_char):
+    """tracemalloc's count of the memory a full cache holds (strings built as the service builds
+    them, one per entry) is never above the cache's own count, and not far below it."""
+    import gc
+    import tracemalloc
+
+    cache = ResultCache(100_000, 4 * 2**20, identity=("index", 1))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        _fill(cache, 2000, key_char, text_char)  # well past the cap: evictions happened
+        for key in cache._data:  # the reranker's tokenizer asked every query for its UTF-8
+            _as_utf8(key[1])
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    s = cache.stats
+    assert s.evictions > 0 and s.bytes <= s.max_bytes
+    assert held <= s.bytes, (held, s.bytes)
+    assert held >= 0.8 * s.bytes, (held, s.bytes)
 
 
 def test_key_holds_query_topk_initial_k_and_identity():

@@ -359,3 +359,88 @@ def test_a_scheduler_fault_fails_the_open_requests_and_the_service_recovers(clie
     assert r.status_code == 500 and "scheduler bug (fake)" in r.json()["error"]
     ok = client.post("/retrieve", json={"queries": ["Winter Quay dock workers"]})
     assert ok.status_code == 200 and ok.json()["result"][0][0]["id"] == "1002__0"
+
+
+def test_a_large_body_is_parsed_off_the_event_loop(client, backend, monkeypatch):
+    """While a body over 64 KiB is being decoded and checked (held there by a FAKE delay standing
+    for the hundreds of milliseconds a 6 MB body takes), a small request is answered: the large one
+    is parsed on the parse thread, not on the event loop that serves everyone."""
+    check = backend.check_request
+    inside, release, threads = threading.Event(), threading.Event(), {}
+
+    def slow_check(queries, topk, initial_k):
+        threads[queries[0]] = threading.current_thread().name
+        if queries[0] == "LARGE":
+            inside.set()
+            release.wait(10)
+        return check(queries, topk, initial_k)
+
+    monkeypatch.setattr(backend, "check_request", slow_check)
+    large = json.dumps({"queries": ["LARGE", "Winter Quay"]}).encode() + b" " * 70_000  # JSON whitespace
+    answers = {}
+    sender = threading.Thread(
+        target=lambda: answers.setdefault("large", client.post("/retrieve", content=large))
+    )
+    sender.start()
+    try:
+        assert inside.wait(10)
+        started = time.perf_counter()
+        small = client.post("/retrieve", json={"queries": ["Winter Quay dock workers"], "topk": 1})
+        took = time.perf_counter() - started
+        assert small.status_code == 200 and not release.is_set() and took < 5
+    finally:
+        release.set()
+        sender.join()
+    assert answers["large"].status_code == 200 and len(answers["large"].json()["result"]) == 2
+    assert threads["LARGE"].startswith("parse") and not threads["Winter Quay dock workers"].startswith(
+        "parse"
+    )
+
+
+def test_numbers_that_overflow_to_infinity_are_refused():
+    with pytest.raises(BadSearchRequestError, match="too large for a number"):
+        parse_json(b'{"queries": ["a"], "topk": 1e999}')
+    with pytest.raises(BadSearchRequestError, match="too large for a number"):
+        parse_json(b'{"queries": ["a"], "x": -1E400}')
+    assert parse_json(b'{"queries": ["a"], "x": 1e-400}')["x"] == 0.0  # underflow is a number
+
+
+def _depth_reference(raw: bytes) -> int:
+    """Byte-by-byte reference of json_depth: a quote opens or closes a string unless an odd run of
+    backslashes precedes it (in valid JSON, backslashes occur only inside strings, where this is
+    the parser's own reading); brackets count outside strings."""
+    depth = best = run = 0
+    inside = False
+    for c in raw:
+        if c == 0x5C:
+            run += 1
+            continue
+        if c == 0x22 and run % 2 == 0:
+            inside = not inside
+        elif not inside and c in b"[{":
+            depth += 1
+            best = max(best, depth)
+        elif not inside and c in b"]}":
+            depth -= 1
+        run = 0
+    return best
+
+
+def test_json_depth_matches_a_byte_by_byte_reference():
+    rng = random.Random(3)
+    bodies = [bytes(rng.choice(b'[]{}"\\a,:') for _ in range(rng.randrange(1, 80))) for _ in range(3000)]
+    bodies += [b'{"q": "\\\\\\"[[[", "r": [[[["\\\\"]]]]}', b'["\\\\\\\\"]', b'"[' * 50]
+    assert all(json_depth(b) == _depth_reference(b) for b in bodies)
+
+    def nested(level: int):  # valid JSON: the depth is known from the object itself
+        if level == 0 or rng.random() < 0.3:
+            return "".join(rng.choice('[]{}"\\a') for _ in range(rng.randrange(6))), 0
+        items = [nested(level - 1) for _ in range(rng.randrange(1, 4))]
+        value = (
+            [v for v, _ in items] if rng.random() < 0.5 else {f"k{i}": v for i, (v, _) in enumerate(items)}
+        )
+        return value, 1 + max(d for _, d in items)
+
+    for _ in range(500):
+        value, depth = nested(6)
+        assert json_depth(json.dumps(value).encode()) == depth

@@ -62,6 +62,20 @@ def test_download_and_index(work, tmp_path, smk):
     assert stats["documents"] == 11 and stats["threads"] == 2 and stats["files"] == 2
     assert "indexed 11 documents from 2 files" in (work / "logs/build_bm25_index/demo.log").read_text()
     assert any((work / "results/demo/index/bm25").glob("segments_*"))
+    # integrity records, out of the way: the index directory's manifest (Snakemake's own flag file,
+    # touched into the directory after the job, is not part of it) and the download's record,
+    # which names the source as configured (relative), never an absolute path
+    from spader.infra import integrity
+
+    index = work / "results/demo/index/bm25"
+    assert (index / ".snakemake_timestamp").exists()
+    manifest = integrity.verify(index)
+    assert manifest.kind == "directory" and manifest.producer == "build_bm25_index"
+    assert integrity.record_path(index) == work / "results/.integrity/demo/index/bm25.json"
+    dump = integrity.read_record(work / "resources/demo/corpus/chunked_wikipedia.tar.gz")
+    assert dump.extra["source"] == "file:dump.tar.gz" and dump.path == "demo/corpus/chunked_wikipedia.tar.gz"
+    assert not [p for p in work.glob("results/**/*.integrity") if p.is_file()]  # no sidecar beside data
+    assert str(work) not in integrity.record_path(index).read_text()
 
 
 def test_existing_archive_skips_the_download(work, tmp_path, smk):

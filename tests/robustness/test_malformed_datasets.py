@@ -462,6 +462,105 @@ case(
 case("webqsp-no-parses", "webqsp", _with("webqsp", _set("Parses", [])), ("drop", "no_valid_parse"))
 case("quest-empty-docs", "quest", _with("quest", _set("docs", [])), ("drop", "empty_answer_list"))
 
+# Numbers JSON has no room for: Python's decoder reads NaN, Infinity and overflowing literals as
+# floats, which str() would make the answers "nan" and "inf".
+for label, raw, shown in [
+    ("nan", "NaN", "NaN"),
+    ("infinity", "Infinity", "Infinity"),
+    ("minus-infinity", "-Infinity", "-Infinity"),
+    ("overflow", "1e999", "Infinity"),
+    ("minus-overflow", "-1E400", "-Infinity"),
+]:
+    case(
+        f"mintaka-string-{label}",
+        "mintaka",
+        (_with("mintaka", lambda r: r["answer"].update(answerType="string", answer=["12", RAW])), raw),
+        ("error", f"field 'answer.answer[1]' is {shown}, not a finite number"),
+    )
+case(
+    "mintaka-id-nan",
+    "mintaka",
+    (_with("mintaka", _set("id", RAW)), "NaN"),
+    ("error", "'id' must be a string or an integer, got a number"),
+)
+case(
+    "webqsp-parse-id-infinity",
+    "webqsp",
+    (_with("webqsp", _set("Parses.0.ParseId", RAW)), "Infinity"),
+    ("error", "'Parses[0].ParseId' must be a string or an integer, got a number"),
+)
+case(
+    "qampari-alias-nan",
+    "qampari",
+    (_with("qampari", _set("answer_list.0.aliases", [RAW])), "NaN"),
+    ("error", "'answer_list[0].aliases[0]' must be a string"),
+)
+
+# Text that shows nothing: zero-width and bidi characters, soft hyphens, variation selectors, tag
+# characters, Hangul fillers. An answer made only of them is no answer (a counted drop); a question
+# made only of them is empty.
+INVISIBLE = [
+    "\u200b\u200e",  # zero-width space, left-to-right mark
+    "\u202a\u202c\u200f",  # embedding, pop, right-to-left mark
+    "\u2066\u2069 \u2060",  # isolate, pop isolate, word joiner
+    "\u00ad\u034f\ufeff",  # soft hyphen, grapheme joiner, zero-width no-break space
+    "\ufe0f\u180e",  # variation selector, Mongolian vowel separator
+    "\U000e0041\U000e0042",  # tag characters
+    "\u3164\u2800",  # Hangul filler, braille blank
+]
+for i, blank in enumerate(INVISIBLE):
+    case(
+        f"qampari-invisible-answer-{i}",
+        "qampari",
+        _with("qampari", _set("answer_list", [{"answer_text": blank, "aliases": [blank[::-1]]}])),
+        ("drop", "empty_answer"),
+    )
+for ds in GOOD:
+    case(
+        f"{ds}-invisible-question",
+        ds,
+        _with(ds, _set(QUESTION_KEY[ds], INVISIBLE[0] + " " + INVISIBLE[2])),
+        ("error", "holds only invisible characters"),
+    )
+case(
+    "mintaka-invisible-label",
+    "mintaka",
+    _with("mintaka", lambda r: r["answer"].update(answer=[{"name": "Q1", "label": {"en": INVISIBLE[1]}}])),
+    ("drop", "empty_answer"),
+)
+case(
+    "mintaka-invisible-mention",
+    "mintaka",
+    _with("mintaka", lambda r: r["answer"].update(answer=None, mention=INVISIBLE[3])),
+    ("drop", "empty_answer"),
+)
+case(
+    "mintaka-invisible-string-answer",
+    "mintaka",
+    _with("mintaka", lambda r: r["answer"].update(answerType="string", answer=[INVISIBLE[4]])),
+    ("drop", "empty_answer"),
+)
+case(
+    "webqsp-invisible-entity-name",
+    "webqsp",
+    _with("webqsp", _set("Parses.0.Answers.0.EntityName", INVISIBLE[5])),
+    ("drop", "empty_answer"),
+)
+case(
+    "quest-invisible-docs",
+    "quest",
+    _with("quest", _set("docs", [INVISIBLE[6], f"{INVISIBLE[0]} ({INVISIBLE[1]})"])),
+    ("drop", "empty_answer"),
+)
+
+
+def test_an_answer_with_visible_text_among_invisible_characters_is_kept(tmp_path):
+    """Only answers that show nothing are dropped: a name with a zero-width joiner in it stays."""
+    record = _with("qampari", _set("answer_list", [{"answer_text": "\u200bWinter\u200dQuay", "aliases": []}]))
+    release = write_release(tmp_path, "qampari", record)
+    summary = normalize_file("qampari", "train", release.path, tmp_path / "out.jsonl")
+    assert summary.kept == 3 and not summary.dropped
+
 
 def _bad(dataset: str, bad: object) -> tuple[object, str | None]:
     return bad if isinstance(bad, tuple) else (bad, None)

@@ -41,3 +41,27 @@ def test_output_is_hard_links_into_the_cache_and_survives_deletion(tmp_path):
     download_model("org/tiny", out, revision=REV, local_files_only=True)
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES)
     assert not list(out.parent.glob(".org--tiny.tmp"))
+
+
+def test_a_gated_model_is_not_fetched_without_a_hub_token(tmp_path, monkeypatch):
+    """The download rule's code refuses a gated repository (Llama) before touching the network or
+    the cache when no hub token is configured, and says where the token goes."""
+    import pytest
+
+    from spader.models.hub import HubTokenError
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    out = tmp_path / "hub" / "meta-llama--Llama-3.1-8B-Instruct"
+    with pytest.raises(HubTokenError, match=r"gated model and no hub token.*HF_TOKEN.*hf auth login"):
+        download_model("meta-llama/Llama-3.1-8B-Instruct", out)
+    assert not (tmp_path / "hub").exists()  # nothing fetched, no cache started
+
+    # with the token `hf auth login` writes, the same call goes on to the hub client (which fails
+    # here for want of a network or of that repository, not for want of a token)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "token").write_text("hf_abc\n")
+    with pytest.raises(RuntimeError, match="could not download model") as err:
+        download_model("meta-llama/Llama-3.1-8B-Instruct", out)
+    assert not isinstance(err.value, HubTokenError)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from paper_verl import paper_overrides
 
 pytest.importorskip("verl")
 
@@ -127,8 +128,9 @@ def test_verl_validation_runs_the_baseline_checks(tiny_model):
         "trainer.n_gpus_per_node=1",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path=/unused.yaml",
     ]
+    cfg = compose("stepsearch", [*paper_overrides("stepsearch"), *base, "algorithm.adv_estimator=grpo"])
     with pytest.raises(ValueError, match="stepsearch is trained with gae"):
-        validate(compose("stepsearch", [*base, "algorithm.adv_estimator=grpo"]))
+        validate(cfg)
 
 
 def paper(mutate):

@@ -119,12 +119,22 @@ def test_gpu_split():
 
 @pytest.mark.slow
 def test_launcher_starts_waits_for_and_stops_the_server(tiny_model, tmp_path):
-    command = [sys.executable, str(SERVER_SCRIPT), "--model", str(tiny_model), "--port", "{port}"]
+    command = [
+        sys.executable,
+        str(SERVER_SCRIPT),
+        "--model",
+        str(tiny_model),
+        "--port",
+        "{port}",
+        "--api-key",
+        "{api_key}",
+    ]
     log = tmp_path / "judge.log"
     with running_judge(
         tiny_model, gpus=["0"], served_name="judge", startup_timeout_s=120, command=command, log_path=log
-    ) as url:
-        with client(url) as judge:
+    ) as endpoint:
+        url = endpoint.url
+        with client(url, api_key=endpoint.api_key) as judge:
             judge.check()
             assert 0.0 <= judge.judge(MESSAGES).score <= 1.0
     with pytest.raises(JudgeUnavailableError):  # stopped with the context

@@ -83,7 +83,9 @@ def test_outcome_of_the_last_turn(text, outcome):
         ("Relevance: 1.70", 1.0),  # clamped
         ("Relevance: -0.3", 0.0),
         ("**Relevance:** 0.4", 0.4),
-        ("Relevance: 0.2 ... on reflection\nRelevance: 0.6", 0.6),  # the last verdict counts
+        # verdict first (the prompt's and R3-RAG's reply format); its explanation carries no number
+        ("Relevance: 0.70\nEvaluation:\n- Relevance: the documents name two films", 0.7),
+        ("Relevance: 0.2\nEvaluation: a second Relevance: 0.9 in the text", 0.2),  # the first verdict
         ("Relevance: x.xx", None),
         ("These documents are useless.", None),
         ("", None),
@@ -115,6 +117,8 @@ def test_judge_prompt_has_the_elements_and_no_gold():
     assert '"Varga films"; "Varga"' in content
     assert "Doc 1 (Title: Winter Quay) " + "x" * (512 - 27) in content and "x" * 600 not in content
     assert "contradictory or illogical" in content and content.rstrip().endswith("Relevance: x.xx")
+    # the verdict is asked for first, as R3-RAG asks its judge
+    assert "Start your reply with a first line of exactly this form" in content
     # without <think>, the reasoning is the text before the call
     assert turn_reasoning('Let me look. <tool_call>["q"]</tool_call>') == "Let me look."
 
@@ -185,3 +189,16 @@ def test_doc_examples():
     ):
         result = doctest.testmod(importlib.import_module(name))
         assert result.attempted > 0 and result.failed == 0, name
+
+
+def test_the_judge_has_the_original_s_reply_budget():
+    """R3-RAG gives its judge 4,096 tokens: a judge that explains at length is not cut before its
+    verdict (the config's default, the trainer's and the client's)."""
+    from spader.config import JudgeConfig
+    from spader.integrations.verl.scorer_rewards import JudgeSettings
+    from spader.scorers.judge import JudgeClient
+
+    assert JudgeConfig().max_tokens == JudgeSettings().max_tokens == 4096
+    assert (
+        JudgeClient("http://127.0.0.1:1/v1", "judge", timeout=1, retries=0, concurrency=1).max_tokens == 4096
+    )

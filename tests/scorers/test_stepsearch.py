@@ -59,10 +59,12 @@ def test_hand_computed_table():
     rewards = stepsearch_rewards(degrees, TURNS, 0.5)
     assert rewards == pytest.approx([0.3, -0.1900660, -0.0099340, 0.5], abs=1e-6)
     assert rewards[:3] == pytest.approx(TABLE)
-    # the scale its code applies (option 1.6) and an invalid format (-1)
-    assert stepsearch_rewards(degrees, TURNS, None, lambda_s=1.6) == pytest.approx(
-        [1.6 * (g - p) for g, p in zip(GAINS, PENALTIES, strict=True)] + [-1.0]
+    # the scale its code applies (option 1.6)
+    assert stepsearch_rewards(degrees, TURNS, 0.5, lambda_s=1.6) == pytest.approx(
+        [1.6 * (g - p) for g, p in zip(GAINS, PENALTIES, strict=True)] + [0.5]
     )
+    # as StepSearch's code: an invalid format earns no step rewards, only the -1
+    assert stepsearch_rewards(degrees, TURNS, None, lambda_s=1.6) == [0.0, 0.0, 0.0, -1.0]
 
 
 def test_dense_token_rewards_sit_on_turn_ends():
@@ -86,6 +88,36 @@ def test_dense_token_rewards_sit_on_turn_ends():
     assert stats.metrics("stepsearch/")["stepsearch/turn_gain/mean"] == pytest.approx(1 / 3)
 
 
+def test_an_invalid_format_and_a_question_without_evidence_earn_no_step_reward():
+    """As StepSearch's code: the trajectory's only reward is the terminal one."""
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1]] * 3)
+    details = [
+        [
+            TurnDetails(turn=t + 1, passage_ids=tuple(ids), passage_texts=tuple(PASSAGES[i] for i in ids))
+            for t, ids in enumerate(TURNS)
+        ]
+    ] * 3
+    dense, stats = stepsearch_dense_rewards(
+        mask,
+        torch.tensor([0.5, -1.0, 0.5]),
+        details,
+        ["q", "q", "none"],
+        {"q": EVIDENCE, "none": []},
+        lambda_s=0.6,
+        valid=[True, False, True],
+    )
+    expected = [0.0] * 13
+    expected[1], expected[5], expected[7], expected[12] = *TABLE, 0.5
+    assert dense[0].tolist() == pytest.approx(expected, abs=1e-6)
+    # invalid format: no gain, and none of the redundancy penalties its repeats would cost
+    assert dense[1].tolist() == pytest.approx([0.0] * 12 + [-1.0])
+    # n = 0: no redundancy penalty either
+    assert dense[2].tolist() == pytest.approx([0.0] * 12 + [0.5])
+    counts = stats.metrics("stepsearch/")
+    assert counts["stepsearch/rows_invalid_no_step_reward"] == 1.0
+    assert counts["stepsearch/rows_without_evidence"] == 1.0
+
+
 def test_records_beyond_the_turns_are_dropped_and_missing_ones_find_nothing():
     mask = torch.tensor([[1, 0, 1, 0, 1]])  # two search turns, the answer
     late = TurnDetails(turn=2, passage_ids=("p1",), passage_texts=(PASSAGES["p1"],))
@@ -98,10 +130,11 @@ def test_records_beyond_the_turns_are_dropped_and_missing_ones_find_nothing():
     assert stats.dropped_records == 1
 
 
-def test_no_evidence_means_no_gain_but_redundancy_still_counts():
+def test_no_evidence_means_no_step_reward_at_all():
     (degrees,) = batch_match_degrees([("q", turns())], {"q": []})
     assert information_gains(degrees) == [0.0, 0.0, 0.0]
-    assert stepsearch_rewards(degrees, TURNS, 0.0, lambda_s=1.0)[:3] == pytest.approx([-p for p in PENALTIES])
+    # as StepSearch's code: n = 0 gives no step reward, the repeats cost nothing either
+    assert stepsearch_rewards(degrees, TURNS, 0.0, lambda_s=1.0) == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_match_degrees_equal_the_vectoriser_fitted_per_passage():

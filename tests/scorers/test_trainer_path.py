@@ -17,6 +17,7 @@ import torch
 
 pytest.importorskip("verl")
 
+from paper_verl import paper_overrides
 from transfer_queue import KVBatchMeta
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return
@@ -81,7 +82,7 @@ def read(queue, batch, name):
 
 
 def trainer(variant, overrides):
-    cfg = compose(variant, ["actor_rollout_ref.model.path=/unused", *overrides])
+    cfg = compose(variant, [*paper_overrides(variant), "actor_rollout_ref.model.path=/unused", *overrides])
     t = get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)
     t.global_steps = 1
     return t

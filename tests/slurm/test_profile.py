@@ -23,10 +23,10 @@ def _parse_value(text: str):
         return text
 
 
-def _dry_run_jobs(target: str) -> dict[str, list[dict]]:
-    """{rule: [resources of each job]} from the dry run's job listing."""
+def _dry_run_jobs(target: str, *extra: str) -> dict[str, list[dict]]:
+    """{rule: [resources of each job]} from the dry run's job listing (wildcards under `_wildcards`)."""
     proc = subprocess.run(
-        [*SNAKEMAKE, "-n", "--profile", "slurm", target],
+        [*SNAKEMAKE, "-n", "--profile", "slurm", target, *extra],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -35,13 +35,17 @@ def _dry_run_jobs(target: str) -> dict[str, list[dict]]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs: dict[str, list[dict]] = defaultdict(list)
     rule = None
+    wildcards = ""
     for line in proc.stdout.splitlines():
         m = re.match(r"^(?:local)?rule (\w+):$", line)
         if m:
-            rule = m.group(1)
+            rule, wildcards = m.group(1), ""
+        elif rule and line.strip().startswith("wildcards:"):
+            wildcards = line.split("wildcards:", 1)[1].strip()
         elif rule and line.strip().startswith("resources:"):
             items = line.split("resources:", 1)[1].split(", ")
-            jobs[rule].append({k: _parse_value(v) for k, v in (i.split("=", 1) for i in items)})
+            res = {k: _parse_value(v) for k, v in (i.split("=", 1) for i in items)}
+            jobs[rule].append({**res, "_wildcards": wildcards})
             rule = None
     return jobs
 
@@ -75,28 +79,86 @@ def test_paper_dag_dry_runs_with_the_profile(paper_jobs):
     assert paper_jobs["evaluate_policy"]
 
 
+def _sbatch_args(res: dict) -> dict:
+    return {k: v for k, v in res.items() if k != "_wildcards"}
+
+
+def _estimate_minutes(variant: str) -> int:
+    from spader.config import load_config
+
+    return load_config(REPO / "config" / "config.yaml").training.time_limit.estimate_minutes(variant)
+
+
 def test_training_asks_for_one_node_with_its_gpus(paper_jobs, sbatch_line):
     for res in paper_jobs["train_policy"]:
         assert res["gpu"] == 8  # backbones.qwen3_8b.gpus, from the rule
         assert res["nodes"] == 1
         assert res["tasks_per_gpu"] == 0
         assert res["mem_mb"] == 480000
-        assert res["runtime"] == 2880
         assert "slurm_partition" not in res and "slurm_account" not in res  # set by users in the profile
     # --cpus-per-task follows the job's threads: the profile's set-threads for this GPU rule
-    line = sbatch_line(paper_jobs["train_policy"][0], threads=PROFILE["set-threads"]["train_policy"])
+    line = sbatch_line(
+        _sbatch_args(paper_jobs["train_policy"][0]), threads=PROFILE["set-threads"]["train_policy"]
+    )
     assert " --gpus=8" in line
     assert " --nodes=1" in line
     assert " --cpus-per-task=64" in line
     assert " --mem 480000" in line
-    assert " -t 2880" in line
+    assert "--gres" not in line
     # one task: the training command starts once (the plugin's issues/459 on GitHub)
     assert "--ntasks" not in line
 
 
+def test_training_runtime_is_the_variants_estimate_capped_by_the_partition_limit(paper_jobs, sbatch_line):
+    """training.time_limit.hours per variant, at most the profile's max_runtime for train_policy
+    (the partition's limit); a longer training stops before the limit, warned by SIGURG, and the
+    rule's retries resume it."""
+    cap = PROFILE["set-resources"]["train_policy"]["max_runtime"]
+    runtimes = {}
+    for res in paper_jobs["train_policy"]:
+        variant = dict(kv.split("=") for kv in res["_wildcards"].split(", "))["variant"]
+        runtimes[variant] = res["runtime"]
+        assert res["runtime"] == min(_estimate_minutes(variant), cap)
+        assert res["slurm_extra"] == "--signal=URG@1800"  # training.time_limit.warning_s
+    assert runtimes["spader"] == 2400 < cap  # asks for its estimate, not for the partition's limit
+    assert runtimes["r3rag"] == cap  # 100 h estimated: capped; it spans allocations
+    line = sbatch_line(_sbatch_args(paper_jobs["train_policy"][0]))
+    assert " --signal=URG@1800" in line and re.search(r" -t \d+ ", line)
+
+
+def test_training_is_retried_a_bounded_number_of_times_by_the_main_process_only():
+    """The rule's retries come from training.time_limit.retries, and none inside a cluster job (the
+    retry of a job stopped for its time limit belongs in a new allocation)."""
+    rules = REPO / "workflow" / "rules"
+    rule = (rules / "train.smk").read_text().split("rule train_policy:", 1)[1].split("\nrule ", 1)[0]
+    assert "retries: training_retries()" in rule
+    helper = (rules / "training.smk").read_text().split("def training_retries", 1)[1]
+    assert "0 if workflow.remote_exec else TRAINING.time_limit.retries" in helper
+
+
+@pytest.fixture(scope="module")
+def two_node_jobs(tmp_path_factory):
+    overlay = tmp_path_factory.mktemp("nodes") / "nodes.yaml"
+    overlay.write_text("training:\n  nodes: 2\n")
+    return _dry_run_jobs("results/qwen3_8b/f1.tsv", "--configfile", "config/config.yaml", str(overlay))
+
+
+def test_with_two_nodes_every_training_job_asks_for_two_nodes(two_node_jobs, sbatch_line):
+    """training.nodes: 2 under the SLURM profile: each training job asks for 2 nodes with the
+    backbone's GPUs on each (--gres per node; --gpus would count the whole job)."""
+    assert len(two_node_jobs["train_policy"]) == 10
+    for res in two_node_jobs["train_policy"]:
+        assert res["nodes"] == 2 and res["gres"] == "gpu:8" and res["gpu"] == 0
+        line = sbatch_line(_sbatch_args(res), threads=PROFILE["set-threads"]["train_policy"])
+        assert " --nodes=2" in line and " --gres=gpu:8" in line and "--gpus" not in line
+        assert "--ntasks" not in line
+    for res in two_node_jobs["evaluate_policy"]:
+        assert "nodes" not in res or res["nodes"] == 1
+
+
 def test_without_tasks_per_gpu_the_plugin_would_start_one_task_per_gpu(paper_jobs, sbatch_line):
     """Why the profile sets tasks_per_gpu: 0: 2.6.1's default for a GPU job."""
-    res = {k: v for k, v in paper_jobs["train_policy"][0].items() if k != "tasks_per_gpu"}
+    res = {k: v for k, v in _sbatch_args(paper_jobs["train_policy"][0]).items() if k != "tasks_per_gpu"}
     assert "--ntasks-per-gpu=1" in sbatch_line(res)
 
 
@@ -133,3 +195,25 @@ def test_everything_else_is_small(paper_jobs, sbatch_line):
             assert res.get("cpus_per_task", 1) <= 4, rule
             line = sbatch_line(res)
             assert "--gpus" not in line and " --ntasks=1" in line, rule
+
+
+def test_two_nodes_without_a_cluster_executor_are_refused_before_any_job(tmp_path):
+    """Only a cluster executor gives a job several nodes: a run on this machine stops in its onstart
+    hook, before any job runs, naming the key."""
+    import shutil
+
+    for name in ("workflow", "config"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "resources" / "demo", tmp_path / "resources" / "demo")
+    (tmp_path / "nodes.yaml").write_text("training:\n  nodes: 2\n")
+    proc = subprocess.run(
+        [*SNAKEMAKE, "--cores", "1", "results/demo/f1.tsv", "--configfile", "config/demo.yaml", "nodes.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "config key 'training.nodes' is 2, but this run executes jobs on this machine" in out, out[-3000:]
+    assert not (tmp_path / "results").exists()  # no job ran

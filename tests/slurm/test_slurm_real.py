@@ -20,8 +20,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,3 +164,193 @@ def test_plugin_default_gpu_request_is_unschedulable(slurm_cluster, sbatch_line)
     default = test_only(profile)
     assert default.returncode != 0
     assert "Requested node configuration is not available" in default.stderr
+
+
+TIME_LIMITED_SNAKEFILE = """
+configfile: "config.yaml"
+
+W = config["world"]
+
+
+rule train_policy:
+    input:
+        train=W + "/train.parquet",
+        val=W + "/val.parquet",
+        index=W + "/index",
+        model=W + "/warm",
+        verl_configs={verl_configs!r},
+    output:
+        final="results/{{backbone}}/train/{{variant}}/final.json",
+    log:
+        "logs/train_policy/{{backbone}}/{{variant}}.log",
+    threads: 2
+    retries: 0 if workflow.remote_exec else 3  # as workflow/rules/training.smk's training_retries()
+    resources:
+        runtime=8,
+        mem_mb=6000,
+        slurm_extra="--signal=URG@420",
+        train_attempt=lambda wc, attempt: attempt,
+    params:
+        backbone=config["backbone"],
+        variant=lambda wc: config["variants"][wc.variant],
+        training=config["training"],
+        agent=config["agent"],
+        retrieval=config["retrieval"],
+        workdir=lambda wc: f"results/{{wc.backbone}}/train/{{wc.variant}}/work",
+        judge=None,
+    script:
+        {script!r}
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_world(tmp_path_factory):
+    """The CPU training world (tests/support/cpu_world.py; ``SPADER_CPU_WORLD`` reuses a built one)."""
+    sys.path.insert(0, str(REPO / "tests" / "support"))
+    from cpu_world import build_world
+
+    root = os.environ.get("SPADER_CPU_WORLD")
+    return build_world(Path(root) if root else tmp_path_factory.mktemp("cpu_world"))
+
+
+def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, tmp_path):
+    """A CPU training job of 2 steps under an 8-minute limit, warned 7 minutes before it (so within
+    its first minute: SLURM checks the warning times about once a minute): each allocation trains
+    until the next step boundary after the warning, saves, exits with the resumable status, and the
+    rule's retries resume it in a new allocation, until the configured step count. Every step is
+    logged once; MLflow shows one training across the attempts."""
+    import yaml
+    from cpu_world import cpu_training
+
+    work = tmp_path / "repo"
+    work.mkdir()
+    os.symlink(REPO / "profiles" / "slurm", work / "slurm")
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    steps = 2
+    config.update(
+        world=str(cpu_world.root),
+        backbone={"model": "tiny:qwen3", "gpus": 0},
+        training=cpu_training(max_steps=steps, train_batch_size=2, ppo_mini_batch_size=2, rollout_n=2),
+        agent=cpu_world.agent,
+        retrieval=cpu_world.retrieval,
+        mlflow={"enabled": True, "tracking_uri": "sqlite:///results/mlflow/mlflow.db", "experiment": "spader",
+                "artifact_root": "results/mlflow/artifacts", "state_dir": "results/mlflow"},
+    )  # fmt: skip
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    (work / "Snakefile").write_text(
+        TIME_LIMITED_SNAKEFILE.format(
+            verl_configs=[str(REPO / "config" / "verl" / "grpo.yaml")],
+            script=str(REPO / "workflow" / "scripts" / "train_policy.py"),
+        )
+    )
+    target = "results/world/train/grpo/final.json"
+    rc, out = _snakemake(
+        [target, "--profile", "slurm", "--set-threads", "train_policy=2", *NO_ACCOUNTING, "--verbose"],
+        cwd=work,
+        timeout=1500,
+    )
+    wd = work / "results" / "world" / "train" / "grpo" / "work"
+    history = (
+        [json.loads(line) for line in (wd / "attempts.jsonl").read_text().splitlines()] if wd.exists() else []
+    )
+    assert rc == 0, out[-4000:] + "\n" + json.dumps(history, indent=1)
+    final = json.loads((work / target).read_text())
+    assert final["steps_done"] == steps
+
+    starts = [h for h in history if h["event"] == "start"]
+    ends = [h for h in history if h["event"] == "end"]
+    assert len({s["slurm_job_id"] for s in starts}) == len(starts) >= 2  # one allocation per attempt
+    assert [e["status"] for e in ends] == ["stopped"] * (len(ends) - 1) + ["finished"]
+    assert [s["snakemake_attempt"] for s in starts] == list(range(1, len(starts) + 1))  # the rule's retries
+    assert len(_sbatch_calls(out)) == len(starts)
+
+    # every step logged exactly once across the attempts (a resumed attempt validates at its
+    # resume step first: validation only, no training metrics)
+    trained = []
+    for f in sorted((wd / "metrics").glob("attempt_*.jsonl")):
+        trained += [
+            r["step"] for r in map(json.loads, f.read_text().splitlines()) if "critic/score/mean" in r["data"]
+        ]
+    assert sorted(trained) == list(range(1, steps + 1))
+
+    # MLflow: one training, its attempts' runs sharing the lineage of the first
+    with sqlite3.connect(work / "results" / "mlflow" / "mlflow.db") as con:
+        runs = con.execute(
+            "select r.run_uuid, r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+            "where t.key = 'training.lineage' and t.value = ?",
+            (final["lineage"],),
+        ).fetchall()
+        logged = sorted(
+            step
+            for (step,) in con.execute(
+                "select step from metrics where key = 'critic/score/mean' and run_uuid in "
+                f"({','.join('?' * len(runs))})",
+                [r[0] for r in runs],
+            )
+        )
+    assert len(runs) == len(starts) and final["lineage"] in {r[0] for r in runs}
+    assert sorted(s for _, s in runs) == sorted(["KILLED"] * (len(runs) - 1) + ["FINISHED"])
+    assert logged == list(range(1, steps + 1))
+
+
+RAY_JOB = """
+import json, os, subprocess, sys
+from pathlib import Path
+
+from spader.training.ray_cluster import slurm_nodes, slurm_ray_cluster
+
+out = Path(sys.argv[1])
+node = slurm_nodes()[0]
+# a one-node cluster: the allocation's node twice (the head here, a worker node through srun)
+with slurm_ray_cluster(nodes=[node, node], cpus=1, gpus=0, token_file=out / "token", log_dir=out / "ray",
+                       start_timeout_s=240, grace_s=5) as (address, env):
+    job = os.environ["SLURM_JOB_ID"]
+    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True)
+    ray = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={address}"],
+                         capture_output=True, text=True, env={**os.environ, **env})
+    stranger = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    anonymous = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={address}"],
+                               capture_output=True, text=True, env={**stranger, "RAY_AUTH_MODE": "token",
+                               "RAY_AUTH_TOKEN": "0" * 64}, timeout=120)
+    result = {"address": address, "steps": steps.stdout.split(), "status": ray.stdout,
+              "anonymous_rc": anonymous.returncode, "anonymous": anonymous.stdout + anonymous.stderr,
+              "token_mode": oct(os.stat(out / "token").st_mode & 0o777)}
+(out / "result.json").write_text(json.dumps({**result, "token_left": (out / "token").exists()}))
+"""  # fmt: skip
+
+
+def test_a_job_starts_its_ray_cluster_over_its_nodes_with_srun(slurm_cluster, tmp_path):
+    """The multi-node path inside a real allocation: the head in the batch step, a worker node as
+    an `srun --overlap` step (on this single-node cluster, on the same node), both in `ray status`,
+    a client with another token refused, and everything gone when the block ends."""
+    script = tmp_path / "ray_job.py"
+    script.write_text(RAY_JOB)
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-c2", "--mem=4000", "-t5", f"--output={tmp_path}/job.out",
+         f"--chdir={tmp_path}", f"--wrap={sys.executable} {script} {tmp_path}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip()  # fmt: skip
+    deadline = time.monotonic() + 400  # (sbatch --wait polls at up to 32 s intervals)
+    while time.monotonic() < deadline:
+        if not subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+            break
+        time.sleep(1)
+    job_out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert (tmp_path / "result.json").exists(), job_out[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert f"{job_id}.0" in result["steps"], result["steps"]  # the worker node's srun step
+    assert result["status"].count("1 node_") == 2, result["status"]
+    assert result["anonymous_rc"] != 0, result["anonymous"]  # Ray's token authentication is on
+    assert "auth" in result["anonymous"].lower() or "token" in result["anonymous"].lower(), result[
+        "anonymous"
+    ]
+    assert result["token_mode"] == "0o600" and not result["token_left"]
+    token = str(tmp_path / "token")
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("RAY_AUTH_TOKEN_PATH") == token:
+                left.append(f"{p.pid} {p.name()}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    assert left == []  # the head, the worker node and their processes stopped with the block

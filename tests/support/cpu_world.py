@@ -211,10 +211,14 @@ def main(argv: list[str]) -> int:
     import sys
 
     from spader.training.run import run_training
+    from spader.training.stop import RESUME_EXIT_CODE, StoppedForResume
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     world = build_world(argv[0])
-    run_training(train_job(world, argv[1], training=cpu_training(**json.loads(argv[2]))))
+    try:
+        run_training(train_job(world, argv[1], training=cpu_training(**json.loads(argv[2]))))
+    except StoppedForResume:  # as the train_policy rule's script: a rerun resumes
+        return RESUME_EXIT_CODE
     return 0
 
 

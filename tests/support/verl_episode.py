@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from paper_verl import paper_overrides
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -64,6 +65,7 @@ def agent_episode(
     cfg = compose(
         "spader",
         [
+            *paper_overrides("spader"),
             "actor_rollout_ref.model.path=/unused",
             "actor_rollout_ref.rollout.prompt_length=1024",
             f"actor_rollout_ref.rollout.response_length={response_length}",

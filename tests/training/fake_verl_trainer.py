@@ -11,7 +11,11 @@ work. It takes the same command line and does, with verl's real pieces, everythi
 * writes checkpoints in verl's layout every ``trainer.save_freq`` steps and at the last step (a
   real FSDP actor checkpoint from ``FAKE_VERL_ACTOR``, ``data.pt``, the tracker file last);
 * resumes from ``trainer.resume_from_path`` (``trainer.resume_mode=resume_path``);
-* exits with code 3 when it reaches step ``FAKE_VERL_FAIL_AT_STEP`` (environment), like a crash.
+* exits with code 3 when it reaches step ``FAKE_VERL_FAIL_AT_STEP`` (environment), like a crash;
+* takes ``FAKE_VERL_STEP_S`` seconds per step (environment, default 0), so tests can act mid-run;
+* honours a stop request as the project's trainer modes do: after a step's metrics, when
+  ``SPADER_STOP_REQUEST`` names an existing file, it saves that step and ends there
+  (:func:`spader.infra.procs.stop_requested`, :func:`spader.infra.procs.acknowledge_stop`).
 
 The resolved config it logs is the one the job composed (``resolved_config.yaml`` next to the
 checkpoint directory); the real entry point composes the same config itself.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -67,18 +72,27 @@ def main(argv: list[str]) -> int:
     print(
         f"fake verl: config {config_name}, steps {start + 1}..{total}, retrieval hits {len(hits)}", flush=True
     )
+    from spader.infra.procs import acknowledge_stop, stop_requested
+
+    step_s = float(os.environ.get("FAKE_VERL_STEP_S", "0"))
     for step in range(start + 1, total + 1):
         if step == fail_at:
             print(f"fake verl: crash at step {step}", flush=True)
             return 3
+        time.sleep(step_s)
         tracking.log(data={"actor/pg_loss": 1.0 / step, "search/hits": float(len(hits))}, step=step)
-        if step % save_freq == 0 or step == total:
+        stop = stop_requested()
+        if step % save_freq == 0 or step == total or stop:
             folder = ckpt_dir / f"global_step_{step}"
-            shutil.copytree(os.environ["FAKE_VERL_ACTOR"], folder / "actor")
+            shutil.copytree(os.environ["FAKE_VERL_ACTOR"], folder / "actor", dirs_exist_ok=True)
             torch.save({"step": step}, folder / "data.pt")
             (ckpt_dir / "latest_checkpointed_iteration.txt").write_text(str(step))
         if step % test_freq == 0 or step == total:
             tracking.log(data={"val-core/qampari/f1@1": step / 10.0}, step=step)
+        if stop:
+            acknowledge_stop(step, early=step < total)
+            print(f"fake verl: stop requested, stopped after step {step}", flush=True)
+            break
     tracking.finish()
     return 0
 

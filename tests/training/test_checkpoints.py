@@ -15,6 +15,7 @@ from spader.training.checkpoints import (
     complete_checkpoints,
     latest_checkpoint,
     new_metrics_file,
+    prune_checkpoints,
     read_step_metrics,
     resume_overrides,
 )
@@ -155,3 +156,25 @@ def test_metrics_of_several_attempts(tmp_path):
     assert steps[2] == {"loss": 2.0, "first": True, "val-core/f1": 0.25}  # joins the step's training metrics
     assert steps[3] == {"loss": 30.0}  # the later attempt replaces the step, stale keys do not survive
     assert steps[4] == {"loss": 40.0, "val-core/f1": 0.5}
+
+
+def test_retention_holds_across_resumes(tmp_path):
+    """verl deletes only the checkpoints its own process saved; at the start of an attempt the
+    older ones beyond the kept count go (a save cut short after the newest complete one stays)."""
+    for s in (100, 200, 300):
+        make_step(tmp_path, s)
+    remnant = tmp_path / "global_step_50"  # verl deleted its actor; its data loader state is left
+    remnant.mkdir()
+    torch.save({}, remnant / "data.pt")
+    make_step(tmp_path, 400, ranks=[0])  # a save cut short
+    track(tmp_path, 300)
+    removed = prune_checkpoints(tmp_path, keep=2)
+    assert sorted(d.name for d in removed) == ["global_step_100", "global_step_50"]
+    assert sorted(d.name for d in tmp_path.glob("global_step_*")) == [
+        "global_step_200",
+        "global_step_300",
+        "global_step_400",
+    ]
+    assert latest_checkpoint(tmp_path).step == 300
+    assert prune_checkpoints(tmp_path, keep=None) == []  # keep all
+    assert prune_checkpoints(tmp_path, keep=1)[0].name == "global_step_200"

@@ -4,6 +4,8 @@ manager) merged into a Hugging Face model by verl's model merger, plus the linea
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,14 +36,17 @@ def _final(tmp_path, actor_dir) -> dict:
 
 
 @pytest.mark.slow
-def test_export_merges_the_shards_into_the_trained_weights(tmp_path, fsdp_actor, tiny_model):
+def test_export_merges_the_shards_into_the_trained_weights(tmp_path, fsdp_actor, tiny_model, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    final = _final(tmp_path, fsdp_actor)
-    out = tmp_path / "models" / "spader"
+    monkeypatch.chdir(tmp_path)  # the job's working directory: final.json's paths are relative to it
+    work = Path("results/demo/train/spader/work/checkpoints/global_step_1")
+    shutil.copytree(fsdp_actor, work / "actor")
+    final = _final(tmp_path, work / "actor")
+    out = Path("results/demo/models/spader")
     out.mkdir(parents=True)
     (out / "stale.bin").write_text("from an earlier export")
-    meta = export_checkpoint(tmp_path / "final.json", out, tmp_path / "models" / "spader.json")
+    meta = export_checkpoint(tmp_path / "final.json", out, Path("results/demo/models/spader.json"))
 
     assert not (out / "stale.bin").exists()
     assert not list(out.parent.glob(".*export-tmp"))
@@ -56,7 +61,7 @@ def test_export_merges_the_shards_into_the_trained_weights(tmp_path, fsdp_actor,
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
 
-    on_disk = json.loads((tmp_path / "models" / "spader.json").read_text())
+    on_disk = json.loads(Path("results/demo/models/spader.json").read_text())
     assert on_disk == meta
     for key in (
         "steps_done",
@@ -69,6 +74,9 @@ def test_export_merges_the_shards_into_the_trained_weights(tmp_path, fsdp_actor,
     ):
         assert meta[key] == final[key]
     assert meta["model_hash"].startswith("dir:")
+    # relocatable: the metadata names the model and checkpoint relative to the working directory
+    assert meta["model_dir"] == "results/demo/models/spader"
+    assert meta["checkpoint"] == "results/demo/train/spader/work/checkpoints/global_step_1"
 
 
 def test_export_names_a_missing_checkpoint(tmp_path):

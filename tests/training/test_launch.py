@@ -130,6 +130,7 @@ def test_job_overrides_are_absolute_and_forward_tracking_env(tmp_path, monkeypat
     assert values["trainer.n_gpus_per_node"] == "8" and values["trainer.nnodes"] == "1"
     assert values["ray_kwargs.ray_init.num_cpus"] == "64"
     assert values["ray_kwargs.ray_init.address"] == "local"
+    assert values["ray_kwargs.ray_init.include_dashboard"] == "false"
     for name, value in env.items():
         assert values[f"ray_kwargs.ray_init.runtime_env.env_vars.{name}"] == value
     assert "ray_kwargs.ray_init.runtime_env.env_vars.PYTHONUNBUFFERED" not in values
@@ -241,3 +242,109 @@ def test_entry_point_accepts_the_composed_command(paper_config, tiny_model, tmp_
     assert resolved["algorithm"]["adv_estimator"] == "spader_spa"
     assert resolved["trainer"]["default_local_dir"] == str(job.ckpt_dir)
     assert resolved["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_USE_EXTERNAL_MODULES"]
+
+
+def test_ray_gets_the_cpus_verls_placement_needs_whatever_the_cores(paper_config, tmp_path):
+    """A GPU job given few cores (`--cores 4`) still advertises what verl's placement holds: 3
+    CPUs per GPU, TransferQueue's controller and 8 storage units, the rollout servers."""
+    from spader.training.launch import ray_cpu_slots
+
+    job = _job(paper_config, "spader", tmp_path, tmp_path / "model")
+    job.threads = 4
+    plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
+    assert plan.get("ray_kwargs.ray_init.num_cpus") == "42" == str(3 * 8 + 1 + 8 + 8 + 1)
+    assert ray_cpu_slots(workers=8, storage_units=8, threads=96) == 96  # more cores: all of them
+
+
+def test_single_node_ray_is_private_without_dashboard_and_the_stop_request_reaches_verl(
+    paper_config, tmp_path
+):
+    job = _job(paper_config, "spader", tmp_path, tmp_path / "model")
+    plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
+    assert plan.get("ray_kwargs.ray_init.address") == "local"
+    assert plan.get("ray_kwargs.ray_init.include_dashboard") == "false"
+    assert plan.env["SPADER_STOP_REQUEST"] == str(job.stop_file)
+    assert plan.get("ray_kwargs.ray_init.runtime_env.env_vars.SPADER_STOP_REQUEST") == str(job.stop_file)
+
+
+def test_multi_node_jobs_join_a_cluster_and_train_on_every_node(paper_config, tmp_path):
+    training = {**paper_config["training"], "nodes": 2}
+    job = _job({**paper_config, "training": training}, "spader", tmp_path, tmp_path / "model")
+    plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
+    assert plan.get("trainer.nnodes") == "2" and plan.get("trainer.n_gpus_per_node") == "8"
+    assert plan.get("ray_kwargs.ray_init.num_cpus") == "null"  # the cluster's nodes declare theirs
+    job.ray_address = "10.0.0.1:6379"
+    plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
+    assert plan.get("ray_kwargs.ray_init.address") == "10.0.0.1:6379"
+
+
+def test_r3rag_on_two_nodes_serves_its_judge_on_the_second_and_trains_on_the_first(paper_config, tmp_path):
+    training = {**paper_config["training"], "nodes": 2}
+    job = _job({**paper_config, "training": training}, "r3rag", tmp_path, tmp_path / "model")
+    assert job.judge_node and job.train_nodes == 1
+    plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
+    assert plan.get("trainer.nnodes") == "1" and plan.get("trainer.n_gpus_per_node") == "8"
+
+
+def _routable_ipv4() -> str | None:
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family.name == "AF_INET" and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+@pytest.mark.slow
+def test_a_judge_on_a_node_of_its_own_is_started_there_bound_to_the_shared_address(paper_config, tmp_path):
+    """The judge of a two-node r3rag job runs through the node's launcher (``srun --nodelist``; here
+    a stand-in prefix that marks the process), binds the node's shared address, not loopback or
+    every interface, and leaves verl all GPUs of its node. The server stands in for sglang."""
+    import psutil
+
+    from spader.scorers.judge import JUDGE_KEY_ENV, JudgeClient
+    from spader.training.ray_cluster import srun_on
+    from spader.training.scorer_launch import JudgeNode, baseline_launch, judge_endpoint
+
+    address = _routable_ipv4()
+    if address is None:
+        pytest.skip("no non-loopback IPv4 address on this machine")
+    assert srun_on("node-b", gpus=1)[-3:] == ["--overlap", "--kill-on-bad-exit=1", "--gres=gpu:1"]
+    judge = {**paper_config["judge"], "url": None}
+    launch = baseline_launch(paper_config["variants"]["r3rag"], judge=judge)
+    node = JudgeNode("node-b", address, ("env", "SPADER_JUDGE_NODE=node-b"), ("0",))
+    server = REPO / "tests" / "support" / "openai_test_server.py"
+    command = [sys.executable, str(server), "--host", "{host}", "--port", "{port}", "--api-key", "{api_key}",
+               "--served-name", str(judge["model"]), "--reply", "Relevance: 0.5"]  # fmt: skip
+    with judge_endpoint(
+        launch, judge, model_dir=tmp_path, training_gpus=8, environ={"CUDA_VISIBLE_DEVICES": "0,1"},
+        log_path=tmp_path / "judge.log", command=command, node=node,
+    ) as (overrides, env):  # fmt: skip
+        (url,) = [o.split("=", 1)[1] for o in overrides if o.startswith("++algorithm.r3rag.judge.url=")]
+        assert url.startswith(f"http://{address}:")
+        assert "CUDA_VISIBLE_DEVICES" not in env  # verl keeps its node's GPUs
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        listeners = [
+            c for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port
+        ]
+        assert [c.laddr.ip for c in listeners] == [address]
+        proc = psutil.Process(listeners[0].pid)
+        assert proc.environ().get("SPADER_JUDGE_NODE") == "node-b"  # started through the launcher
+        assert proc.environ().get("CUDA_VISIBLE_DEVICES") == "0"  # the judge node's own GPU
+        with JudgeClient(url, str(judge["model"]), timeout=10, retries=0, concurrency=1,
+                         api_key=env[JUDGE_KEY_ENV]) as client:  # fmt: skip
+            client.check()
+
+
+def test_terminal_reward_variants_train_with_the_projects_drop_in_for_verls_sync_mode(paper_config, tmp_path):
+    """verl's plain `sync` mode saves before it logs and ignores stop requests; grpo and ppo get the
+    project's drop-in, which does both (spader.integrations.verl.trainer.PlainTrainerSync)."""
+    from spader.integrations.verl.trainer import PLAIN_MODE
+    from spader.training.launch import PLAIN_TRAINER_MODE
+
+    assert PLAIN_TRAINER_MODE == PLAIN_MODE
+    for variant in ("grpo", "ppo"):
+        job = _job(paper_config, variant, tmp_path, tmp_path / "model")
+        plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
+        assert plan.get("trainer.v1.trainer_mode") == PLAIN_MODE

@@ -197,3 +197,62 @@ def test_run_training_stops_before_launching_anything(tmp_path, paper_config):
     )
     assert "8 GPU(s) requested" in str(err.value)
     assert not marker.exists() and not (tmp_path / "work").exists()
+
+
+def _fake_nvidia_smi(directory: Path, version: str) -> Path:
+    """A stand-in for nvidia-smi (no GPU here) that reports ``version`` as the driver's."""
+    exe = directory / "nvidia-smi"
+    exe.write_text(f"#!/bin/sh\necho {version}\n")
+    exe.chmod(0o755)
+    return directory
+
+
+def test_the_driver_must_run_the_cuda_13_stack(tmp_path, monkeypatch):
+    from spader.training.preflight import MIN_DRIVER, check_driver, driver_version
+
+    assert MIN_DRIVER == 580
+    monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path, "550.54.15")))
+    assert driver_version() == "550.54.15"
+    with pytest.raises(
+        PreflightError, match=r"NVIDIA driver 550.54.15 is older than the 580 series .*CUDA 13"
+    ):
+        check_driver()
+    monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path, "580.65.06")))
+    assert check_driver() == "580.65.06"
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert driver_version() is None and check_driver() is None  # unknown: the GPU check speaks
+
+
+def test_a_gated_model_without_weights_needs_a_hub_token(tmp_path):
+    from spader.training.preflight import check_hub_token, hub_token_configured
+
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    with pytest.raises(
+        PreflightError, match=r"gated model and no hub token.*huggingface.co/meta-llama.*HF_TOKEN"
+    ):
+        check_hub_token(model, tmp_path / "missing", environ=env)
+    check_hub_token("Qwen/Qwen3-8B", tmp_path / "missing", environ=env)  # not gated
+    assert hub_token_configured({**env, "HF_TOKEN": "hf_x"})
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "token").write_text("hf_abc\n")  # what `hf auth login` writes
+    assert hub_token_configured(env)
+    check_hub_token(model, tmp_path / "missing", environ=env)
+    weights = tmp_path / "llama"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_bytes(b"")
+    check_hub_token(model, weights, environ={"HF_HOME": str(tmp_path / "empty")})  # already downloaded
+
+
+def test_static_checks_name_the_driver_and_the_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path, "535.1")))
+    with pytest.raises(PreflightError) as err:
+        static_checks(backbone="llama3_1_8b", model="meta-llama/Llama-3.1-8B-Instruct", model_dir=tmp_path / "m",
+                      gpus=8, available_gpus=8, environ={"HF_HOME": str(tmp_path / "hf")})  # fmt: skip
+    text = str(err.value)
+    assert "base model path" in text and "gated model" in text and "NVIDIA driver 535.1" in text
+    # a CPU run checks no driver
+    with pytest.raises(PreflightError) as err:
+        static_checks(backbone="b", model="Org/M", model_dir=tmp_path / "m", gpus=0, device="cpu")
+    assert "NVIDIA" not in str(err.value)

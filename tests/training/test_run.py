@@ -177,7 +177,9 @@ def test_failed_attempt_then_resumed_rerun(workflow_job, fsdp_actor, monkeypatch
     run_id, final = _attempt(smk, fsdp_actor)
     assert final == json.loads(Path(smk.output.final).read_text())
     assert (final["steps_done"], final["resumed_from_step"], final["attempt"]) == (4, 2, 2)
-    assert final["checkpoint"] == str((work / "checkpoints" / "global_step_4").resolve())
+    # relocatable: paths relative to the working directory
+    assert final["checkpoint"] == str(work / "checkpoints" / "global_step_4")
+    assert final["actor_dir"] == str(work / "checkpoints" / "global_step_4" / "actor")
     assert final["metrics"]["actor/pg_loss"] == 0.25
     assert final["val_metrics"] == {"val-core/qampari/f1@1": 0.4, "step": 4}
     assert final["verl_version"] == "0.9.1" and final["mlflow_run_id"] == run_id
@@ -192,6 +194,9 @@ def test_failed_attempt_then_resumed_rerun(workflow_job, fsdp_actor, monkeypatch
     assert tags["data_hash"] == final["data_hash"] and tags["index_hash"] == final["index_hash"]
     assert tags["training.resume_step"] == "2"
     assert json.loads(tags["training.previous_runs"]) == [first.info.run_id]
+    # one training across attempts: both runs carry the lineage of the attempt that started it
+    assert tags["training.lineage"] == first.data.tags["training.lineage"] == first.info.run_id
+    assert final["lineage"] == first.info.run_id
     params = second.data.params
     assert params["trainer/total_training_steps"] == "4"  # verl's logger: the resolved config
     assert params["algorithm/spader/beta"] == "4.0"
@@ -231,3 +236,140 @@ def test_sigterm_stops_the_whole_process_group(tmp_path):
             os.kill(grandchild, 0)
             time.sleep(0.1)
     assert signal.getsignal(signal.SIGTERM) is before  # the job's own handler is back
+
+
+def _when_step_logged(work: Path, step: int, action, timeout: float = 120.0) -> threading.Thread:
+    """Run ``action`` in a thread once the job's metrics files hold ``step``."""
+    from spader.training.checkpoints import read_step_metrics
+
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (work / "metrics").is_dir() and step in read_step_metrics(work / "metrics"):
+                action()
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_a_step_boundary_and_the_retry_resumes(
+    workflow_job, fsdp_actor, monkeypatch, tmp_path
+):
+    """On a workstation a first SIGTERM stops training after the current step, with that step's
+    checkpoint saved (a time limit's warning does the same); the job ends as resumable and an
+    automatic retry resumes: every step is logged once, and MLflow shows one lineage."""
+    import mlflow
+
+    from spader.training.stop import StoppedForResume
+
+    smk, _ = workflow_job
+    monkeypatch.setenv("FAKE_VERL_ACTOR", str(fsdp_actor))
+    monkeypatch.setenv("FAKE_VERL_STEP_S", "1.5")  # FAKE trainer: time to act mid-run
+    work = Path("results/tiny/train/spader/work")
+    _when_step_logged(work, 1, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(StoppedForResume) as stopped:
+        _attempt(smk, fsdp_actor)
+    step = stopped.value.step
+    assert 1 <= step < 4  # stopped early, after the step that was running (not at save_freq 2 only)
+    assert (work / "checkpoints" / f"global_step_{step}" / "data.pt").exists()
+    assert not Path(smk.output.final).exists()
+    history = [json.loads(line) for line in (work / "attempts.jsonl").read_text().splitlines()]
+    assert history[-1]["status"] == "stopped" and history[-1]["checkpoint_step"] == step
+    assert not (work / "stop_request").exists()  # a new attempt starts without it
+
+    # the automatic retry (Snakemake's attempt 2) resumes from that step and finishes
+    monkeypatch.setattr(smk, "resources", type("R", (), {"train_attempt": 2})(), raising=False)
+    _, final = _attempt(smk, fsdp_actor)
+    assert (final["steps_done"], final["resumed_from_step"]) == (4, step)
+    logged = []
+    for f in sorted((work / "metrics").glob("attempt_*.jsonl")):
+        logged += [json.loads(line)["step"] for line in f.read_text().splitlines() if "actor/pg_loss" in line]
+    assert logged == [1, 2, 3, 4][: len(logged)] and sorted(logged) == [1, 2, 3, 4]  # each step once
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/results/mlflow/mlflow.db")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("spader-test").experiment_id],
+        f"tags.`training.lineage` = '{final['lineage']}'",
+    )
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"KILLED", "FINISHED"}
+    steps = sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "actor/pg_loss"))
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_dead_retrieval_service_stops_training(workflow_job, fsdp_actor, monkeypatch):
+    """verl's search tool turns failed searches into error observations and trains on; the job
+    watches its service and stops verl, naming the service, once it died. (FAKE trainer.)"""
+    import httpx
+    import yaml
+
+    from spader.training.run import TrainingError
+
+    smk, _ = workflow_job
+    monkeypatch.setenv("FAKE_VERL_ACTOR", str(fsdp_actor))
+    monkeypatch.setenv("FAKE_VERL_STEP_S", "4")
+    monkeypatch.setattr("spader.training.watch.SERVICE_CHECK_S", 0.5)
+    work = Path("results/tiny/train/spader/work")
+
+    killed = []
+
+    def kill_service():
+        tool = yaml.safe_load((work / "tool_config.yaml").read_text())
+        url = tool["tools"][0]["config"]["retrieval_service_url"]
+        os.kill(int(httpx.get(f"{url}/health", trust_env=False).json()["pid"]), signal.SIGKILL)
+        killed.append(time.monotonic())
+
+    _when_step_logged(work, 1, kill_service)
+    with pytest.raises(
+        TrainingError, match=r"the retrieval service at http://127\.0\.0\.1:\d+ \(pid \d+\) died"
+    ):
+        _attempt(smk, fsdp_actor)
+    assert killed and time.monotonic() - killed[0] < 20
+    from spader.training.checkpoints import read_step_metrics
+
+    assert 4 not in read_step_metrics(work / "metrics")  # stopped mid-run, not after the last step
+    history = [json.loads(line) for line in (work / "attempts.jsonl").read_text().splitlines()]
+    assert history[-1]["status"] == "failed" and "retrieval service" in history[-1]["error"]
+    assert not Path(smk.output.final).exists()
+
+
+def test_an_automatic_retry_after_failures_is_refused(workflow_job, monkeypatch):
+    """A training that failed for another reason than a stop is retried
+    training.time_limit.failure_retries times at most, and the refusal costs nothing (it comes
+    before the service or verl start); a rerun by hand (attempt 1) is never refused."""
+    from spader.training.lineage import record_attempt
+    from spader.training.run import TrainingError, claim_workdir
+
+    smk, _ = workflow_job
+    smk.config["training"]["time_limit"] = {
+        **smk.config["training"].get("time_limit", {}),
+        "failure_retries": 1,
+    }
+    work = Path("results/tiny/train/spader/work")
+    work.mkdir(parents=True)
+    for attempt in (1, 2):
+        record_attempt(work, {"event": "start", "attempt": attempt, "resume_step": 0})
+        record_attempt(work, {"event": "end", "attempt": attempt, "status": "failed", "error": "CUDA error"})
+    monkeypatch.setattr(smk, "resources", type("R", (), {"train_attempt": 3})(), raising=False)
+    from spader.training.run import TrainJob
+
+    job = TrainJob.from_snakemake(smk)
+    with pytest.raises(
+        TrainingError, match=r"not retried automatically: the last 2 attempt\(s\) failed.*CUDA error"
+    ):
+        claim_workdir(job)
+    history = [json.loads(line) for line in (work / "attempts.jsonl").read_text().splitlines()]
+    assert history[-1]["event"] == "refused"
+    assert not (work / "trainer.lock").exists()  # released
+    # a stop or an interruption in between resets the count
+    record_attempt(work, {"event": "start", "attempt": 3, "resume_step": 0})
+    record_attempt(work, {"event": "end", "attempt": 3, "status": "stopped"})
+    claim_workdir(job).release()
+    # a rerun by hand always runs
+    for _ in range(3):
+        record_attempt(work, {"event": "end", "attempt": 9, "status": "failed"})
+    job.attempt = 1
+    claim_workdir(job).release()

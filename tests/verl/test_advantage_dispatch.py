@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("verl")
 
+from paper_verl import paper_overrides
 from transfer_queue import KVBatchMeta
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
@@ -63,7 +64,7 @@ def put_batch(queue, samples):
 
 
 def make_trainer(overrides, global_step=1):
-    cfg = compose("spader", ["actor_rollout_ref.model.path=/unused", *overrides])
+    cfg = compose("spader", [*paper_overrides("spader"), "actor_rollout_ref.model.path=/unused", *overrides])
     trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)
     trainer.global_steps = global_step
     return trainer
@@ -224,7 +225,7 @@ def _data_proto(samples, uids):
 
 
 def test_estimators_through_compute_advantage_dispatch():
-    cfg = compose("spader", [])
+    cfg = compose("spader", paper_overrides("spader"))
     # dense rewards as the trainer mode writes them
     dense = [rollout([3, 2, 2, 2, 2], 0.0), rollout([2, 3, 1, 1], 0.0), rollout([4], 0.0)]
     for sample, rewards in zip(dense, [(0.5, 0.2, 0.6), (0.1, 0.4), (0.0,)], strict=False):
@@ -256,3 +257,39 @@ def test_estimators_need_the_group_uid():
 
     with pytest.raises(ValueError, match="uid"):
         spader_spa_advantage(torch.zeros(1, 3), torch.ones(1, 3), index=None, config={"gamma": 0.9})
+
+
+def test_failed_episodes_are_no_peers_in_spa_or_grpo(caplog):
+    """An episode that failed for an infrastructure reason (one masked token, scored 0) leaves its
+    group's statistics: the others get the advantages they get without it, and it gets 0."""
+    cfg = compose("spader", paper_overrides("spader"))
+    dense = [rollout([3, 2, 2], 0.0), rollout([4], 0.0)]
+    for sample, rewards in zip(dense, [(0.5, 0.6), (0.2,)], strict=True):
+        runs = [
+            j
+            for j in range(len(sample["response_mask"]))
+            if sample["response_mask"][j] == 1
+            and (j + 1 == len(sample["response_mask"]) or sample["response_mask"][j + 1] == 0)
+        ]
+        sample["rm_scores"] = torch.zeros(len(sample["response_mask"]))
+        sample["rm_scores"][runs] = torch.tensor(rewards)
+    failed = {**dense[1], "response_mask": torch.tensor([0]), "rm_scores": torch.tensor([0.0])}
+    for estimator in ("spader_spa", "spader_traj", "spader_grpo"):
+        alone = compute_advantage(
+            _data_proto(dense, ["u", "u"]), adv_estimator=estimator, config=cfg.algorithm
+        )
+        with caplog.at_level("WARNING", logger="spader.integrations.verl.estimators"):
+            caplog.clear()
+            mixed = compute_advantage(
+                _data_proto([*dense, failed], ["u", "u", "u"]), adv_estimator=estimator, config=cfg.algorithm
+            )
+        got, want = mixed.batch["advantages"], alone.batch["advantages"]
+        assert torch.allclose(got[:2, : want.size(1)], want, atol=1e-6), estimator
+        assert got[2].abs().sum() == 0
+        assert any("1 of 3 trajectories have no generated token" in r.message for r in caplog.records)
+    # as a peer, a zero-return failure would have moved the others' advantages
+    as_peer = compute_advantage(
+        _data_proto([*dense, failed], ["u"] * 3), adv_estimator="grpo", config=cfg.algorithm
+    )
+    alone = compute_advantage(_data_proto(dense, ["u", "u"]), adv_estimator="grpo", config=cfg.algorithm)
+    assert as_peer.batch["advantages"][0, 0] != pytest.approx(alone.batch["advantages"][0, 0].item())

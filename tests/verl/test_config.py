@@ -1,6 +1,8 @@
-"""Variant configs: every config/verl YAML composes against the pinned verl's ppo_trainer and passes
-verl's own validation, and their defaults equal config/config.yaml (so the two never drift apart)."""
+"""Variant configs: every config/verl YAML composes against the pinned verl's ppo_trainer with
+config/config.yaml's overrides and passes verl's own validation; the YAMLs carry no number of
+config.yaml (the overrides are the only source), and shared training runs are found by Hydra."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,12 +13,20 @@ pytest.importorskip("verl")
 
 from spader.config import verl_config_chain
 from spader.integrations.verl.compose import compose, validate
-from spader.integrations.verl.overrides import ESTIMATORS, TRAINING_KEYS, method_overrides
+from spader.integrations.verl.overrides import (
+    AGENT_KEYS,
+    ESTIMATORS,
+    TRAINING_KEYS,
+    config_overrides,
+    method_overrides,
+    method_settings,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 VARIANTS = CONFIG["variants"]
 TRAINING = CONFIG["training"]
+AGENT = CONFIG["agent"]
 
 
 def launch_overrides(model: Path) -> list[str]:
@@ -33,10 +43,10 @@ def launch_overrides(model: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def composed():
-    """Per variant: its YAML composed alone, and with config.yaml's method overrides (Hydra compose
-    takes about a second on this machine, so each is composed once)."""
+    """Per variant: its YAML composed with config.yaml's overrides (Hydra compose takes about a
+    second on this machine, so each is composed once)."""
     return {
-        name: (compose(spec["verl_config"]), compose(spec["verl_config"], method_overrides(spec, TRAINING)))
+        name: compose(spec["verl_config"], config_overrides(spec, TRAINING, AGENT))
         for name, spec in VARIANTS.items()
     }
 
@@ -45,7 +55,7 @@ def composed():
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_every_variant_composes_and_passes_verl_validation(name, tiny_model, composed):
     spec = VARIANTS[name]
-    cfg = OmegaConf.merge(composed[name][1], OmegaConf.from_dotlist(launch_overrides(tiny_model)))
+    cfg = OmegaConf.merge(composed[name], OmegaConf.from_dotlist(launch_overrides(tiny_model)))
     validate(cfg)
     assert cfg.algorithm.adv_estimator == ESTIMATORS[spec["advantage"]]
     assert cfg.trainer.v1.trainer_mode == ("sync" if spec["reward"] == "terminal" else "spader_sync")
@@ -56,32 +66,65 @@ def test_every_variant_composes_and_passes_verl_validation(name, tiny_model, com
         )
 
 
+def _flat_keys(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _flat_keys(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1]
+
+
+def test_the_yamls_carry_no_number_of_config_yaml():
+    """Every value config.yaml gives a variant reaches verl as an override only: no YAML of the
+    variant's chain sets a key its overrides set (a YAML value would silently stand in for a
+    config.yaml key a launch forgot to pass). The structure (estimator, trainer mode) may repeat."""
+    from spader.training.launch import override_key
+
+    structure = {"algorithm.adv_estimator", "trainer.v1.trainer_mode", "algorithm.step_reward"}
+    found = {}
+    for name, spec in VARIANTS.items():
+        from_config = {override_key(o) for o in config_overrides(spec, TRAINING, AGENT)} - structure
+        for path in verl_config_chain(spec["verl_config"], REPO / "config" / "verl"):
+            doc = yaml.safe_load(Path(path).read_text()) or {}
+            for key in _flat_keys({k: v for k, v in doc.items() if k not in ("defaults", "hydra")}):
+                if key in from_config or any(key.startswith(k + ".") for k in from_config):
+                    found.setdefault(name, set()).add(f"{Path(path).name}: {key}")
+    assert found == {}
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_yaml_defaults_equal_config_yaml(name, composed):
-    # composing the variant's YAML alone gives exactly the config that config.yaml's numbers give
-    spec = VARIANTS[name]
-    alone, launched = (OmegaConf.to_container(c) for c in composed[name])
-    assert alone == launched
-    if spec["reward"] == "step":
-        block = alone["algorithm"]["spader"]
-        assert (block["alpha"], block["beta"], block["cost"]) == (spec["alpha"], spec["beta"], spec["cost"])
-        assert alone["algorithm"]["gamma"] == TRAINING["gamma"]
-
-
-def test_base_yaml_carries_config_yaml_training_values(composed):
-    cfg = composed["grpo"][0]
+def test_config_yaml_values_reach_the_composed_config(name, composed):
+    cfg = composed[name]
     for key, verl_key in TRAINING_KEYS.items():
         assert OmegaConf.select(cfg, verl_key) == TRAINING[key], (key, verl_key)
+    for key, verl_key in AGENT_KEYS.items():
+        value = OmegaConf.select(cfg, verl_key)
+        assert (OmegaConf.to_container(value) if OmegaConf.is_config(value) else value) == AGENT[key], key
+    for key, value in method_settings(VARIANTS[name], TRAINING).items():
+        got = OmegaConf.select(cfg, key)
+        assert (OmegaConf.to_container(got) if OmegaConf.is_config(got) else got) == value, key
     assert (
         cfg.reward.custom_reward_function.reward_kwargs.invalid_format_reward
-        == (TRAINING["divergences"]["invalid_format_reward"])
+        == TRAINING["divergences"]["invalid_format_reward"]
     )
+
+
+def test_a_yaml_composed_without_the_overrides_has_verls_defaults():
+    # the paper's numbers live in config.yaml only
+    cfg = compose("grpo")
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) != (
+        TRAINING["train_batch_size"],
+        TRAINING["rollout_n"],
+    )
+    assert OmegaConf.select(cfg, "algorithm.spader") is None and OmegaConf.select(cfg, "spader_agent") is None
 
 
 def test_every_training_key_reaches_verl():
     """Each config.yaml training key is either mapped to a verl key or set by method_overrides."""
     by_method = {"gamma", "divergences"}
-    assert set(TRAINING) - by_method == set(TRAINING_KEYS)
+    # where verl trains and the CPU run's size, read by the launcher (spader.training.launch)
+    by_launcher = {"device", "rollout_backend", "cpu_workers", "max_steps"}
+    assert set(TRAINING) - by_method - by_launcher == set(TRAINING_KEYS)
 
 
 def test_method_overrides_set_the_divergence_options():
@@ -107,7 +150,7 @@ def test_method_overrides_set_the_divergence_options():
         "epsilon": "inside_sqrt",
     }
     assert cfg.reward.custom_reward_function.reward_kwargs.invalid_format_reward == 0.0
-    # a step-reward variant over a YAML without the spader block still composes (++ adds the keys)
+    # a step-reward variant over a YAML without the spader structure still composes
     cfg = compose("grpo", method_overrides(VARIANTS["no_spa"], TRAINING))
     assert cfg.algorithm.adv_estimator == "spader_traj" and cfg.algorithm.spader.beta == 4.0
 
@@ -155,7 +198,10 @@ def test_compose_names_a_missing_variant():
     ],
 )
 def test_validate_rejects_bad_settings(overrides, message, tiny_model):
-    cfg = compose("spader", launch_overrides(tiny_model) + overrides)
+    cfg = compose(
+        "spader",
+        config_overrides(VARIANTS["spader"], TRAINING, AGENT) + launch_overrides(tiny_model) + overrides,
+    )
     with pytest.raises(Exception, match=message):
         validate(cfg)
 
@@ -164,7 +210,6 @@ def test_validate_rejects_bad_settings(overrides, message, tiny_model):
 # The GPU path: what every model verl builds loads with, and the settings shared with evaluation
 # ---------------------------------------------------------------------------------------------
 
-AGENT = CONFIG["agent"]
 # Attention implementations torch itself provides (no extra package): what the `gpu` extra
 # installs without a flash-attn distribution.
 TORCH_ATTENTION = {"sdpa", "eager"}
@@ -184,7 +229,7 @@ def test_composed_configs_load_every_model_with_what_the_gpu_extra_installs(comp
         r.replace("_", "-").startswith("flash-attn") and "flash-attn-4" not in r for r in _gpu_extra()
     )
     provided = TORCH_ATTENTION | ({"flash_attention_2"} if flash_installed else set())
-    for name, (_, cfg) in composed.items():
+    for name, cfg in composed.items():
         s = gpu_path_settings(cfg)
         assert s["actor_rollout_ref.model.override_config.attn_implementation"] in provided, name
         # packed micro-batches need flash-attention's varlen kernels; sdpa keeps padding + mask
@@ -205,24 +250,42 @@ def test_composed_configs_load_every_model_with_what_the_gpu_extra_installs(comp
             s["data.seed"],
             resolved["critic"]["data_loader_seed"],
             resolved["actor_rollout_ref"]["rollout"]["seed"],
+            s["actor_rollout_ref.rollout.engine_kwargs.sglang.random_seed"],
         }
         assert seeds == {TRAINING["seed"]}, name
 
 
+def test_the_seed_reaches_sglang_where_verl_reads_it(composed):
+    """verl's sglang server builds sglang's ServerArgs from its RolloutConfig's
+    ``engine_kwargs["sglang"]`` (verl/workers/rollout/sglang_rollout/async_sglang_server.py,
+    ``launch_server``); sglang's ``random_seed`` seeds its sampler."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    for name in ("spader", "ppo"):
+        resolved = OmegaConf.create(OmegaConf.to_container(composed[name], resolve=True))
+        rollout = omega_conf_to_dataclass(resolved.actor_rollout_ref.rollout)
+        assert type(rollout).__name__ == "RolloutConfig"
+        assert rollout.get("engine_kwargs", {}).get("sglang", {}) == {"random_seed": TRAINING["seed"]}
+    seeded = compose("spader", [*config_overrides(VARIANTS["spader"], dict(TRAINING, seed=7), AGENT)])
+    assert OmegaConf.to_container(seeded, resolve=True)["actor_rollout_ref"]["rollout"]["engine_kwargs"] == {
+        "vllm": {},
+        "sglang": {"random_seed": 7},
+        "trtllm": {},
+    }
+
+
 def test_the_seed_override_moves_the_prompt_order_seed(tiny_model):
     cfg = compose("spader", ["actor_rollout_ref.actor.data_loader_seed=7"])
-    assert OmegaConf.to_container(cfg, resolve=True)["data"]["seed"] == 7
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved["data"]["seed"] == 7
+    assert resolved["actor_rollout_ref"]["rollout"]["engine_kwargs"]["sglang"]["random_seed"] == 7
 
 
-def test_agent_settings_reach_verl_and_equal_the_yaml_defaults():
-    from spader.integrations.verl.overrides import AGENT_DEFAULTS, AGENT_KEYS, agent_overrides
+def test_agent_settings_reach_verl():
+    from spader.integrations.verl.overrides import AGENT_DEFAULTS, agent_overrides
 
-    cfg = compose("grpo")
-    for key, verl_key in AGENT_KEYS.items():
-        assert OmegaConf.to_container(cfg, resolve=True) and OmegaConf.select(cfg, verl_key) is not None
-        value = OmegaConf.select(cfg, verl_key)
-        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-        assert value == AGENT[key] == AGENT_DEFAULTS[key], key
+    # the defaults of jobs built without a workflow config are config.yaml's
+    assert {k: AGENT[k] for k in AGENT_DEFAULTS} == AGENT_DEFAULTS
     assert set(AGENT) - {"max_queries_per_call", "prompt_template"} == set(AGENT_KEYS)
     changed = dict(AGENT, max_turn_tokens=77, stop=["</answer>"], max_turns=3)
     cfg = compose("spader", agent_overrides(changed))
@@ -245,6 +308,29 @@ def test_identical_trainings_are_one_run():
     }
 
 
+def test_shared_runs_follow_what_hydra_composes(tmp_path):
+    """The identity is the composed config, not the YAML text: a YAML that restates a default of
+    verl's ppo_trainer still shares its run, one that changes a value trains on its own."""
+    from spader.integrations.verl import overrides
+
+    config_dir = tmp_path / "verl"
+    shutil.copytree(REPO / "config" / "verl", config_dir)
+    pair = ["spader", "beta_4"]
+
+    def runs():
+        return overrides.shared_training_runs(pair, VARIANTS, TRAINING, config_dir)
+
+    beta_4 = config_dir / "beta_4.yaml"
+    text = beta_4.read_text()
+    beta_4.write_text(text + "\nactor_rollout_ref:\n  actor:\n    clip_ratio: 0.2  # verl's default\n")
+    assert runs() == {"spader": "spader", "beta_4": "spader"}
+    beta_4.write_text(text + "\nactor_rollout_ref:\n  actor:\n    clip_ratio: 0.3\n")
+    assert runs() == {"spader": "spader", "beta_4": "beta_4"}
+    # each composition is kept for the process: the same files and overrides compose once
+    kept = len(overrides._IDENTITIES)
+    assert runs() == {"spader": "spader", "beta_4": "beta_4"} and len(overrides._IDENTITIES) == kept
+
+
 def test_epsilon_option_reaches_the_estimator():
     import torch
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
@@ -260,9 +346,8 @@ def test_epsilon_option_reaches_the_estimator():
     mask = torch.tensor([[1, 1], [1, 1]])
     fn = get_adv_estimator_fn("spader_spa")
     inside, _ = fn(token_level_rewards=rewards, response_mask=mask, index=["u", "u"], config=cfg.algorithm)
-    outside, _ = fn(
-        token_level_rewards=rewards, response_mask=mask, index=["u", "u"], config=compose("spader").algorithm
-    )
+    paper = compose("spader", method_overrides(VARIANTS["spader"], TRAINING))
+    outside, _ = fn(token_level_rewards=rewards, response_mask=mask, index=["u", "u"], config=paper.algorithm)
     half = 0.5e-4
     assert inside[0, 1].item() == pytest.approx(half / (half**2 + 1e-6) ** 0.5, rel=1e-4)
     assert outside[0, 1].item() == pytest.approx(half / (half + 1e-6), rel=1e-4)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from paper_verl import paper_overrides
 
 pytest.importorskip("verl")
 
@@ -88,8 +89,10 @@ def test_config_path_must_be_absolute():
         entry.parse_args(["--config-path", "config/verl", "--config-name", "spader"])
 
 
-def _launch(model):
+def _launch(model, variant="spader"):
+    """config.yaml's overrides of the variant and what the launcher adds on one GPU."""
     return [
+        *paper_overrides(variant),
         f"actor_rollout_ref.model.path={model}",
         "trainer.n_gpus_per_node=1",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -100,7 +103,14 @@ def _launch(model):
 def test_validate_only_prints_the_resolved_config(tiny_model, capsys, monkeypatch):
     monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES", raising=False)
     code = entry.main(
-        ["--config-path", str(CONFIG_DIR), "--config-name", "no_np", "--validate-only", *_launch(tiny_model)]
+        [
+            "--config-path",
+            str(CONFIG_DIR),
+            "--config-name",
+            "no_np",
+            "--validate-only",
+            *_launch(tiny_model, "no_np"),
+        ]
     )
     out = capsys.readouterr().out
     assert code == 0

@@ -8,11 +8,14 @@ parser, our ``BaseTool`` over the real ``RetrievalClient`` and a local retrieval
 import asyncio
 import json
 
+import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("verl")
 
 from omegaconf import OmegaConf
+from paper_verl import paper_overrides
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.workers.rollout.replica import TokenOutput
 from verl_episode import agent_episode, call_tool, search_tool
@@ -291,7 +294,7 @@ def test_reward_needs_the_spader_agent_loop_and_ground_truth():
 
 
 def test_composed_agent_settings_name_the_registered_pieces():
-    cfg = compose("spader", [])
+    cfg = compose("spader", paper_overrides("spader"))
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     assert (multi_turn.format, cfg.actor_rollout_ref.rollout.agent.default_agent_loop) == (
         "spader",
@@ -317,7 +320,9 @@ def test_real_episodes_through_the_trainer_mode(tokenizer, retrieval_service, fa
         # written by the actor's old-log-prob pass, which runs before the advantage (GPU)
         fields["old_log_probs"] = fields["rollout_log_probs"].clone()
         fake_tq.put_samples([keys[-1]], [{**fields, "uid": "uid0"}])
-    trainer = get_trainer_cls("spader_sync")(compose("spader", ["actor_rollout_ref.model.path=/unused"]))
+    trainer = get_trainer_cls("spader_sync")(
+        compose("spader", [*paper_overrides("spader"), "actor_rollout_ref.model.path=/unused"])
+    )
     trainer.global_steps = 1
     batch = KVBatchMeta(keys=keys, tags=[{}, {}], partition_id="train")
     metrics = {}
@@ -335,3 +340,66 @@ def test_real_episodes_through_the_trainer_mode(tokenizer, retrieval_service, fa
     got = [fake_tq.store[("train", k)]["advantages"].tolist() for k in keys]
     for row, exp in zip(got, expected, strict=False):
         assert row == pytest.approx(exp[: len(row)], abs=1e-5)
+
+
+class StopTagServer:
+    """Stand-in for sglang honouring ``stop``: the scripted turn's ids end at its closing tag (no
+    end-of-turn token), cut at ``max_new_tokens``, as a real server returns a turn stopped at a tag."""
+
+    def __init__(self, tokenizer, turns):
+        self.tokenizer, self.turns = tokenizer, list(turns)
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        ids = self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False)[
+            : sampling_params["max_new_tokens"]
+        ]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
+
+
+def test_the_terminal_reward_of_an_episode_cut_after_a_search_reaches_gae_and_grpo(
+    tokenizer, retrieval_service
+):
+    """An observation that overflows the response budget ends the episode after a search: the
+    invalid-format -1 must sit on a generated token, where verl's GAE reads it (PPO in verl's
+    plain sync mode, which writes the score on the last response token)."""
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
+
+    from spader.integrations.verl.estimators import spader_grpo_advantage
+
+    search = '<tool_call>["Ilse Varga film"]</tool_call>'
+    budget = len(tokenizer.encode(search, add_special_tokens=False)) + 8  # the observation cannot fit
+    cut = agent_episode(
+        tokenizer, StopTagServer(tokenizer, [search]), _tool(retrieval_service.url), question="Which films?",
+        gold=GOLD, response_length=budget,
+    )  # fmt: skip
+    answered = agent_episode(
+        tokenizer, StopTagServer(tokenizer, ['<answer>["Winter Quay"]</answer>']), _tool(retrieval_service.url),
+        question="Which films?", gold=GOLD, response_length=budget,
+    )  # fmt: skip
+    assert retrieval_service.requests  # the search ran; its observation did not fit
+    # the response ends on the last token the model generated (the closing tag), not on template tokens
+    assert cut.response_mask[-1] == 1 and tokenizer.decode(cut.response_ids).endswith("</tool_call>")
+    rows = []
+    for out in (cut, answered):
+        out.reward_score = compute_score("qampari", "", GOLD, dict(out.extra_fields))["score"]
+        rows.append(out.as_dict())  # verl's conversion: the score on the last response token
+    assert [r["rm_scores"].sum().item() for r in rows] == pytest.approx([-1.0, 0.4])
+    width = max(len(r["response_mask"]) for r in rows)
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - len(t)))  # noqa: E731
+    rewards = torch.stack([pad(r["rm_scores"]) for r in rows]).float()
+    mask = torch.stack([pad(r["response_mask"]) for r in rows]).float()
+    # PPO: verl's GAE (gamma = lambda = 1, a critic that predicts 0): the return of every generated
+    # token of the cut episode is its -1
+    _, returns = compute_gae_advantage_return(
+        rewards, torch.zeros_like(rewards), mask, torch.tensor(1.0), torch.tensor(1.0)
+    )
+    generated = mask[0].bool()
+    assert returns[0][generated].tolist() == pytest.approx([-1.0] * int(generated.sum()))
+    # GRPO: verl's own, and the project's registration of it
+    index = np.array(["u", "u"], dtype=object)
+    for advantages, _ in (
+        compute_grpo_outcome_advantage(rewards, mask, index),
+        spader_grpo_advantage(rewards, mask, index=index),
+    ):
+        assert (advantages[0][generated] < 0).all() and (advantages[1][mask[1].bool()] > 0).all()
+        assert advantages[0][generated][0].item() == pytest.approx(-(1.4 / 2) / (1.4 / 2**0.5), abs=1e-4)

@@ -80,6 +80,28 @@ def test_paper_dag_variants(smk, paper_config):
     assert {"spader", "grpo", "ppo", "stepsearch", "r3rag", "rag", "react"} <= llama
 
 
+def test_paper_dag_writes_intervals_significance_and_learning_curves(smk, paper_config):
+    """Each backbone's aggregation writes the significance table, the F1 table with intervals and
+    the learning curves, from the evaluations and from every training run's final.json."""
+    jobs = smk.dry_run_jobs("--cores", "all", "results/qwen3_8b/significance.tsv")
+    (aggregate,) = [j for j in jobs if j.rule == "aggregate_results"]
+    outputs = aggregate.fields["output"].split(", ")
+    for name in (
+        "significance.tsv",
+        "f1_ci.tsv",
+        "prf.tsv",
+        "f1.png",
+        "learning_curves.tsv",
+        "learning_curves.png",
+    ):
+        assert f"results/qwen3_8b/{name}" in outputs, name
+    inputs = aggregate.fields["input"].split(", ")
+    trained = {j.wildcards["variant"] for j in jobs if j.rule == "train_policy"}
+    assert {p for p in inputs if p.endswith("final.json")} == {
+        f"results/qwen3_8b/train/{v}/final.json" for v in trained
+    }
+
+
 def test_default_target_builds_every_configured_backbone(smk, paper_config):
     jobs = smk.dry_run_jobs("--cores", "all")
     aggregated = {j.wildcards["backbone"] for j in jobs if j.rule == "aggregate_results"}

@@ -75,6 +75,38 @@ def test_demo_writes_the_tables(demo):
     assert (demo["work"] / "results/demo/data/verl/train.parquet").exists()
 
 
+def test_demo_leaves_benchmark_files_of_the_costly_rules(demo):
+    """Snakemake's `benchmark:` on the costly rules: one TSV per job (docs/cluster.md, "Costs")."""
+    bench = demo["work"] / "results" / "benchmarks"
+    costly = ("build_bm25_index", "warmstart_policy", "train_policy", "export_checkpoint", "evaluate_policy")
+    for rule in costly:
+        files = sorted((bench / rule).rglob("*.tsv"))
+        assert files, rule
+        with open(files[0], newline="") as f:
+            row = next(csv.DictReader(f, delimiter="\t"))
+        assert float(row["s"]) > 0 and float(row["max_rss"]) > 0, (rule, row)
+    assert len(list((bench / "train_policy").rglob("*.tsv"))) == 2  # spader and grpo
+
+
+def test_no_result_file_names_an_absolute_path_of_the_run(demo, smk):
+    """Results are relocatable: no file under results/ (tables, summaries, episodes, final.json,
+    export metadata, integrity records, verl's metrics, ...) names the working directory or the
+    repository by an absolute path. The MLflow database is MLflow's own store (it records where
+    its artifacts are), not a result file."""
+    work = demo["work"]
+    needles = {str(p).encode() for p in (work, work.resolve(), smk.repo, smk.repo.resolve())}
+    offending = []
+    for path in sorted((work / "results").rglob("*")):
+        if not path.is_file() or path.suffix == ".db" or path.parent.name == "mlflow":
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:4096]:  # binary (weights, parquet): paths are not stored in them
+            continue
+        if any(n in data for n in needles):
+            offending.append(str(path.relative_to(work)))
+    assert not offending, offending
+
+
 def test_demo_says_the_model_is_tiny_and_random(demo):
     summaries = list((demo["work"] / "results" / "demo" / "eval").rglob("*.json"))
     assert summaries
@@ -117,6 +149,57 @@ def test_demo_logs_every_job_and_tracks_it(demo):
 # Read-only checks of the demo's outputs go here, before test_demo_leaves_the_checkout_clean and
 # the rerun tests below, which add files to the copy and change it.
 # ---------------------------------------------------------------------------------------------
+
+
+def _tsv(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def test_demo_scores_are_not_all_zero(demo):
+    """Every method of the demo scores above zero on some held-out test set: the warm-started
+    policy copies names it read (docs/cpu-training.md), so a zero row means a broken evaluation."""
+    rows = _tsv(demo["work"] / "results" / "demo" / "f1.tsv")
+    print({r["method"]: r["avg"] for r in rows})
+    for row in rows:
+        assert any(float(row[d]) > 0 for d in DATASETS), row
+
+
+def test_demo_tables_carry_intervals_and_tests_against_spader(demo):
+    results = demo["work"] / "results" / "demo"
+    prf = _tsv(results / "prf.tsv")
+    for row in prf:
+        for metric in ("precision", "recall", "f1"):
+            lo, value, hi = (float(row[f"{metric}_lo"]), float(row[metric]), float(row[f"{metric}_hi"]))
+            assert 0.0 <= lo <= value <= hi <= 1.0, row
+    significance = _tsv(results / "significance.tsv")
+    assert {r["method"] for r in significance} == {"rag", "react", "grpo"}
+    assert {r["dataset"] for r in significance} == {*DATASETS, "avg"} and {
+        r["reference"] for r in significance
+    } == {"spader"}
+    assert all(0.0 < float(r["p_value"]) <= 1.0 for r in significance)
+    shown = _tsv(results / "f1_ci.tsv")
+    assert [r["method"] for r in shown] == ["rag", "react", "spader", "grpo"]
+    assert all(re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]( \(n\.s\.\))?", r["avg"]) for r in shown)
+    assert (results / "f1.png").stat().st_size > 0
+
+
+def test_demo_report_shows_the_learning_curves(demo, smk):
+    """The learning curves of both trained variants, from their training runs' per-step metrics,
+    in the tables and in the report."""
+    results = demo["work"] / "results" / "demo"
+    curves = _tsv(results / "learning_curves.tsv")
+    runs = {r["run"] for r in curves}
+    assert runs == {"spader", "grpo"}
+    spader = {r["curve"] for r in curves if r["run"] == "spader"}
+    assert {"reward", "format_valid", "searches", "entities", "response_length", "kl"} <= spader
+    assert {int(r["step"]) for r in curves} == {1, 2}
+    assert (results / "learning_curves.png").stat().st_size > 10_000
+    report = demo["work"] / "report.html"
+    smk.run(*_demo_args(smk), "--report", str(report), cwd=demo["work"])
+    html = report.read_text(encoding="utf-8")
+    assert "learning_curves.png" in html and "Learning curves of the training runs" in html
+    report.unlink()  # the checkout-is-clean test below lists what the demo leaves
 
 
 def test_demo_leaves_the_checkout_clean(demo, smk):

@@ -30,7 +30,7 @@ def test_readme_order():
         "## CPU demo",
         "snakemake --cores all results/qwen3_8b/f1.tsv",
         "snakemake --profile slurm results/qwen3_8b/f1.tsv",
-        "## MLflow",
+        "## Outputs",
     ]
     positions = [readme.index(m) for m in marks]
     assert positions == sorted(positions)

@@ -274,3 +274,65 @@ def test_model_revision_reruns_its_download_and_what_uses_the_model():
     rules = {rule for rule, _ in _affected(_jobs(base, TARGET), _jobs(changed, TARGET))}
     assert "download_model" in rules and {"train_policy", "evaluate_policy"} <= rules
     assert not {"build_bm25_index", "normalize_dataset", "mix_training_set"} & rules
+
+
+# A rename that changes no result: the code of core/text.py's normalize with another local name.
+_RENAME = [
+    'text = text.lower()\n    text = unicodedata.normalize("NFKD", text).translate(_DELETE)\n'
+    '    text = _ARTICLES.sub(" ", text)\n    # str.split()',
+    'lowered = text.lower()\n    text = unicodedata.normalize("NFKD", lowered).translate(_DELETE)\n'
+    '    text = _ARTICLES.sub(" ", text)\n    # str.split()',
+]
+
+
+def _switched_off_reruns(tmp: Path, off: list[str]) -> tuple[set, set]:
+    """Every job, and the jobs the rename reruns once every output was built with the switches
+    of ``off`` turned off afterwards (the normal workflow: build, then decide a refactor must not
+    rerun the expensive stages)."""
+    copy_root = tmp / "repo"
+    for part in ("src", "workflow", "config"):
+        shutil.copytree(REPO / part, copy_root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    after = copy.deepcopy(PAPER)
+    after["code_reruns"] = {group: False for group in off}
+    spec = {
+        "repo": str(copy_root),
+        "target": TARGET,
+        "config": PAPER,
+        "after_config": after,
+        "edits": {"rename": ["src/spader/core/text.py", *_RENAME]},
+    }
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=str(copy_root / "src"), XDG_CACHE_HOME=str(tmp / "cache"))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "support" / "dag_jobs.py"), str(tmp / "spec.json")],
+        cwd=copy_root, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    every_job = {(r, n or None) for r, n in result["all"]}
+    return every_job, {(r, n or None) for r, n in result["edits"]["rename"]}
+
+
+@pytest.mark.slow
+def test_a_rename_with_the_switches_off_plans_no_training(tmp_path):
+    """With code_reruns off for every stage up to training, a rename in a core module reruns only
+    the evaluation stages that run it; with every switch on it would rerun the whole DAG below
+    the data (test_code_edit_reruns_exactly_the_stages_that_run_it has the switched-on cases)."""
+    every_job, reruns = _switched_off_reruns(tmp_path, ["data", "retrieval", "models", "scorers", "training"])
+    assert not {r for r, _ in reruns} & {"train_policy", "export_checkpoint", "normalize_dataset"}
+    assert reruns == {job for job in every_job if job[0] in ("evaluate_policy", "aggregate_results")}
+
+
+def test_planned_code_keeps_what_the_output_was_built_with(tmp_path):
+    from spader.infra import integrity
+    from spader.infra.stage_code import planned_code
+
+    out = tmp_path / "results" / "x" / "final.json"
+    out.parent.mkdir(parents=True)
+    out.write_text("{}")
+    assert planned_code("new", out, reruns=False) == "new"  # no record yet: the fingerprint
+    integrity.write_record(out, producer="train_policy")
+    assert planned_code("new", out, reruns=False) == "new"  # a record from before codes were kept
+    integrity.annotate([out], code="old")
+    assert planned_code("new", out, reruns=False) == "old"
+    assert planned_code("new", out, reruns=True) == "new"

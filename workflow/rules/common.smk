@@ -16,7 +16,7 @@ from spader.config import (
 from spader.core.prompt import load_template
 from spader.infra.glue import without_operational
 from spader.integrations.verl.overrides import shared_training_runs
-from spader.infra.stage_code import stage_fingerprints
+from spader.infra.stage_code import planned_code, stage_fingerprints, stage_group
 from spader.training.scorer_launch import judge_params
 
 # The repository that holds this workflow. Files shipped with the workflow (default config, verl
@@ -72,12 +72,22 @@ TRAINING_RUN = {
 CODE = stage_fingerprints(Path(workflow.basedir) / "scripts")
 
 
-def code_of(rule):
-    """Code fingerprint of `rule` (its script workflow/scripts/<rule>.py and the modules it runs)."""
-    try:
-        return CODE[rule]
-    except KeyError:
-        raise WorkflowError(f"no script workflow/scripts/{rule}.py to fingerprint") from None
+def code_of(name):
+    """The `code` param of the jobs of rule `name`, i.e. the fingerprint of its script
+    workflow/scripts/<name>.py and of the modules it runs. With `code_reruns.<its group>` off, a
+    job whose output exists keeps the param it was built with (recorded with the output), so a
+    code change reruns nothing."""
+    if name not in CODE:
+        raise WorkflowError(f"no script workflow/scripts/{name}.py to fingerprint")
+    if getattr(CONFIG.code_reruns, stage_group(name)):
+        return CODE[name]
+    return lambda wildcards: planned_code(CODE[name], first_output(name, wildcards), reruns=False)
+
+
+def first_output(name, wildcards):
+    """The first output file of a job of the rule called `name` (where its integrity record is)."""
+    pattern = getattr(rules, name).output[0]
+    return expand(pattern, **dict(wildcards.items()))[0]
 
 
 def _alternatives(names):
@@ -94,14 +104,6 @@ wildcard_constraints:
     file="[A-Za-z0-9._-]+",
     repo="[A-Za-z0-9._-]+--[A-Za-z0-9._-]+",
     kind="qwen3|reranker",
-
-
-# Downloads run in the main snakemake process, never as cluster jobs: compute nodes often have
-# no network access.
-localrules:
-    download_dump,
-    download_dataset,
-    download_model,
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,6 +195,11 @@ def table_variants():
 def shared_runs_of(backbone):
     """`{variant: the variant whose training run it evaluates}` for the backbone's variants."""
     return {v: training_run(backbone, v) for v in config["backbones"][backbone]["variants"]}
+
+
+def trained_runs_of(backbone):
+    """The backbone's training runs (variants sharing one run count once)."""
+    return list(dict.fromkeys(shared_runs_of(backbone).values()))
 
 
 def agent_params():

@@ -26,6 +26,8 @@ rule build_bm25_index:
         stats="results/{suite}/index/stats.json",
     log:
         "logs/build_bm25_index/{suite}.log",
+    benchmark:
+        "results/benchmarks/build_bm25_index/{suite}.tsv"
     threads: 16
     resources:
         mem_mb=32000,

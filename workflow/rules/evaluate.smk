@@ -1,5 +1,6 @@
 # Evaluation: every method (trained variants and prompting baselines) on every dataset, then the
-# paper's tables, plots and report. An unchanged checkpoint on an unchanged set is not
+# paper's tables (with bootstrap intervals and paired tests against spader), plots, the training
+# runs' learning curves and report. An unchanged checkpoint on an unchanged set is not
 # re-evaluated: the model, index and set are inputs, everything that changes a score is a param.
 
 
@@ -15,6 +16,8 @@ rule evaluate_policy:
     log:
         job="logs/evaluate_policy/{backbone}/{method}/{dataset}.log",
         service="logs/evaluate_policy/{backbone}/{method}/{dataset}.service.log",
+    benchmark:
+        "results/benchmarks/evaluate_policy/{backbone}/{method}/{dataset}.tsv"
     threads: lambda wc: get_gpu_job_threads() if config["evaluation"]["gpus"] > 0 else 2
     resources:
         gpu=config["evaluation"]["gpus"],
@@ -22,7 +25,7 @@ rule evaluate_policy:
         runtime=720,
     params:
         method=lambda wc: wc.method,
-        evaluation=config["evaluation"],
+        evaluation=CONFIG.evaluation_params(),
         agent=agent_params(),
         prompt=PROMPT,
         retrieval=retrieval_params(),
@@ -45,6 +48,12 @@ rule aggregate_results:
             method=methods_of(wc.backbone),
             dataset=DATASETS,
         ),
+        # the training runs' final.json: their per-step metrics make the learning curves
+        finals=lambda wc: expand(
+            "results/{backbone}/train/{variant}/final.json",
+            backbone=wc.backbone,
+            variant=trained_runs_of(wc.backbone),
+        ),
     output:
         f1=report(
             "results/{backbone}/f1.tsv",
@@ -57,6 +66,36 @@ rule aggregate_results:
             caption="../report/prf.rst",
             category="Results",
             labels={"backbone": "{backbone}", "table": "P/R/F1"},
+        ),
+        significance=report(
+            "results/{backbone}/significance.tsv",
+            caption="../report/significance.rst",
+            category="Results",
+            labels={"backbone": "{backbone}", "table": "significance"},
+        ),
+        f1_ci=report(
+            "results/{backbone}/f1_ci.tsv",
+            caption="../report/f1_ci.rst",
+            category="Results",
+            labels={"backbone": "{backbone}", "table": "F1 with intervals"},
+        ),
+        f1_plot=report(
+            "results/{backbone}/f1.png",
+            caption="../report/f1_ci.rst",
+            category="Plots",
+            labels={"backbone": "{backbone}", "figure": "F1 with intervals"},
+        ),
+        curves=report(
+            "results/{backbone}/learning_curves.tsv",
+            caption="../report/learning_curves.rst",
+            category="Training",
+            labels={"backbone": "{backbone}", "table": "learning curves"},
+        ),
+        curves_plot=report(
+            "results/{backbone}/learning_curves.png",
+            caption="../report/learning_curves.rst",
+            category="Training",
+            labels={"backbone": "{backbone}", "figure": "learning curves"},
         ),
         ablation=report(
             "results/{backbone}/ablation.tsv",
@@ -107,6 +146,9 @@ rule aggregate_results:
         variants=table_variants(),
         datasets=list(DATASETS),
         shared_runs=lambda wc: shared_runs_of(wc.backbone),
+        uncertainty={
+            k: config["evaluation"][k] for k in ("bootstrap_samples", "bootstrap_seed", "significance_level")
+        },
         tiny_model=lambda wc: config["backbones"][wc.backbone]["model"].startswith("tiny:"),
         code=code_of("aggregate_results"),
     script:

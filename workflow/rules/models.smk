@@ -43,6 +43,8 @@ rule warmstart_policy:
     log:
         job="logs/warmstart_policy/{backbone}.log",
         service="logs/warmstart_policy/{backbone}.service.log",
+    benchmark:
+        "results/benchmarks/warmstart_policy/{backbone}.tsv"
     threads: 2
     resources:
         mem_mb=8000,

@@ -19,6 +19,8 @@ rule build_evidence:
     log:
         job="logs/build_evidence/{suite}.log",
         service="logs/build_evidence/{suite}.service.log",
+    benchmark:
+        "results/benchmarks/build_evidence/{suite}.tsv"
     threads: lambda wc: get_gpu_job_threads() if config["stepsearch"]["evidence"]["gpus"] > 0 else 2
     resources:
         gpu=config["stepsearch"]["evidence"]["gpus"],

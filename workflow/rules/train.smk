@@ -1,9 +1,18 @@
-# Training: verl per backbone x variant (logic in spader.training; docs/method.md). Checkpoints
-# are written to results/{backbone}/train/{variant}/work/, which is deliberately not a declared
-# output: Snakemake deletes the outputs of a failed job, and a rerun resumes from the newest
-# complete checkpoint there. The job starts its own retrieval service on the node, and its MLflow
-# run receives verl's per-step metrics. Cluster requests (CPUs, one task, partition) live in
-# profiles/slurm, never here.
+# Training: verl per backbone x variant (logic in spader.training; docs/method.md, docs/cluster.md).
+# Checkpoints are written to results/{backbone}/train/{variant}/work/, which is deliberately not a
+# declared output: Snakemake deletes the outputs of a failed job, and a rerun resumes from the
+# newest complete checkpoint there. The job starts its own retrieval service on the node, and its
+# MLflow run receives verl's per-step metrics.
+#
+# Time limits: the job asks SLURM for a warning (SIGURG) training.time_limit.warning_s before its
+# limit, stops verl at the next step boundary after a checkpoint and exits with status 75; the
+# rule's `retries` rerun it, and the rerun resumes. Its runtime is the variant's estimate
+# (training.time_limit.hours) capped by the SLURM profile's `max_runtime` for train_policy.
+# Nodes: training.nodes per job (a Ray cluster across them); more than one needs a cluster
+# executor. Partition, account and CPUs live in profiles/slurm, never here.
+
+
+include: "training.smk"
 
 
 rule train_policy:
@@ -20,15 +29,22 @@ rule train_policy:
         final="results/{backbone}/train/{variant}/final.json",
     log:
         "logs/train_policy/{backbone}/{variant}.log",
+    benchmark:
+        "results/benchmarks/train_policy/{backbone}/{variant}.tsv"
+    retries: training_retries()
     threads: get_gpu_job_threads()
     resources:
-        gpu=lambda wc: config["backbones"][wc.backbone]["gpus"],
+        gpu=training_gpus,
+        gres=training_gres,
+        nodes=TRAINING.nodes,
         mem_mb=lambda wc: max(64000, 60000 * config["backbones"][wc.backbone]["gpus"]),
-        runtime=2880,
+        runtime=training_runtime,
+        slurm_extra=slurm_signal_option(TRAINING.time_limit.warning_s),
+        train_attempt=lambda wc, attempt: attempt,
     params:
         backbone=lambda wc: backbone_params(wc.backbone),
         variant=lambda wc: config["variants"][wc.variant],
-        training=config["training"],
+        training=training_params(),
         agent=agent_params(),
         retrieval=retrieval_params(),
         workdir=lambda wc: f"results/{wc.backbone}/train/{wc.variant}/work",
@@ -38,14 +54,19 @@ rule train_policy:
         "../scripts/train_policy.py"
 
 
+# The export of a finished training is protected: a rerun that would replace it (changed settings or
+# code upstream) stops with Snakemake's "Write-protected output files" instead of deleting hundreds of
+# GPU-hours' result. To retrain or re-export on purpose, remove it by hand first (docs/cluster.md).
 rule export_checkpoint:
     input:
         final="results/{backbone}/train/{variant}/final.json",
     output:
-        model=directory("results/{backbone}/models/{variant}"),
-        meta="results/{backbone}/models/{variant}.json",
+        model=protected(directory("results/{backbone}/models/{variant}")),
+        meta=protected("results/{backbone}/models/{variant}.json"),
     log:
         "logs/export_checkpoint/{backbone}/{variant}.log",
+    benchmark:
+        "results/benchmarks/export_checkpoint/{backbone}/{variant}.tsv"
     threads: 8
     resources:
         mem_mb=64000,

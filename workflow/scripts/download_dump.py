@@ -10,4 +10,5 @@ with job(snakemake):
         sha256=snakemake.params.sha256,
         size=snakemake.params.size_bytes,
         desc="chunked_wikipedia.tar.gz",
+        record_source=snakemake.params.url,  # as configured: records hold no absolute path
     )

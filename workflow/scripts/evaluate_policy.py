@@ -1,5 +1,6 @@
 """Glue for rule evaluate_policy. Logic: spader.evaluation.evaluate."""
 
+from spader.config import AgentConfig, EvaluationConfig
 from spader.evaluation import evaluate_policy
 from spader.infra.glue import job, retrieval_settings
 
@@ -13,10 +14,11 @@ if __name__ == "__main__":
             snakemake.output.records,
             snakemake.output.summary,
             method=snakemake.params.method,
-            evaluation=snakemake.params.evaluation,
-            agent=snakemake.params.agent,
+            evaluation=EvaluationConfig.model_validate(snakemake.params.evaluation),
+            agent=AgentConfig.model_validate(snakemake.params.agent),
             prompt=snakemake.params.prompt,
             retrieval=retrieval_settings(snakemake.params.retrieval, snakemake.config),
             threads=snakemake.threads,
             service_log=snakemake.log.service,
+            job_log=snakemake.log.job,
         )

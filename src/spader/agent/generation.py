@@ -2,12 +2,13 @@
 transformers engine (CPU or GPU). sglang's offline engine (GPU, the default for real runs) lives
 in :mod:`spader.integrations.sglang`; :func:`spader.evaluation.backends.build_engine` picks one.
 
-Both take already tokenized prompts (the loop renders the chat template once, with the model's
-own tokenizer, and counts the context from the same ids) and return one :class:`Generation` per
-prompt. A failure is confined to the prompts it concerns: a batch that raises is retried one
-prompt at a time, and a prompt that still fails comes back with ``error`` set instead of raising,
-so the loop can score that episode as a failure (P = R = F1 = 0) and keep the others.
-
+Engines take token ids and return token ids, as verl's rollout servers do in training: the loop
+keeps each conversation as ids (:mod:`spader.agent.conversation`) and never re-renders it. Each
+request may carry its own sampling seed, so a seeded request samples the same tokens whatever it
+is batched with. A failure is confined to the prompts it concerns: a batch that raises is retried
+one prompt at a time, and a prompt that still fails comes back with ``error`` set instead of
+raising, so the loop can score that episode as a failure (P = R = F1 = 0) and keep the others
+(an evaluation with more failures than ``evaluation.max_error_share`` then fails as a whole).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Sampling:
-    """Decoding settings shared by every request of an evaluation run."""
+    """Decoding settings shared by every request of an evaluation run (per-request seeds are
+    passed to :meth:`Engine.generate`)."""
 
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int = 0
@@ -48,14 +50,17 @@ class Sampling:
 class Generation:
     """One assistant turn as generated.
 
-    ``finish`` is ``stop`` (end of turn or a stop string), ``length`` (token budget) or ``error``
-    (then ``error`` holds the message and ``text`` is empty).
+    ``token_ids`` are the ids the model generated (through the token that completed a stop string
+    or the end-of-turn token; the loop cuts them after the first stop tag), ``text`` their
+    decoding. ``finish`` is ``stop`` (end of turn or a stop string), ``length`` (token budget) or
+    ``error`` (then ``error`` holds the message and ``token_ids`` is empty).
     """
 
     text: str
     completion_tokens: int = 0
     finish: str = "stop"
     error: str | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 class Engine(Protocol):
@@ -65,9 +70,14 @@ class Engine(Protocol):
     tokenizer: object
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int], sampling: Sampling
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: Sequence[int],
+        sampling: Sampling,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
-        """One generation per prompt (token ids), each limited to its own ``max_new_tokens``."""
+        """One generation per prompt (token ids), each limited to its own ``max_new_tokens`` and
+        sampled with its own seed (``seeds[i]``; None: the engine's)."""
 
     def close(self) -> None:
         """Release the model (and any worker processes)."""
@@ -162,7 +172,13 @@ class TransformersEngine:
             self.torch.set_num_threads(self.threads)  # here: OpenMP settings are per calling thread
         return decode_batch(self.model, self.tokenizer, prompts, params, self.eos_ids)
 
-    def _generate_batch(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], sampling: Sampling):
+    def _generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: Sequence[int],
+        sampling: Sampling,
+        seeds: Sequence[int | None],
+    ):
         # the stop string is kept (the parser needs the closing tag), like SglangEngine's no_stop_trim
         params = [
             DecodeParams(
@@ -173,35 +189,46 @@ class TransformersEngine:
                 no_stop_trim=True,
                 skip_special_tokens=False,
                 spaces_between_special_tokens=False,
+                seed=seed,
             )
-            for b in budgets
+            for b, seed in zip(budgets, seeds, strict=True)
         ]
         results = []
         for out in decode_batch(self.model, self.tokenizer, prompts, params, self.eos_ids):
             text = keep_through_stop(cut_at_markers(out.text, self._markers), sampling.stop)
-            results.append(Generation(text, completion_tokens=len(out.token_ids), finish=out.finish))
+            results.append(
+                Generation(
+                    text,
+                    completion_tokens=len(out.token_ids),
+                    finish=out.finish,
+                    token_ids=tuple(out.token_ids),
+                )
+            )
         return results
 
-    def generate(self, prompts, max_new_tokens, sampling: Sampling) -> list[Generation]:
-        """See :class:`Engine`. Prompts are processed in length-sorted batches of ``batch_size``."""
+    def generate(self, prompts, max_new_tokens, sampling: Sampling, seeds=None) -> list[Generation]:
+        """See :class:`Engine`. Prompts are processed in length-sorted batches of ``batch_size``;
+        a request without a seed draws one from torch's generator, seeded with ``sampling.seed``."""
         if self.threads and self.torch.get_num_threads() != self.threads:
             self.torch.set_num_threads(self.threads)  # here: OpenMP settings are per calling thread
         if sampling.temperature > 0:
             self.torch.manual_seed(sampling.seed)
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             batch = [prompts[i] for i in idx]
             budgets = [max_new_tokens[i] for i in idx]
+            batch_seeds = [seeds[i] for i in idx]
             try:
-                outs = self._generate_batch(batch, budgets, sampling)
+                outs = self._generate_batch(batch, budgets, sampling, batch_seeds)
             except Exception as exc:  # noqa: BLE001  isolate the failing prompt(s): retry one at a time
                 log.warning("batch of %d prompts failed (%s); retrying one by one", len(idx), exc)
                 outs = []
-                for p, b in zip(batch, budgets, strict=True):
+                for p, b, seed in zip(batch, budgets, batch_seeds, strict=True):
                     try:
-                        outs.extend(self._generate_batch([p], [b], sampling))
+                        outs.extend(self._generate_batch([p], [b], sampling, [seed]))
                     except Exception as single:  # noqa: BLE001 (recorded on the episode, scored as 0)
                         log.error("generation failed for a prompt of %d tokens: %s", len(p), single)
                         outs.append(

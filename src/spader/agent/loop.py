@@ -1,40 +1,54 @@
-"""The agent's search/answer loop used for evaluation (docs/method.md, "Episode", "Prompt and format").
+"""The agent's search/answer loop used for evaluation (docs/method.md, "Episode", "One turn").
 
 One loop serves every method. ``react`` and the trained variants run up to ``max_turns``
 assistant turns: a turn with ``<tool_call>`` runs its queries and the observation comes back as a
-tool message; a turn with ``<answer>`` ends the episode; a turn with neither ends it too (invalid
-format). ``rag`` starts with one retrieval for the question itself, shown to the model exactly as
-a search step of its own, and then gives the model one turn, which must answer.
+user turn ``<tool_response>\\n...\\n</tool_response>``; a turn with ``<answer>`` ends the episode;
+a turn with neither ends it too (invalid format). ``rag`` starts with one retrieval for the
+question itself, shown to the model exactly as a search step of its own, and then gives the model
+one turn, which must answer.
+
+A conversation is token ids, built as training's verl agent loop builds it
+(:class:`spader.agent.conversation.Conversation`): the prompt's ids, then for every turn the ids
+the model generated (cut after the first stop tag), the template's closing tokens it did not
+write, and the observation turn's ids. Nothing is re-rendered through the chat template, so the
+model sees in evaluation exactly the ids it saw in training.
+
+Budgets are training's (config ``agent`` and ``evaluation.max_context_tokens``): a turn may use
+what is left of the episode's token budget (or ``max_turn_tokens`` when a per-turn cap is set);
+a turn that fills the budget, or an observation that does not fit in it, ends the episode
+(``context_budget``), and a call in the last allowed turn is not run (``turn_budget``). Every
+episode a token budget cut short is flagged (``budget_cut``).
 
 Episodes are advanced turn by turn in lock-step: the prompts of all running episodes go to the
-engine together and all queries of a turn go to the search service in one call. The prompt, the
-observation format and the parser are the project's single ones (``spader.core.prompt``,
-``spader.core.parsing``), also used by training. Discovery of ground-truth entities per turn uses
-``spader.core.matching.find_hits`` on the returned passages (never on the queries).
-
-One turn is the same as in training (config ``agent``: ``max_turns``, ``max_turn_tokens``,
-``max_tool_response_chars``, ``max_queries_per_call``, ``stop``): generation stops after the first
-stop tag or the per-turn token cap, and the same parser reads the turn up to that tag.
+engine together (each request with its own seed, derived from ``evaluation.seed``, the question
+and the turn, so a sample does not depend on its batch) and all queries of a turn go to the search
+service in one call. The parser is the project's single one (``spader.core.parsing``), also used
+by training. Discovery of ground-truth entities per turn uses ``spader.core.matching`` on the
+returned passages (never on the queries).
 
 Nothing here raises on model output: malformed calls (unusable queries included) become error
 observations, a missing or malformed answer becomes an invalid-format episode, a generation
 failure is recorded on the episode (``status == "generation_error"``), and any other failure of
 one episode (``status == "episode_error"``) ends that episode only, with its reason in
-``error``; each scores 0 while the other episodes go on. Only a search service that stays
-unreachable after its retries stops the run: scoring against a dead search engine would be wrong.
+``error``; each scores 0 while the other episodes go on. Two failures stop the run: a search
+service that stays unreachable after its retries (scoring against a dead search engine would be
+wrong) and, with ``max_error_share`` set, more generation errors than that share of the episodes
+(:class:`GenerationFailure`: the engine died or keeps failing).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from spader.agent.generation import Engine, Sampling
+from spader.agent.conversation import Conversation, render_ids, turn_token_count
+from spader.agent.generation import Engine, Generation, Sampling
+from spader.config.model import AgentConfig, EvaluationConfig, TrainingConfig
 from spader.core.matching import passage_hits
 from spader.core.metrics import unique_gold
 from spader.core.parsing import TURN_END_TAGS, AnswerParse, parse_turn
@@ -46,10 +60,13 @@ __all__ = [
     "METHODS_PROMPTING",
     "AgentSettings",
     "Episode",
+    "GenerationFailure",
     "Question",
     "SearchFn",
     "Step",
+    "format_tool_call",
     "render_prompt",
+    "request_seed",
     "run_episodes",
 ]
 
@@ -58,31 +75,54 @@ SearchFn = Callable[[list[str]], list[list[dict]]]
 
 METHODS_PROMPTING = ("rag", "react")
 
-
 #: Settings read from config ``agent`` (shared with training); the others come from ``evaluation``.
-AGENT_KEYS = ("max_turns", "max_turn_tokens", "max_queries_per_call", "max_tool_response_chars", "stop")
+AGENT_KEYS = (
+    "max_turns",
+    "max_turn_tokens",
+    "max_queries_per_call",
+    "max_tool_response_chars",
+    "stop",
+    "regenerations",
+)
+
+
+def _training_budget() -> int:
+    """Training's episode budget with the configuration's defaults: prompt plus response tokens."""
+    fields = TrainingConfig.model_fields
+    return int(fields["max_prompt_length"].default) + int(fields["max_response_length"].default)
+
+
+class GenerationFailure(RuntimeError):
+    """More episodes were lost to generation errors than ``max_error_share`` allows: the engine
+    died or keeps failing, and an evaluation scored on what is left would be wrong."""
 
 
 @dataclass(frozen=True)
 class AgentSettings:
     """Budgets and decoding of the loop: the turn settings of ``config["agent"]`` (the same in
-    training) and the decoding and context budget of ``config["evaluation"]``."""
+    training) and the decoding, context budget and error tolerance of ``config["evaluation"]``.
+
+    ``max_context_tokens`` (prompt and response) defaults to training's budget (the defaults of
+    ``training.max_prompt_length`` + ``training.max_response_length``); ``max_turn_tokens`` None
+    means no per-turn cap; ``max_error_share`` None never stops the run for generation errors.
+    """
 
     max_turns: int = 16
-    max_turn_tokens: int = 1024
-    max_context_tokens: int = 16384
+    max_turn_tokens: int | None = None
+    max_context_tokens: int = field(default_factory=lambda: _training_budget())
     max_queries_per_call: int = 10
     max_query_chars: int = 1000  # the search service's limit (retrieval.service.max_query_chars)
     max_tool_response_chars: int = 11000
-    temperature: float = 0.0
+    temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = TURN_END_TAGS
     seed: int = 0
+    regenerations: int = 0
+    max_error_share: float | None = None
 
     def __post_init__(self):
         positive = (
             "max_turns",
-            "max_turn_tokens",
             "max_context_tokens",
             "max_queries_per_call",
             "max_query_chars",
@@ -92,23 +132,47 @@ class AgentSettings:
             if int(getattr(self, name)) < 1:
                 section = "agent" if name in AGENT_KEYS else "evaluation"
                 raise ValueError(f"{section}.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_turn_tokens is not None and int(self.max_turn_tokens) < 1:
+            raise ValueError(f"agent.max_turn_tokens must be null or >= 1, got {self.max_turn_tokens!r}")
+        if int(self.regenerations) < 0:
+            raise ValueError(f"agent.regenerations must be >= 0, got {self.regenerations!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(
                 "evaluation.temperature must be >= 0 and top_p in (0, 1], "
                 f"got {self.temperature}, {self.top_p}"
             )
+        if self.max_error_share is not None and not 0 <= self.max_error_share <= 1:
+            raise ValueError(f"evaluation.max_error_share must lie in [0, 1], got {self.max_error_share}")
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @classmethod
-    def from_config(
-        cls, evaluation: Mapping[str, Any], agent: Mapping[str, Any] | None = None
-    ) -> AgentSettings:
-        """The loop's keys: turn settings from ``config["agent"]``, decoding and the context budget
-        from ``config["evaluation"]`` (engine/GPU keys are ignored here)."""
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in evaluation.items() if k in names and k not in AGENT_KEYS}
-        values.update({k: v for k, v in (agent or {}).items() if k in names and k in AGENT_KEYS})
-        return cls(**values)
+    def from_config(cls, evaluation: EvaluationConfig, agent: AgentConfig | None = None) -> AgentSettings:
+        """The loop's settings from the typed sections: turn settings from ``agent``, decoding,
+        context budget and error tolerance from ``evaluation``.
+
+        Raises:
+            ValueError: ``evaluation.max_context_tokens`` is null (the workflow resolves it to
+                training's budget, :attr:`spader.config.Config.evaluation_context_tokens`).
+        """
+        agent = agent or AgentConfig()
+        if evaluation.max_context_tokens is None:
+            raise ValueError(
+                "evaluation.max_context_tokens is null: resolve it to training's max_prompt_length + "
+                "max_response_length first (spader.config.Config.evaluation_context_tokens)"
+            )
+        return cls(
+            max_turns=agent.max_turns,
+            max_turn_tokens=agent.max_turn_tokens,
+            max_queries_per_call=agent.max_queries_per_call,
+            max_tool_response_chars=agent.max_tool_response_chars,
+            stop=tuple(agent.stop),
+            regenerations=agent.regenerations,
+            max_context_tokens=evaluation.max_context_tokens,
+            temperature=evaluation.temperature,
+            top_p=evaluation.top_p,
+            seed=evaluation.seed,
+            max_error_share=evaluation.max_error_share,
+        )
 
     @property
     def sampling(self) -> Sampling:
@@ -126,7 +190,12 @@ class Question:
 
 @dataclass
 class Step:
-    """One assistant turn (``kind`` ``retrieval`` is rag's retrieval for the question)."""
+    """One assistant turn (``kind`` ``retrieval`` is rag's retrieval for the question).
+
+    ``budget_cut`` is True when a token budget cut the turn's generation (its text has no stop
+    tag); ``regenerated`` counts the malformed samples of the turn drawn again
+    (``agent.regenerations``); ``observation`` is the text of the observation it received.
+    """
 
     text: str
     kind: str
@@ -139,6 +208,9 @@ class Step:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish: str = ""
+    budget_cut: bool = False
+    regenerated: int = 0
+    observation: str | None = None
 
 
 @dataclass
@@ -147,11 +219,12 @@ class Episode:
 
     ``status``: ``running`` while active, then ``answered`` (an ``<answer>`` turn, valid or not),
     ``no_action`` (a turn with neither tool call nor answer), ``turn_budget``, ``context_budget``,
-    ``generation_error`` or ``episode_error`` (``error`` says why; both score 0).
+    ``generation_error`` or ``episode_error`` (``error`` says why; both score 0). ``conversation``
+    holds the ids the model saw.
     """
 
     question: Question
-    messages: list[dict]
+    conversation: Conversation | None = None
     steps: list[Step] = field(default_factory=list)
     status: str = "running"
     answer: AnswerParse | None = None
@@ -173,6 +246,12 @@ class Episode:
         log.warning("episode %s failed at %s", self.question.id, self.error)
 
     @property
+    def budget_cut(self) -> bool:
+        """Whether a token budget ended the episode: its context was full, or its last turn's
+        generation was cut by its token budget."""
+        return self.status == "context_budget" or bool(self.steps and self.steps[-1].budget_cut)
+
+    @property
     def format_valid(self) -> bool:
         return self.status == "answered" and self.answer is not None and self.answer.valid
 
@@ -190,23 +269,55 @@ class Episode:
 
 
 def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of the conversation so far plus the assistant header (the model's chat template)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    """Token ids of ``messages`` plus the assistant header (the model's chat template, no tool
+    schemas): an episode's first prompt."""
+    return render_ids(tokenizer, messages, add_generation_prompt=True)
+
+
+def request_seed(seed: int, question_id: str, turn: int, attempt: int = 0) -> int:
+    """The sampling seed of one generation request: a hash of the run's seed, the question, the
+    turn and the attempt (regenerations), so a sample does not depend on what it is batched with.
+
+    >>> request_seed(0, "q1", 0) == request_seed(0, "q1", 0) != request_seed(1, "q1", 0)
+    True
+    """
+    digest = hashlib.sha256(f"{seed}\x1f{question_id}\x1f{turn}\x1f{attempt}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def format_tool_call(queries: Sequence[str]) -> str:
+    """The text of a search step in the agent's protocol (used for rag's retrieval turn)."""
+    return f"<tool_call>{json.dumps(list(queries), ensure_ascii=False)}</tool_call>"
+
+
+def _observe(ep: Episode, step: Step, text: str, settings: AgentSettings) -> None:
+    """Close the turn and append the observation, or end the episode when it does not fit in the
+    token budget (as training's agent loop ends it)."""
+    conv = ep.conversation
+    conv.close_turn()
+    ids = conv.observation(text)
+    step.observation = text
+    if len(conv.ids) + len(ids) >= settings.max_context_tokens:
+        ep.status = "context_budget"
+        return
+    conv.add_observation(ids)
 
 
 def _record_passages(
-    ep: Episode, step: Step, queries: list[str], passages: list[list[dict]], settings
+    ep: Episode, step: Step, queries: list[str], passages: list[list[dict]], settings: AgentSettings
 ) -> None:
     """Observation of one search step; discovery counts only the passages it shows (as in
-    training), matched on titles and texts, never on the queries."""
+    training), matched on titles and texts, never on the queries. An observation the token
+    budget has no room for shows nothing (the episode ends there, as in training)."""
     text, shown = fit_observation(queries, passages, settings.max_tool_response_chars)
+    _observe(ep, step, text, settings)
+    if ep.status == "context_budget":
+        return
     step.passage_ids = [[str(p.get("id", "")) for p in ps] for ps in shown]
     hits = passage_hits(shown, ep.gold)
     step.hits = sorted(hits)
     step.new_entities = sorted(hits - ep._seen)
     ep._seen |= hits
-    ep.messages.append({"role": "tool", "content": text})
 
 
 def _rejected(exc: BaseException) -> bool:
@@ -225,7 +336,7 @@ def _search_one(ep: Episode, step: Step, search: SearchFn, settings: AgentSettin
         if not _rejected(exc):
             raise
         step.tool_error = f"the search service rejected the queries ({type(exc).__name__}: {exc})"
-        ep.messages.append({"role": "tool", "content": format_observation([], error=step.tool_error)})
+        _observe(ep, step, format_observation([], error=step.tool_error), settings)
         return
     if len(results) != len(step.queries):
         raise RuntimeError(f"search returned {len(results)} result lists for {len(step.queries)} queries")
@@ -259,45 +370,105 @@ def _run_searches(pending: list[tuple[Episode, Step]], search: SearchFn, setting
         at += n
 
 
-def _rag_retrieval(episodes: list[Episode], search: SearchFn, settings: AgentSettings) -> None:
+def _rag_retrieval(episodes: list[Episode], search: SearchFn, settings: AgentSettings, tokenizer) -> None:
     pending = []
     for ep in episodes:
+        if ep.status != "running":
+            continue
         query = ep.question.question.strip()[: settings.max_query_chars]
         text = format_tool_call([query])
-        ep.messages.append({"role": "assistant", "content": text})
+        ep.conversation.add_turn(tokenizer.encode(text, add_special_tokens=False))
         step = Step(text=text, kind="retrieval", queries=[query], finish="forced")
         ep.steps.append(step)
         pending.append((ep, step))
     _run_searches(pending, search, settings)
 
 
-def format_tool_call(queries: Sequence[str]) -> str:
-    """The text of a search step in the agent's protocol (used for rag's retrieval turn)."""
-    return f"<tool_call>{json.dumps(list(queries), ensure_ascii=False)}</tool_call>"
-
-
-def _apply_turn(ep: Episode, step: Step, last_turn: bool, settings: AgentSettings) -> bool:
+def _apply_turn(ep: Episode, step: Step, last_turn: bool, full: bool, settings: AgentSettings) -> bool:
     """Classify the generated turn; returns True when its queries must be run now."""
     turn = parse_turn(step.text, settings.stop)
-    step.text, step.kind = turn.text, turn.kind  # the turn ends at its first stop tag
-    ep.messages.append({"role": "assistant", "content": step.text})
+    step.kind = turn.kind
     if turn.kind in ("answer", "none"):
         ep.answer = turn.answer
-        ep.status = "answered" if turn.kind == "answer" else "no_action"
+        ep.status = "answered" if turn.kind == "answer" else ("context_budget" if full else "no_action")
         return False
     call = turn.tool_call
-    if last_turn:  # the budget ends here: the call is not run (as in training's tool loop)
-        ep.status = "turn_budget"
+    if last_turn or full:  # the budget ends here: the call is not run (as in training's tool loop)
+        ep.status = "turn_budget" if last_turn and not full else "context_budget"
         step.skipped_queries = len(call.queries) if call and call.queries else 0
         return False
     if call.error is not None:
         step.tool_error = call.error
-        ep.messages.append({"role": "tool", "content": format_observation([], error=call.error)})
+        _observe(ep, step, format_observation([], error=call.error), settings)
         return False
     # as training's tool: each query cut to what the service accepts, at most max_queries_per_call
     step.queries = [q[: settings.max_query_chars] for q in call.queries[: settings.max_queries_per_call]]
     step.skipped_queries = len(call.queries) - len(step.queries)
     return True
+
+
+def _malformed(text: str, stop: tuple[str, ...]) -> bool:
+    """A turn R3-RAG's original would sample again: neither a well-formed call nor a valid answer."""
+    turn = parse_turn(text, stop)
+    if turn.kind == "search":
+        return turn.tool_call is None or turn.tool_call.error is not None
+    if turn.kind == "answer":
+        return turn.answer is None or not turn.answer.valid
+    return True
+
+
+@dataclass
+class _Request:
+    ep: Episode
+    prompt: list[int]
+    budget: int
+    turn: int
+    attempt: int = 0
+
+
+def _generate(engine: Engine, requests: list[_Request], settings: AgentSettings) -> list[Generation]:
+    """One engine call for ``requests``; an engine that raises fails each request's generation."""
+    if not requests:
+        return []
+    seeds = [request_seed(settings.seed, r.ep.question.id, r.turn, r.attempt) for r in requests]
+    try:
+        gens = engine.generate(
+            [r.prompt for r in requests], [r.budget for r in requests], settings.sampling, seeds
+        )
+        if len(gens) != len(requests):
+            raise RuntimeError(f"the engine returned {len(gens)} generations for {len(requests)} prompts")
+        return list(gens)
+    except Exception as exc:  # noqa: BLE001 (recorded on every episode of the call, scored 0)
+        log.error("generation failed for %d prompts: %s: %s", len(requests), type(exc).__name__, exc)
+        return [Generation("", finish="error", error=f"{type(exc).__name__}: {exc}") for _ in requests]
+
+
+def _turn_ids(gen: Generation, tokenizer, settings: AgentSettings) -> tuple[list[int], bool]:
+    """The generated ids of one turn, cut after the first stop tag, and whether the token budget
+    cut the turn (it ended at the budget before any tag)."""
+    if gen.error is not None:
+        raise RuntimeError(gen.error)
+    ids = [int(i) for i in gen.token_ids]
+    if not ids and gen.text:
+        raise RuntimeError("the engine returned text without its token ids")
+    keep = turn_token_count(tokenizer, ids, settings.stop)
+    if keep < len(ids):
+        return ids[:keep], False
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return ids, gen.finish == "length" and not any(tag in text for tag in settings.stop)
+
+
+def _check_errors(episodes: list[Episode], engine: Engine, settings: AgentSettings) -> None:
+    if settings.max_error_share is None:
+        return
+    failed = sum(ep.status == "generation_error" for ep in episodes)
+    if failed and failed > settings.max_error_share * len(episodes):
+        reasons = sorted({str(ep.error) for ep in episodes if ep.status == "generation_error"})
+        raise GenerationFailure(
+            f"engine {getattr(engine, 'name', type(engine).__name__)!r}: {failed} of {len(episodes)} episodes "
+            f"({failed / len(episodes):.1%}) lost to generation errors, more than evaluation.max_error_share="
+            f"{settings.max_error_share} allows (first error: {reasons[0][:300]})"
+        )
 
 
 def run_episodes(
@@ -322,10 +493,20 @@ def run_episodes(
         template: the user-prompt template (``agent.prompt_template``; default: the project's).
     Returns:
         The finished episodes, in the order of ``questions``.
+    Raises:
+        GenerationFailure: more generation errors than ``settings.max_error_share`` allows.
     """
-    episodes = [Episode(question=q, messages=build_messages(q.question, template)) for q in questions]
+    tokenizer = engine.tokenizer
+    episodes = [Episode(question=q) for q in questions]
+    for ep in episodes:
+        try:
+            prompt = render_prompt(tokenizer, build_messages(ep.question.question, template))
+            ep.conversation = Conversation(tokenizer, prompt)
+        except Exception as exc:  # noqa: BLE001 (a template error is this episode's failure)
+            ep.status, ep.error = "generation_error", f"chat template failed: {type(exc).__name__}: {exc}"
+    _check_errors(episodes, engine, settings)
     if method == "rag":
-        _rag_retrieval(episodes, search, settings)
+        _rag_retrieval(episodes, search, settings, tokenizer)
         turns = 1
     else:
         turns = settings.max_turns
@@ -334,54 +515,58 @@ def run_episodes(
         running = [ep for ep in episodes if ep.status == "running"]
         if not running:
             break
-        live, prompts, budgets = [], [], []
+        requests = []
         for ep in running:
-            try:
-                ids = render_prompt(engine.tokenizer, ep.messages)
-            except Exception as exc:  # noqa: BLE001 (a template error is this episode's failure)
-                ep.status, ep.error = "generation_error", f"chat template failed: {type(exc).__name__}: {exc}"
-                continue
-            room = settings.max_context_tokens - len(ids)
+            room = settings.max_context_tokens - len(ep.conversation.ids)
             if room <= 0:
                 ep.status = "context_budget"
                 continue
-            live.append(ep)
-            prompts.append(ids)
-            budgets.append(min(settings.max_turn_tokens, room))
-        try:
-            gens = engine.generate(prompts, budgets, settings.sampling) if prompts else []
-            if len(gens) != len(prompts):
-                raise RuntimeError(f"the engine returned {len(gens)} generations for {len(prompts)} prompts")
-        except Exception as exc:  # noqa: BLE001 (recorded on every episode of the call, scored 0)
-            log.error("generation failed for %d prompts: %s: %s", len(prompts), type(exc).__name__, exc)
-            for ep in live:
-                ep.status, ep.error = "generation_error", f"{type(exc).__name__}: {exc}"
-            live, prompts, gens = [], [], []
-        pending = []
-        for ep, ids, gen in zip(live, prompts, gens, strict=True):
-            step = Step(
-                text=gen.text,
-                kind="none",
-                prompt_tokens=len(ids),
-                completion_tokens=gen.completion_tokens,
-                finish=gen.finish,
+            cap = settings.max_turn_tokens
+            requests.append(
+                _Request(ep, list(ep.conversation.ids), room if cap is None else min(cap, room), turn)
             )
+        gens = _generate(engine, requests, settings)
+        for attempt in range(1, settings.regenerations + 1):
+            again = [
+                i
+                for i, (req, gen) in enumerate(zip(requests, gens, strict=True))
+                if gen.error is None and _malformed(_decode(gen, tokenizer, settings), settings.stop)
+            ]
+            if not again:
+                break
+            redo = [
+                _Request(requests[i].ep, requests[i].prompt, requests[i].budget, turn, attempt) for i in again
+            ]
+            for i, gen in zip(again, _generate(engine, redo, settings), strict=True):
+                gens[i] = gen
+                requests[i].attempt = attempt
+        pending = []
+        for req, gen in zip(requests, gens, strict=True):
+            ep = req.ep
+            step = Step(text="", kind="none", prompt_tokens=len(req.prompt), finish=gen.finish)
+            step.regenerated = req.attempt
             ep.steps.append(step)
             if gen.error is not None:
                 ep.status, ep.error, step.kind = "generation_error", gen.error, "error"
                 continue
             try:
-                if _apply_turn(ep, step, last_turn=turn == turns - 1, settings=settings):
+                ids, cut = _turn_ids(gen, tokenizer, settings)
+                step.text = tokenizer.decode(ids, skip_special_tokens=False)
+                step.completion_tokens, step.budget_cut = len(ids), cut
+                ep.conversation.add_turn(ids)
+                full = len(ep.conversation.ids) >= settings.max_context_tokens
+                if _apply_turn(ep, step, last_turn=turn == turns - 1, full=full, settings=settings):
                     pending.append((ep, step))
             except Exception as exc:  # noqa: BLE001 (this episode's failure, scored 0)
                 ep.fail("reading the turn", exc)
+        _check_errors(episodes, engine, settings)
         _run_searches(pending, search, settings)
         done = sum(ep.status != "running" for ep in episodes)
         bar.update(done - bar.n)
         log.info(
             "turn %d: %d episodes generated, %d searched, %d/%d finished",
             turn + 1,
-            len(live),
+            len(requests),
             len(pending),
             done,
             len(episodes),
@@ -392,3 +577,11 @@ def run_episodes(
     bar.update(len(episodes) - bar.n)
     bar.close()
     return episodes
+
+
+def _decode(gen: Generation, tokenizer, settings: AgentSettings) -> str:
+    try:
+        ids, _ = _turn_ids(gen, tokenizer, settings)
+    except Exception:  # noqa: BLE001 (a broken generation is handled where it is recorded)
+        return ""
+    return tokenizer.decode(ids, skip_special_tokens=False)

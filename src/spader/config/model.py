@@ -29,11 +29,13 @@ __all__ = [
     "CROSS_KEY_RULES",
     "DATASETS",
     "OPERATIONAL_SERVICE_KEYS",
+    "OPERATIONAL_TRAINING_KEYS",
     "PROMPTING",
     "USER_SUPPLIED",
     "AgentConfig",
     "BackboneConfig",
     "Bm25Config",
+    "CodeRerunsConfig",
     "Config",
     "CorpusConfig",
     "CostWarmup",
@@ -42,6 +44,7 @@ __all__ = [
     "DivergencesConfig",
     "EvaluationConfig",
     "EvidenceConfig",
+    "HardwareConfig",
     "HubSource",
     "JudgeConfig",
     "MixConfig",
@@ -54,6 +57,7 @@ __all__ = [
     "SplitConfig",
     "SplitsConfig",
     "StepSearchConfig",
+    "TimeLimitConfig",
     "TrainingConfig",
     "VariantConfig",
     "WarmstartConfig",
@@ -85,6 +89,11 @@ CROSS_KEY_RULES = (
     "`training.train_batch_size * training.rollout_n`.",
     "`training.rollout_backend`: `cuda` trains with `sglang`, `cpu` with `transformers`.",
     "`datasets.<name>.splits.<split>.file` names a key of `datasets.<name>.files`.",
+    "`evaluation.seeds`: distinct seeds; more than one needs `evaluation.temperature` > 0.",
+    "`training.time_limit.hours`: keys other than `default` name keys of `variants`.",
+    "`training.nodes` > 1 with an LLM-judged R3-RAG variant and `judge.url` null: the judge is served on "
+    "the last node (`judge.gpus` <= `backbones.<name>.gpus`) and verl trains on the GPUs of the others, "
+    "whose number must divide `training.train_batch_size * training.rollout_n`.",
 )
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")]
@@ -326,16 +335,43 @@ class ServiceConfig(Section):
     cache_entries: int = Field(
         100000, ge=0, description="most results the service's LRU cache keeps (0: no cache)"
     )
-    cache_bytes: int = Field(268435456, ge=0, description="most bytes the cached passages may hold")
+    cache_bytes: int = Field(
+        268435456,
+        ge=0,
+        description="most bytes the cache may hold in memory, keys and passages counted as Python holds them",
+    )
     slice_queries: int = Field(
         64, ge=1, description="queries per search step; larger and merged requests are cut into slices"
     )
     overlap: bool = Field(True, description="BM25 of the next slice while the current one is reranked")
+    header_timeout_s: float = Field(
+        20,
+        gt=0,
+        description="seconds a request's headers may take to arrive; then 408 and the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        60,
+        gt=0,
+        description="seconds a request's body may take to arrive after its headers; then 408 and closed",
+    )
+    max_connections: int = Field(
+        1024, ge=1, description="most open connections; one more is answered 503 (clients retry) and closed"
+    )
 
 
-#: Service settings that cannot change a result: where it binds, how long clients wait and how
-#: often they retry. They are not params (editing them reruns nothing).
-OPERATIONAL_SERVICE_KEYS = ("host", "startup_timeout_s", "request_timeout_s", "retries")
+#: Retrieval-service settings that cannot change a result: where it binds, how long clients wait
+#: and how often they retry, how long it waits for a request to arrive and how many connections it
+#: keeps. They are not params (editing them reruns nothing); jobs read them from their config
+#: (``spader.infra.glue.retrieval_settings``).
+OPERATIONAL_SERVICE_KEYS = (
+    "host",
+    "startup_timeout_s",
+    "request_timeout_s",
+    "retries",
+    "header_timeout_s",
+    "body_timeout_s",
+    "max_connections",
+)
 
 
 class RetrievalConfig(Section):
@@ -382,6 +418,13 @@ class WarmstartConfig(Section):
     first_turn_examples: bool = Field(
         True,
         description="also train on each multi-turn episode's first turn alone (prompt and first search)",
+    )
+    generated_worlds: int = Field(
+        0,
+        ge=0,
+        description="also script this many demo-like worlds generated with other seeds (names the demo "
+        "world never uses), searched over their own passages, so that the policy learns to copy "
+        "names from what it reads",
     )
     seed: int = Field(0, description="seed of the batches and of torch")
 
@@ -509,6 +552,54 @@ class DivergencesConfig(Section):
     )
 
 
+class TimeLimitConfig(Section):
+    """How a training job lives with a scheduler's time limit (docs/cluster.md): it asks SLURM for
+    a warning signal, stops at the next step boundary after a checkpoint and exits with a status
+    the workflow retries; the retry resumes. Operational: editing these keys retrains nothing."""
+
+    hours: dict[
+        str, Annotated[float, Field(gt=0, description="hours of one training run of this variant")]
+    ] = Field(
+        default_factory=lambda: {"default": 40.0, "ppo": 50.0, "stepsearch": 50.0, "r3rag": 100.0},
+        description="wall-time estimate of one training run per variant, in hours (rule train_policy's "
+        "runtime, capped by the SLURM profile's max_runtime for train_policy); `default` for variants "
+        "not listed",
+    )
+    warning_s: int = Field(
+        1800,
+        ge=60,
+        description="seconds before the time limit at which SLURM signals the job (SIGURG) to stop at "
+        "its next step boundary; must cover the rest of a step plus a checkpoint save",
+    )
+    retries: int = Field(
+        5,
+        ge=0,
+        description="automatic reruns of a training job (Snakemake retries); each resumes from the newest "
+        "checkpoint, so a run longer than the time limit spans up to retries + 1 allocations",
+    )
+    failure_retries: int = Field(
+        1,
+        ge=0,
+        description="how many of those reruns may follow an attempt that failed for another reason than a "
+        "stop signal or a time limit (0: such a failure waits for a rerun by hand)",
+    )
+
+    @model_validator(mode="after")
+    def _default_hours(self) -> TimeLimitConfig:
+        if "default" not in self.hours:
+            raise ValueError("hours: needs a `default` entry (variants not listed take it)")
+        return self
+
+    def estimate_minutes(self, variant: str) -> int:
+        """The variant's wall-time estimate in whole minutes (SLURM's ``--time``)."""
+        return max(1, round(60 * self.hours.get(variant, self.hours["default"])))
+
+
+#: Training settings that cannot change a trained model: how the job survives time limits and when it
+#: gives up on a failing search service. They are not params of train_policy (editing them reruns nothing).
+OPERATIONAL_TRAINING_KEYS = ("time_limit", "max_search_error_rate")
+
+
 class TrainingConfig(Section):
     """verl training hyperparameters (docs/method.md, "Training setup")."""
 
@@ -526,7 +617,13 @@ class TrainingConfig(Section):
     gamma: float = Field(0.9, ge=0, le=1, description="discount over decision steps")
     max_prompt_length: int = Field(512, ge=1, description="prompt tokens")
     max_response_length: int = Field(8192, ge=1, description="response tokens, tool text included")
-    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="sglang memory fraction")
+    gpu_memory_utilization: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="sglang's mem_fraction_static: its share, for weights and KV cache, of the GPU memory "
+        "free when it starts (after verl's models and the reranker; sglang 0.5.14)",
+    )
     save_freq: int = Field(100, ge=1, description="checkpoint every N steps")
     test_freq: int = Field(50, ge=1, description="validate every N steps")
     max_actor_ckpt_to_keep: int | None = Field(
@@ -551,6 +648,25 @@ class TrainingConfig(Section):
         default_factory=DivergencesConfig,
         description='Options reproducing the authors\' published code (docs/method.md, "Known divergences").',
     )
+    nodes: int = Field(
+        1,
+        ge=1,
+        description="nodes per training job, each with the backbone's GPUs: a Ray cluster spans them "
+        "and verl trains with trainer.nnodes (an LLM-judged R3-RAG variant keeps the last node for its "
+        "judge, which for now must be given by judge.url); more than one needs a cluster executor "
+        "(docs/cluster.md)",
+    )
+    time_limit: TimeLimitConfig = Field(
+        default_factory=TimeLimitConfig,
+        description="How a training job lives with a scheduler's time limit (docs/cluster.md).",
+    )
+    max_search_error_rate: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="a training job stops with an error when more than this share of the search queries "
+        "of a check interval (30 s, at least 50 queries) failed in the retrieval service",
+    )
 
     @model_validator(mode="after")
     def _device_runs_backend(self) -> TrainingConfig:
@@ -571,7 +687,18 @@ class AgentConfig(Section):
     format")."""
 
     max_turns: int = Field(16, ge=1, description="assistant turns per episode")
-    max_turn_tokens: int = Field(1024, ge=1, description="new tokens per assistant turn")
+    max_turn_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="cap on new tokens per assistant turn; null: none, a turn may use the episode's "
+        "remaining token budget (as the authors' training)",
+    )
+    regenerations: int = Field(
+        0,
+        ge=0,
+        description="a malformed turn is sampled again up to this many times before it counts "
+        "(R3-RAG's original: 3); 0: every turn is sampled once",
+    )
     max_tool_response_chars: int = Field(11000, ge=1, description="observation cap in characters")
     max_queries_per_call: int = Field(
         10, ge=1, description="queries of one tool call beyond this are not run (they still count in q_t)"
@@ -597,10 +724,24 @@ class EvaluationConfig(Section):
     """Agent inference for evaluation (docs/method.md, "Evaluation")."""
 
     engine: Literal["sglang", "transformers"] = Field("sglang", description="generation engine")
-    max_context_tokens: int = Field(16384, ge=1, description="episode stops when the context exceeds this")
-    temperature: float = Field(0.0, ge=0, description="0 is greedy decoding")
+    max_context_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="token budget of an episode (prompt and response); null: training's "
+        "max_prompt_length + max_response_length",
+    )
+    temperature: float = Field(
+        1.0, ge=0, description="sampling temperature (the authors' evaluation: 1.0); 0 is greedy decoding"
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="top-p when sampling")
-    seed: int = Field(0, description="sampling seed (temperature > 0)")
+    seed: int = Field(0, description="sampling seed; each request samples with its own seed derived from it")
+    max_error_share: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="an evaluation whose share of episodes lost to generation errors exceeds this fails "
+        "instead of writing its records",
+    )
     gpus: int = Field(1, ge=0, description="GPUs per evaluation job")
     gpu_memory_utilization: float = Field(
         0.7,
@@ -609,6 +750,36 @@ class EvaluationConfig(Section):
         description="sglang mem_fraction_static (the search service's reranker shares the GPU)",
     )
     batch_size: int = Field(64, ge=1, description="transformers engine: prompts per forward batch")
+    seeds: list[int] | None = Field(
+        None,
+        description="several sampling seeds: every question is evaluated once per seed and the tables "
+        "report the mean over seeds and its spread (needs temperature > 0); null: `seed` alone",
+    )
+    bootstrap_samples: int = Field(
+        10000,
+        ge=100,
+        description="bootstrap resamples of the questions for the tables' intervals, and random sign "
+        "patterns of the paired permutation test",
+    )
+    bootstrap_seed: int = Field(0, description="seed of the bootstrap resamples and permutations")
+    significance_level: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description="level of the paired tests against spader (significance.tsv); intervals are at 1 - level",
+    )
+
+    @model_validator(mode="after")
+    def _seeds_sample(self) -> EvaluationConfig:
+        if self.seeds is not None:
+            if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+                raise ValueError(f"seeds: a non-empty list of distinct seeds, got {self.seeds}")
+            if len(self.seeds) > 1 and self.temperature == 0:
+                raise ValueError(
+                    "seeds: greedy decoding (temperature 0) gives the same episodes for every seed; "
+                    "set temperature > 0 or a single seed"
+                )
+        return self
 
 
 class EvidenceConfig(Section):
@@ -649,12 +820,44 @@ class JudgeConfig(Section):
     gpus: int = Field(4, ge=1, description="GPUs of the training node set aside for the judge server")
     tensor_parallel: int = Field(1, ge=1, description="GPUs per judge replica")
     mem_fraction: float = Field(0.85, gt=0, le=1, description="sglang mem_fraction_static of the judge")
-    max_tokens: int = Field(256, ge=1, description="reply budget of the judge")
+    max_tokens: int = Field(
+        4096, ge=1, description="reply budget of the judge (R3-RAG's original: 4,096 tokens)"
+    )
     temperature: float = Field(0.0, ge=0, description="judge sampling temperature")
     startup_timeout_s: float = Field(1800, ge=1, description="how long the judge server may take to load")
     timeout_s: float = Field(120, gt=0, description="timeout per judge request")
     retries: int = Field(3, ge=0, description="retries on connection errors, timeouts, 429 and 5xx")
     concurrency: int = Field(64, ge=1, description="judge requests in flight")
+
+
+class CodeRerunsConfig(Section):
+    """Whether a change to the code a stage runs reruns its jobs. Every computing rule has a
+    fingerprint of its script and of the package modules it runs (docs/ARCHITECTURE.md, "Rerun
+    semantics"); with a group switched off, its jobs keep the fingerprint of the code they ran
+    (recorded with their outputs) and rerun only when a param or an input changes. The
+    fingerprint of the code that actually ran is recorded either way (MLflow tag
+    `code.fingerprint`). `python -m spader.infra.stage_code affected <file>` lists the rules a
+    change would rerun."""
+
+    data: bool = Field(
+        True, description="normalize_dataset, mix_training_set, export_rl_dataset, export_eval_set"
+    )
+    retrieval: bool = Field(True, description="build_bm25_index")
+    models: bool = Field(True, description="build_tiny_model, warmstart_policy (tiny demo models)")
+    scorers: bool = Field(True, description="build_evidence (StepSearch's evidence)")
+    training: bool = Field(True, description="train_policy, export_checkpoint (GPU-days per variant)")
+    evaluation: bool = Field(True, description="evaluate_policy, aggregate_results")
+
+
+class HardwareConfig(Section):
+    """The GPUs the paper's jobs are planned for (``python -m spader.training.plan``, docs/gpu.md)."""
+
+    gpu_memory_gib: float = Field(
+        80,
+        gt=0,
+        description="memory of one GPU in GiB; the memory plan fails a job whose per-GPU peak exceeds it "
+        "(a training job's preflight uses the memory its GPUs report)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -707,6 +910,14 @@ class Config(Section):
     judge: JudgeConfig = Field(
         default_factory=JudgeConfig, description="R3-RAG's LLM judge (variants with judge llm)."
     )
+    hardware: HardwareConfig = Field(
+        default_factory=HardwareConfig,
+        description="The GPUs the jobs are planned for (GPU memory plan, docs/gpu.md; not a rerun trigger).",
+    )
+    code_reruns: CodeRerunsConfig = Field(
+        default_factory=CodeRerunsConfig,
+        description="Whether a change to the code a stage runs reruns its jobs (per group of rules).",
+    )
 
     @model_validator(mode="after")
     def _cross_key_rules(self, info: ValidationInfo) -> Config:
@@ -741,6 +952,11 @@ class Config(Section):
                     f"config key 'variants.{v}.judge': the reranker judge needs retrieval.reranker.model"
                 )
         errors += self._served_judge_errors()
+        for key in self.training.time_limit.hours:
+            if key != "default" and key not in self.variants:
+                errors.append(
+                    f"config key 'training.time_limit.hours': '{key}' is not a key of 'variants' (or `default`)"
+                )
         return errors
 
     def _served_judge_errors(self) -> list[str]:
@@ -754,6 +970,16 @@ class Config(Section):
             served = [v for v in spec.variants if v in self.variants and self.variants[v].serves_judge]
             if not served:
                 continue
+            if self.training.nodes > 1:  # the judge has the last node; verl trains on the others
+                left = spec.gpus * (self.training.nodes - 1)
+                if self.judge.gpus > spec.gpus or per_step % left:
+                    errors.append(
+                        f"config key 'judge.gpus': backbone '{b}' trains {served[0]} on {self.training.nodes} "
+                        f"nodes of {spec.gpus} GPUs, the judge on {self.judge.gpus} GPUs of the last one; "
+                        f"judge.gpus must be <= {spec.gpus} and the {left} training GPUs must divide the "
+                        f"{per_step} trajectories of a step (or set judge.url)"
+                    )
+                continue
             left = spec.gpus - self.judge.gpus
             if left < 1 or per_step % left:
                 errors.append(
@@ -762,6 +988,19 @@ class Config(Section):
                     f"divide the {per_step} trajectories of a step (or set judge.url)"
                 )
         return errors
+
+    @property
+    def evaluation_context_tokens(self) -> int:
+        """The token budget of an evaluation episode: ``evaluation.max_context_tokens``, or when it
+        is null training's prompt plus response budget (the budget a trained policy learned in)."""
+        if self.evaluation.max_context_tokens is not None:
+            return self.evaluation.max_context_tokens
+        return self.training.max_prompt_length + self.training.max_response_length
+
+    def evaluation_params(self) -> dict[str, Any]:
+        """``evaluation`` as rule evaluate_policy's param: the section with its context budget
+        resolved (:attr:`evaluation_context_tokens`)."""
+        return {**self.evaluation.model_dump(), "max_context_tokens": self.evaluation_context_tokens}
 
     def methods_of(self, backbone: str) -> list[str]:
         """What a backbone's tables report: its trained variants, then its prompting methods."""

@@ -117,6 +117,8 @@ class DensifyStats:
         tool_errors: tool records of steps that returned an error observation (malformed call or
             search service failure).
         search_reward_sum: sum of all search-step rewards.
+        search_reward_min, search_reward_max: the smallest and largest search-step reward (0 when
+            there was no search step).
         terminal_reward_sum: sum of all terminal rewards placed.
     """
 
@@ -128,6 +130,8 @@ class DensifyStats:
     empty_responses: int = 0
     tool_errors: int = 0
     search_reward_sum: float = 0.0
+    search_reward_min: float = 0.0
+    search_reward_max: float = 0.0
     terminal_reward_sum: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -138,6 +142,8 @@ class DensifyStats:
             f"{prefix}search_steps/mean": self.search_steps / n,
             f"{prefix}new_entities/mean": self.new_entities / n,
             f"{prefix}search_reward/mean": self.search_reward_sum / max(self.search_steps, 1),
+            f"{prefix}search_reward/min": self.search_reward_min,
+            f"{prefix}search_reward/max": self.search_reward_max,
             f"{prefix}terminal_reward/mean": self.terminal_reward_sum / n,
             f"{prefix}missing_step_records": float(self.missing_records),
             f"{prefix}dropped_step_records": float(self.dropped_records),
@@ -258,6 +264,11 @@ def densify_rewards(
             stats.trajectories += 1
             stats.search_steps += len(r)
             stats.new_entities += n_new
+            if r:
+                low, high = min(r), max(r)
+                first = stats.search_steps == len(r)  # this row's are the batch's first search steps
+                stats.search_reward_min = low if first else min(stats.search_reward_min, low)
+                stats.search_reward_max = high if first else max(stats.search_reward_max, high)
             stats.search_reward_sum += sum(r)
             stats.terminal_reward_sum += terminal_values[i]
     width = max(len(r) for r in step_rewards) if step_rewards else 1

@@ -13,7 +13,16 @@ from collections.abc import Iterable, Sequence
 
 from spader.core.text import normalize
 
-__all__ = ["gold_alias_sets", "gold_count", "macro_average", "match_count", "prf", "unique_gold"]
+__all__ = [
+    "correct_count",
+    "gold_alias_sets",
+    "gold_count",
+    "macro_average",
+    "match_count",
+    "prf",
+    "search_efficiency",
+    "unique_gold",
+]
 
 
 def _unique(gold: Iterable[Sequence[str]]) -> list[tuple[list[str], frozenset[str]]]:
@@ -110,6 +119,27 @@ def prf(predicted: Sequence[str], gold: Sequence[Sequence[str]]) -> tuple[float,
     recall = hits / len(gold_sets)
     f1 = 0.0 if hits == 0 else 2 * precision * recall / (precision + recall)
     return precision, recall, f1
+
+
+def correct_count(predicted: Sequence[str], gold: Sequence[Sequence[str]]) -> int:
+    """How many gold entities the predictions name (the hits of :func:`prf`).
+
+    >>> correct_count(["Paris", "Paname", "Lyon"], [["Paris", "Paname"], ["Lyon"], ["Nice"]])
+    2
+    """
+    preds = _unique_predictions(predicted)
+    gold_sets = gold_alias_sets(gold)
+    return match_count(preds, gold_sets) if preds and gold_sets else 0
+
+
+def search_efficiency(queries: int, correct: int) -> float:
+    """The authors' search efficiency of one instance: queries issued per correctly predicted
+    entity, 0 when either is 0 (averaged over instances by the efficiency table).
+
+    >>> search_efficiency(6, 4), search_efficiency(3, 0), search_efficiency(0, 2)
+    (1.5, 0.0, 0.0)
+    """
+    return queries / correct if queries > 0 and correct > 0 else 0.0
 
 
 def macro_average(rows: Iterable[tuple[float, float, float]]) -> tuple[float, float, float, int]:

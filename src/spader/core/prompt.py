@@ -36,6 +36,7 @@ __all__ = [
     "format_observation",
     "format_passages",
     "load_template",
+    "observation_message",
 ]
 
 DEFAULT_TEMPLATE_PATH = Path(__file__).resolve().with_name("prompts") / "default.txt"
@@ -131,8 +132,8 @@ def format_observation(results: Sequence[tuple[str, Sequence[dict]]], error: str
     """Observation text returned to the model for one search step.
 
     ``results`` holds ``(query, passages)`` pairs in the order the queries were issued. The text
-    is what the chat template wraps as the tool message (``<tool_response>`` for Qwen3); it is the
-    same in training (verl tool) and evaluation (agent loop).
+    is the body of the observation turn (:func:`observation_message`); it is the same in training
+    (verl tool) and evaluation (agent loop).
     """
     if error is not None:
         return f"Error: {error}"
@@ -141,6 +142,17 @@ def format_observation(results: Sequence[tuple[str, Sequence[dict]]], error: str
         body = format_passages(passages) if passages else "(no results)"
         blocks.append(f"Results for {json.dumps(query, ensure_ascii=False)}:\n{body}")
     return "\n\n".join(blocks)
+
+
+def observation_message(text: str) -> dict[str, str]:
+    """The chat message that shows one observation to the model: a user turn whose content is
+    ``<tool_response>\\n{text}\\n</tool_response>``, for every backbone (as the authors send it;
+    never a ``tool`` message, whose rendering differs between chat templates).
+
+    >>> observation_message("Results")["content"]
+    '<tool_response>\\nResults\\n</tool_response>'
+    """
+    return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
 
 
 def fit_observation(

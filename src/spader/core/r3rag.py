@@ -80,7 +80,7 @@ Rate the step on one scale from 0.00 to 1.00: how relevant the received document
 the queries were looking for, and how useful they are for answering the question. If the \
 reasoning is contradictory or illogical, the rating is 0.00.
 
-Finish your reply with a last line of exactly this form:
+Start your reply with a first line of exactly this form, then explain the rating briefly:
 Relevance: x.xx"""
 
 _RELEVANCE = re.compile(r"relevance\s*[:=]\s*\**\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))", re.IGNORECASE)
@@ -126,21 +126,26 @@ def judge_messages(
 
 
 def parse_relevance(reply: str | None) -> float | None:
-    """The judge's ``Relevance: x.xx`` (the last one in the reply), clamped to [0, 1].
+    """The judge's verdict ``Relevance: x.xx``, clamped to [0, 1].
 
+    The prompt asks for the verdict first (R3-RAG's reply format); a judge that explains first and
+    gives its verdict at the end is read as well: the verdict is the first ``Relevance:`` followed
+    by a number, wherever it stands (an explanation's ``- Relevance: [why]`` carries none).
     Returns None when the reply holds no such number (the caller counts it as 0 and logs it).
 
-    >>> parse_relevance("The documents list two films.\\nRelevance: 0.75"), parse_relevance("Relevance: 1.3")
-    (0.75, 1.0)
+    >>> parse_relevance("Relevance: 0.75\\nEvaluation:\\n- Relevance: both documents fit")
+    0.75
+    >>> parse_relevance("The documents list two films.\\nRelevance: 0.6"), parse_relevance("Relevance: 1.3")
+    (0.6, 1.0)
     >>> parse_relevance("Relevance: x.xx") is None
     True
     """
     if not reply:
         return None
-    found = _RELEVANCE.findall(reply)
-    if not found:
+    found = _RELEVANCE.search(reply)
+    if found is None:
         return None
-    value = float(found[-1])
+    value = float(found.group(1))
     return min(1.0, max(0.0, value)) if math.isfinite(value) else None
 
 

@@ -9,7 +9,10 @@ start of its observation). Turn t of a trajectory is its t-th assistant run
 
 * :func:`stepsearch_dense_rewards`: every run but the last is a search turn rewarded with
   ``lambda_s * (G^t - P^t)`` (:mod:`spader.core.stepsearch`); the last run gets the terminal
-  reward (F1 or the invalid-format reward, as computed by the reward function).
+  reward (F1 or the invalid-format reward, as computed by the reward function). As in
+  StepSearch's code, a trajectory whose final answer is invalid gets no step rewards (only the
+  terminal one), nor does a question without evidence (``n = 0``: no gain and no redundancy
+  penalty).
 * :func:`r3rag_dense_rewards`: process scores of the search turns from an injected scorer (the LLM
   judge or the reranker), scaled by the trajectory's outcome (:mod:`spader.core.r3rag`).
 
@@ -210,6 +213,7 @@ def stepsearch_dense_rewards(
     evidence: Mapping[str, Sequence[str]],
     *,
     lambda_s: float,
+    valid: Sequence[bool] | None = None,
     skip: Sequence[bool] | None = None,
     pool: Executor | None = None,
 ) -> tuple[Tensor, BaselineStats]:
@@ -222,6 +226,8 @@ def stepsearch_dense_rewards(
         question_keys: per row, the key of its question in ``evidence``.
         evidence: question key -> evidence texts (a question without any has ``n = 0``).
         lambda_s: step-reward scale.
+        valid: optional (B,) whether each row's final answer is valid; a row with an invalid one
+            gets no step rewards (all rows valid when not given).
         skip: optional (B,) True for rows to leave at 0 (verl's padding rows).
         pool: optional executor for the TF-IDF of each question.
     Returns:
@@ -233,6 +239,9 @@ def stepsearch_dense_rewards(
             f"batch of {b} responses but {len(details)} record lists, {len(question_keys)} question keys "
             f"and {terminal.numel()} terminal rewards"
         )
+    valid = list(valid) if valid is not None else [True] * b
+    if len(valid) != b:
+        raise ValueError(f"batch of {b} responses but {len(valid)} format verdicts")
     stats = BaselineStats()
     steps, counts, rows = _rows(response_mask, skip, stats)
     turns: list[list[SearchTurn]] = []
@@ -248,6 +257,12 @@ def stepsearch_dense_rewards(
     for k, i in enumerate(rows):
         gains, repeats = information_gains(degrees[k]), redundancy(ids[k])
         search = [lambda_s * (g - r) for g, r in zip(gains, repeats, strict=True)]
+        if not evidence.get(keys[k]):
+            stats.count("rows_without_evidence")
+            search = [0.0] * len(search)
+        elif not valid[i]:
+            stats.count("rows_invalid_no_step_reward")
+            search = [0.0] * len(search)
         rewards[i] = [*search, values[i]]
         stats.trajectories += 1
         stats.search_turns += len(search)
@@ -256,8 +271,6 @@ def stepsearch_dense_rewards(
         stats.add("turn_reward", sum(search))
         stats.add("terminal_reward", values[i])
         stats.add("info_gain_total", sum(gains))
-        if not evidence.get(keys[k]):
-            stats.count("rows_without_evidence")
     return _place(rewards, steps, length), stats
 
 

@@ -13,7 +13,9 @@ one. At search turn t of a trajectory, with passages ``d`` returned (all queries
 * redundancy ``P^t`` = share of the turn's passages whose id was returned before (earlier turn,
   or earlier in the same turn);
 * search-turn reward ``lambda_s * (G^t - P^t)``; the answer turn gets the F1 of a valid answer,
-  -1 for an invalid format (:func:`spader.core.rewards.terminal_reward`).
+  -1 for an invalid format (:func:`spader.core.rewards.terminal_reward`). As in StepSearch's
+  code, a trajectory with an invalid format gets no step rewards (only the -1), and a question
+  without evidence (``n = 0``) no step reward at all (no redundancy penalty either).
 
 :func:`match_degrees` fits the per-passage TF-IDF of all passages of one question at once: the
 IDF of a word only depends on its document frequency among the evidence plus whether the passage
@@ -272,7 +274,8 @@ def stepsearch_rewards(
     invalid_format_reward: float = -1.0,
 ) -> list[float]:
     """Rewards of one trajectory's turns: ``lambda_s * (G^t - P^t)`` per search turn, then the
-    terminal reward (F1, or ``invalid_format_reward`` when ``final_f1`` is None).
+    terminal reward (F1, or ``invalid_format_reward`` when ``final_f1`` is None). The search
+    turns get 0 when the format is invalid or the question has no evidence (``n = 0``).
 
     Args:
         degrees: per search turn ``c^t`` (:func:`batch_match_degrees`).
@@ -290,4 +293,7 @@ def stepsearch_rewards(
         raise ValueError(f"{len(degrees)} turns of match degrees but {len(turn_ids)} turns of passage ids")
     gains, repeats = information_gains(degrees), redundancy(turn_ids)
     search = [lambda_s * (g - r) for g, r in zip(gains, repeats, strict=True)]
+    no_evidence = all(np.asarray(c).size == 0 for c in degrees)
+    if final_f1 is None or no_evidence:
+        search = [0.0] * len(search)
     return [*search, terminal_reward(final_f1, invalid_format_reward=invalid_format_reward)]

@@ -69,10 +69,10 @@ def download_dataset(
             f"config key '{key}.url' is null. {hint}; then set '{key}.url' to its local path "
             f"(or a file:/http(s) URL), or give a hub location in '{key}.hub'."
         )
-    if base_dir is not None:
-        url = anchor_source(str(url), base_dir)
+    where = anchor_source(str(url), base_dir) if base_dir is not None else str(url)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    return Path(fetch(str(url), dest, desc=dest.name))
+    # the record names the source as configured: a relative path stays relative to the repository
+    return Path(fetch(where, dest, desc=dest.name, record_source=str(url)))
 
 
 def fetch_from_hub(hub: Mapping[str, Any], dest: str | os.PathLike, *, key: str) -> Path:

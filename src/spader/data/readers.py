@@ -4,19 +4,29 @@ Every malformed input becomes a :class:`~spader.data.records.DataFormatError` th
 (``archive.zip/member`` for zip members) and the line: a truncated or otherwise invalid JSON line,
 invalid UTF-8, a value nested too deeply for the decoder, an integer too long to convert, a wrong
 top-level type, a missing or mistyped field (named by its path in the record, e.g.
-``answer_list[0].aliases[1]``), text holding a lone surrogate escape. Records of JSON documents
+``answer_list[0].aliases[1]``), text holding a lone surrogate escape, a number that is not finite where a number is read (``NaN``,
+``Infinity`` and literals such as ``1e999`` that overflow to infinity). Records of JSON documents
 (Mintaka's array, WebQSP's ``Questions``) are decoded one by one with ``raw_decode`` so that each
 carries the line it starts on, too.
+
+A damaged zip archive is reported as ``archive: what is wrong`` (or ``archive/member: ...``), never
+as the archive library's own exception: a truncated archive (no end-of-central-directory record), a
+damaged central directory, damaged compressed data (deflate, bzip2, lzma), a checksum mismatch, an
+unsupported compression method, an encrypted member, and a member name the archive holds more than
+once (which copy is meant is ambiguous; the zip library would silently read the last one).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import lzma
+import math
 import os
 import re
 import sys
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -30,6 +40,7 @@ __all__ = [
     "iter_json_records",
     "iter_jsonl",
     "lone_surrogate_path",
+    "looks_like_zip",
     "open_release",
     "optional",
     "require",
@@ -53,6 +64,89 @@ class Source:
         return f"{self.name}, line {line}" if line is not None else self.name
 
 
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; the end record of an empty archive
+# Errors the zip library raises while reading a member's bytes: a damaged archive, never bad records.
+_MEMBER_READ_ERRORS = (zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+def looks_like_zip(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a zip archive, readable or not: its end record is found, it starts like
+    one (a truncated download keeps its head and loses the central directory at its end), or it is
+    named ``*.zip``."""
+    path = Path(path)
+    if path.suffix.lower() == ".zip" or zipfile.is_zipfile(path):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) in _ZIP_MAGIC
+    except OSError:
+        return False
+
+
+def _archive_problem(exc: BaseException) -> str:
+    """What a zip library exception says about the archive, in words."""
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, zlib.error | lzma.LZMAError) or (isinstance(exc, OSError) and "stream" in detail):
+        return f"damaged compressed data ({detail})"
+    if isinstance(exc, EOFError):
+        return f"compressed data ends early, the archive looks truncated ({detail})"
+    return f"damaged archive ({detail})"
+
+
+def _open_zip(src: Source) -> zipfile.ZipFile:
+    """The archive, or a DataFormatError saying why it cannot be read."""
+    if not zipfile.is_zipfile(src.path):
+        if src.path.stat().st_size == 0:
+            raise DataFormatError(str(src.path), None, "empty file, not a zip archive")
+        if looks_like_zip(src.path):
+            raise DataFormatError(
+                str(src.path),
+                None,
+                "truncated or damaged zip archive: its end-of-central-directory record is missing "
+                "(an interrupted download?)",
+            )
+        raise DataFormatError(
+            str(src.path), None, f"member '{src.member}' requested but the file is not a zip archive"
+        )
+    try:
+        return zipfile.ZipFile(src.path)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+        raise DataFormatError(str(src.path), None, f"unreadable zip archive: {_archive_problem(e)}") from e
+
+
+def _member_info(zf: zipfile.ZipFile, src: Source) -> zipfile.ZipInfo:
+    """The one entry named ``src.member``, checked before any byte of it is read."""
+    member = src.member
+    infos = [i for i in zf.infolist() if i.filename == member]
+    if not infos:
+        names = [i.filename for i in zf.infolist()]
+        listed = ", ".join(n for n in names if not n.endswith("/"))[:500]
+        raise DataFormatError(str(src.path), None, f"archive has no member '{member}' (members: {listed})")
+    if len(infos) > 1:
+        raise DataFormatError(
+            str(src.path),
+            None,
+            f"archive holds {len(infos)} members named '{member}' (a damaged or altered archive: which "
+            "one is meant is ambiguous)",
+        )
+    info = infos[0]
+    if info.flag_bits & 0x1:
+        raise DataFormatError(
+            src.name, None, "member is encrypted (password-protected); release files are not"
+        )
+    if info.compress_type not in _ZIP_METHODS:
+        raise DataFormatError(
+            src.name,
+            None,
+            f"compression method {info.compress_type} is not supported "
+            "(stored, deflate, bzip2 and lzma are); a damaged or unusual archive",
+        )
+    return info
+
+
+_ZIP_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+
+
 @contextlib.contextmanager
 def open_release(path: str | os.PathLike, member: str | None = None) -> Iterator[tuple[IO[bytes], Source]]:
     """Open a release file, or one member of a zip archive, as a binary stream.
@@ -62,33 +156,33 @@ def open_release(path: str | os.PathLike, member: str | None = None) -> Iterator
         member: path inside the archive; required for archives, refused for plain files.
     Yields:
         ``(stream, source)``.
+    Raises:
+        DataFormatError naming the file (``archive/member`` for members) and what is wrong: a
+        missing file, an archive without the member, a damaged archive (also while the member is
+        read: damaged compressed data, a checksum mismatch).
     """
     src = Source(path, member)
     if not src.path.is_file():
         raise DataFormatError(str(src.path), None, "file not found")
-    is_zip = zipfile.is_zipfile(src.path)
     if member is None:
-        if is_zip:
+        if looks_like_zip(src.path):
             raise DataFormatError(str(src.path), None, "is a zip archive: name the member to read (--member)")
         with open(src.path, "rb") as f:
             yield f, src
         return
-    if not is_zip:
-        raise DataFormatError(
-            str(src.path), None, f"member '{member}' requested but the file is not a zip archive"
-        )
-    with zipfile.ZipFile(src.path) as zf:
-        names = zf.namelist()
-        if member not in names:
-            listed = ", ".join(n for n in names if not n.endswith("/"))[:500]
-            raise DataFormatError(
-                str(src.path), None, f"archive has no member '{member}' (members: {listed})"
-            )
+    with _open_zip(src) as zf:
+        info = _member_info(zf, src)
         try:
-            with zf.open(member) as f:
-                yield f, src
-        except (zipfile.BadZipFile, EOFError, OSError) as e:
-            raise DataFormatError(src.name, None, f"corrupt archive member ({e})") from e
+            stream = zf.open(info)
+        except (*_MEMBER_READ_ERRORS, NotImplementedError, RuntimeError) as e:
+            raise DataFormatError(src.name, None, f"unreadable archive member: {_archive_problem(e)}") from e
+        with stream:
+            try:
+                yield stream, src
+            except _MEMBER_READ_ERRORS as e:
+                raise DataFormatError(
+                    src.name, None, f"unreadable archive member: {_archive_problem(e)}"
+                ) from e
 
 
 def _decode_line(raw: bytes, src: Source, lineno: int) -> str:
@@ -293,7 +387,8 @@ def _wanted(types: tuple[type, ...], nullable: bool) -> str:
 def check_type(
     value: Any, types: type | tuple[type, ...], src: Source, line: int, path: str, *, nullable: bool = False
 ) -> Any:
-    """``value`` (found at ``path`` inside the record) checked for its JSON type.
+    """``value`` (found at ``path`` inside the record) checked for its JSON type; a float must be
+    finite (``NaN``, ``Infinity``, ``1e999`` are refused).
 
     Args:
         value: the value.
@@ -313,7 +408,17 @@ def check_type(
         raise DataFormatError(
             src.name, line, f"field '{path}' must be {_wanted(types, nullable)}, got {_kind(value)}"
         )
+    if isinstance(value, float) and not math.isfinite(value):
+        # Python's decoder reads NaN, Infinity and overflowing literals such as 1e999 as floats;
+        # JSON has no such numbers, and str() would turn them into the answers "nan" and "inf".
+        raise DataFormatError(
+            src.name, line, f"field '{path}' is {_non_finite(value)}, not a finite number (not valid JSON)"
+        )
     return value
+
+
+def _non_finite(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
 def require(

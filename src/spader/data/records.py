@@ -20,6 +20,7 @@ import io
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -39,6 +40,7 @@ __all__ = [
     "build_entities",
     "check_frame",
     "empty_frame",
+    "has_visible_text",
     "read_records",
     "record_schema",
     "records_frame",
@@ -142,12 +144,34 @@ MIX_SCHEMA = _schema(_union_meta())
 _REQUIRED = ("id", "dataset", "split", "question", "answers", "answers_norm")
 
 
+# Code points that render as nothing: Unicode's default-ignorable code points (zero-width
+# spaces and joiners, bidi marks, embeddings and isolates, soft hyphen, variation selectors,
+# Hangul fillers, tag characters; DerivedCoreProperties.txt) plus the braille blank.
+_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+_UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character that shows: one that is not whitespace, a control or
+    format character, nor a code point that renders as nothing (zero-width space, bidi marks...).
+
+    >>> has_visible_text("\u200b\u200e \u2066\u2069"), has_visible_text("\u200bHeat")
+    (False, True)
+    """
+    return any(unicodedata.category(ch) not in _UNSEEN_CATEGORIES for ch in _IGNORABLE.sub("", text))
+
+
 def build_entities(groups: Iterable[Sequence[object]]) -> tuple[list[list[str]], list[list[str]]]:
     """Gold entities from raw alias groups (docs/data.md 7.3).
 
     Each group is a list of strings, primary name first. Strings are ``clean_text``'ed; empty
-    strings, exact duplicates and strings that normalize to ``""`` are dropped, and a group left
-    empty is skipped. A group whose normalized primary equals the normalized primary of an earlier
+    strings, exact duplicates and strings whose normalized form is empty or shows nothing (only
+    zero-width or bidi characters, :func:`has_visible_text`) are dropped, and a group left empty is
+    skipped. A group whose normalized primary equals the normalized primary of an earlier
     entity is merged into it (its unseen aliases appended); otherwise it starts a new entity.
 
     Args:
@@ -170,7 +194,7 @@ def build_entities(groups: Iterable[Sequence[object]]) -> tuple[list[list[str]],
                 continue
             if text not in norm:
                 norm[text] = normalize(text)
-            if norm[text]:
+            if norm[text] and has_visible_text(norm[text]):
                 kept.append(text)
         if not kept:
             continue

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from spader.data.readers import (
     iter_json_records,
     iter_jsonl,
     lone_surrogate_path,
+    looks_like_zip,
     open_release,
     optional,
     require,
@@ -37,6 +37,7 @@ from spader.data.records import (
     DataFormatError,
     Drop,
     build_entities,
+    has_visible_text,
     record_schema,
     records_frame,
     strip_parenthetical,
@@ -60,6 +61,10 @@ def _question(value: Any, src: Source, line: int, key: str) -> str:
     text = clean_text(value)
     if not text:
         raise DataFormatError(src.name, line, f"field '{key}' is empty")
+    if not has_visible_text(text):
+        raise DataFormatError(
+            src.name, line, f"field '{key}' is empty: it holds only invisible characters {ascii(text)[:80]}"
+        )
     return text
 
 
@@ -260,7 +265,7 @@ def normalize_release(
     """
     if dataset not in _EXTRACTORS:
         raise ValueError(f"unknown dataset '{dataset}' (known: {', '.join(DATASETS)})")
-    if member is None and dataset in DEFAULT_MEMBERS and zipfile.is_zipfile(path):
+    if member is None and dataset in DEFAULT_MEMBERS and looks_like_zip(path):
         member = DEFAULT_MEMBERS[dataset].format(split=split)
     extract = _EXTRACTORS[dataset]
     records: list[dict] = []

@@ -44,6 +44,9 @@ class WarmstartSettings:
         first_turn_examples: besides each whole episode, train on its first turn alone (the
             prompt and the first search): a short sequence, so copying the question into a query
             is seen twice as often for a fraction of the cost of a whole episode.
+        generated_worlds: also script this many demo-like worlds generated with other seeds
+            (:func:`spader.demo.trajectories.generated_questions`): their names occur nowhere in
+            the demo world, so the policy learns to write the names it reads, not ones it recalls.
         seed: seed of the batches and of torch.
     """
 
@@ -55,6 +58,7 @@ class WarmstartSettings:
     max_searches: int = 2
     world_questions: bool = True
     first_turn_examples: bool = True
+    generated_worlds: int = 0
     seed: int = 0
 
     def __post_init__(self):
@@ -67,6 +71,8 @@ class WarmstartSettings:
                 "warmstart.lr must be > 0, warmup_ratio in [0, 1) and weight_decay >= 0, got "
                 f"{self.lr}, {self.warmup_ratio}, {self.weight_decay}"
             )
+        if self.generated_worlds < 0:
+            raise ValueError(f"warmstart.generated_worlds must be >= 0, got {self.generated_worlds}")
         if self.max_searches not in (1, 2):
             raise ValueError(f"warmstart.max_searches must be 1 or 2, got {self.max_searches}")
 

@@ -4,7 +4,8 @@ A scripted episode plays the agent's protocol the way a competent policy would, 
 results (the caller's search function is the project's retrieval service or its backend):
 
 1. ``<think>`` with a short plan, then a search step whose query is the question itself;
-2. the observation exactly as the agent loop shows it (:func:`spader.core.prompt.fit_observation`);
+2. the observation exactly as the agent loop shows it (:func:`spader.core.prompt.fit_observation`,
+   as the user turn of :func:`spader.core.prompt.observation_message`);
 3. if that observation shows no gold entity (and ``max_searches`` allows), a second search step
    with the entity-bearing phrase of the question (a name such as "Ilse Varga") and its
    observation;
@@ -30,7 +31,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spader.core.prompt import build_messages, fit_observation
+from spader.core.prompt import build_messages, fit_observation, observation_message
 from spader.core.rewards import passage_hits
 from spader.core.text import normalize
 
@@ -40,8 +41,10 @@ __all__ = [
     "ANSWER_THINK",
     "SEARCH_THINK",
     "Trajectory",
+    "WorldSearch",
     "answer_text",
     "entity_phrases",
+    "generated_questions",
     "load_questions",
     "script_trajectories",
     "search_text",
@@ -75,6 +78,7 @@ class Trajectory:
         answers: the entity names of the final answer (as the passages write them).
         found: indices of the gold entities the observations showed.
         searches: queries per search step.
+        observations: the text of each observation (the body of its observation turn).
         kept: False when no search showed a gold entity (the episode is not training data).
     """
 
@@ -84,6 +88,7 @@ class Trajectory:
     answers: list[str] = field(default_factory=list)
     found: list[int] = field(default_factory=list)
     searches: list[list[str]] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
     kept: bool = True
 
     def to_json(self) -> dict:
@@ -94,6 +99,7 @@ class Trajectory:
             "searches": self.searches,
             "answers": self.answers,
             "found": self.found,
+            "observations": self.observations,
             "messages": self.messages,
         }
 
@@ -154,7 +160,8 @@ def _first_position(aliases: Sequence[str], text: str) -> int:
 
 def _observe(traj: Trajectory, queries: list[str], results: list[list[dict]], max_chars: int, shown_all):
     text, shown = fit_observation(queries, results, max_chars)
-    traj.messages.append({"role": "tool", "content": text})
+    traj.messages.append(observation_message(text))
+    traj.observations.append(text)
     shown_all.extend(p for ps in shown for p in ps)
     return text
 
@@ -240,7 +247,7 @@ def script_trajectories(
         traj = trajs[i]
         texts = [s for p in shown[i] for s in (p.get("title", ""), p.get("text", ""))]
         found = sorted(passage_hits([shown[i]], q.gold))
-        observed = "\n".join(m["content"] for m in traj.messages if m["role"] == "tool")
+        observed = "\n".join(traj.observations)
         names = [_as_written(q.gold[k], texts) for k in found]
         order = sorted(range(len(found)), key=lambda j: _first_position(q.gold[found[j]], observed))
         traj.found = [found[j] for j in order]
@@ -299,6 +306,86 @@ def world_questions(world, exclude: Sequence) -> list:
             if counts[o.plain] == 1
         ]
         out += [Question(f"world:{i}:{n}", text, g) for n, (text, g) in enumerate(items)]
+    return out
+
+
+class WorldSearch:
+    """Search over a generated world that is not in the corpus: a query that names one of the
+    world's topics (its subject, or one of its objects for a one-answer question) gets that
+    topic's passages (its objects' and its subject's) in an order fixed by the query, with
+    ``distractors`` of the world's unrelated passages mixed in; any other query gets the
+    unrelated passages alone.
+
+    It scripts the warm start's episodes on worlds built with other seeds than the demo's
+    (:func:`generated_questions`): their names never occur in the demo world, so an answer there
+    can only be written by reading it in the observation.
+    """
+
+    def __init__(self, world, *, distractors: int = 1, seed: int = 0):
+        import random
+
+        self.rng_seed = seed
+        self.distractors = distractors
+        self._random = random
+        by_title: dict[str, list[dict]] = {}
+        for p in world.passages:
+            by_title.setdefault(p.title, []).append({"id": p.id, "title": p.title, "text": p.text})
+        self.topics = []
+        names = set()
+        for t in world.topics:
+            titles = [o.plain for o in t.objects] + [t.subject.plain]
+            names.update(titles)
+            self.topics.append(([t.subject.plain, *(o.plain for o in t.objects)], [
+                dict(p) for title in dict.fromkeys(titles) for p in by_title.get(title, [])
+            ]))  # fmt: skip
+        self.unrelated = [dict(p) for title, ps in by_title.items() if title not in names for p in ps]
+
+    def _topic(self, query: str) -> list[dict]:
+        padded = f" {normalize(query)} "
+        for names, passages in self.topics:
+            if any(f" {normalize(n)} " in padded for n in names):
+                return passages
+        return []
+
+    def __call__(self, queries: list[str]) -> list[list[dict]]:
+        out = []
+        for q in queries:
+            rng = self._random.Random(f"{self.rng_seed}:{q}")
+            shown = list(self._topic(q))
+            rng.shuffle(shown)
+            for _ in range(self.distractors if self.unrelated else 0):
+                shown.insert(rng.randrange(len(shown) + 1), dict(rng.choice(self.unrelated)))
+            out.append([dict(p, score=float(len(shown) - k)) for k, p in enumerate(shown)])
+        return out
+
+
+def generated_questions(seeds: Sequence[int], exclude: Sequence) -> list[tuple[list, WorldSearch]]:
+    """Questions of demo-like worlds generated with other seeds, with their search.
+
+    Per seed: :func:`spader.demo.world.build_world` with that seed, its questions as
+    :func:`world_questions` writes them (a topic that shares a name with an ``exclude`` question
+    is left out, and so is any topic whose names the demo world uses, so that the demo's own
+    answers are never learned from these worlds), ids ``gen<seed>:<topic>:<n>``.
+
+    Returns:
+        ``(questions, search)`` per seed, ``search`` being the world's :class:`WorldSearch`.
+    """
+    from spader.agent.loop import Question
+    from spader.demo.world import SEED, build_world
+
+    demo = build_world(SEED)
+    demo_names = [e.plain for t in demo.topics for e in (t.subject, *t.objects)]
+    banned = [Question("demo", "", [[n] for n in demo_names])]
+    out = []
+    for seed in seeds:
+        if seed == SEED:
+            raise ValueError(f"generated world seed {seed} is the demo world's own")
+        world = build_world(seed)
+        questions = [
+            Question(q.id.replace("world:", f"gen{seed}:", 1), q.question, q.gold)
+            for q in world_questions(world, [*exclude, *banned])
+        ]
+        out.append((questions, WorldSearch(world, seed=seed)))
     return out
 
 

@@ -53,7 +53,32 @@ def _questions(mix_path, eval_paths, settings: WarmstartSettings) -> list:
     return questions
 
 
-def turn_fits(tokenizer, max_turn_tokens: int):
+def _generated(eval_paths, settings: WarmstartSettings, agent, service, template, fits) -> list:
+    """Episodes of ``settings.generated_worlds`` worlds generated with the seeds after the demo's,
+    each searched over its own passages (:class:`spader.demo.trajectories.WorldSearch`)."""
+    if not settings.generated_worlds:
+        return []
+    from spader.demo.trajectories import generated_questions, script_trajectories
+    from spader.demo.world import SEED
+    from spader.evaluation.episodes import load_eval_set
+
+    excluded = [q for path in eval_paths for q, _ in load_eval_set(path)]
+    seeds = [SEED + k for k in range(1, settings.generated_worlds + 1)]
+    out = []
+    for questions, search in generated_questions(seeds, excluded):
+        out += script_trajectories(
+            questions,
+            search,
+            max_tool_response_chars=int(agent.get("max_tool_response_chars", 11000)),
+            max_query_chars=int(service.get("max_query_chars", 1000)),
+            max_searches=settings.max_searches,
+            template=template,
+            fits=fits,
+        )
+    return out
+
+
+def turn_fits(tokenizer, max_turn_tokens: int | None):
     """``fits(text)``: True when an assistant turn's text fits in the agent's turn budget.
 
     The loop stops a turn after ``max_turn_tokens`` new tokens; a scripted turn longer than that
@@ -62,12 +87,14 @@ def turn_fits(tokenizer, max_turn_tokens: int):
 
     Args:
         tokenizer: the policy's tokenizer.
-        max_turn_tokens: ``agent.max_turn_tokens``.
+        max_turn_tokens: ``agent.max_turn_tokens`` (None: no per-turn cap, every turn fits).
     Returns:
         The predicate.
     """
 
     def fits(text: str) -> bool:
+        if max_turn_tokens is None:
+            return True
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1 <= max_turn_tokens
 
     return fits
@@ -141,7 +168,7 @@ def warmstart_policy(
 
     settings = WarmstartSettings.from_config(warmstart)
     template = checked_template(prompt)
-    fits = turn_fits(AutoTokenizer.from_pretrained(str(model_dir)), int(agent.get("max_turn_tokens", 1024)))
+    fits = turn_fits(AutoTokenizer.from_pretrained(str(model_dir)), agent.get("max_turn_tokens"))
     questions = _questions(mix_path, eval_paths, settings)
     service = dict(retrieval.get("service") or {})
     started = time.monotonic()
@@ -166,6 +193,7 @@ def warmstart_policy(
             template=template,
             fits=fits,
         )
+    trajectories += _generated(eval_paths, settings, agent, service, template, fits)
     script_seconds = time.monotonic() - started
     kept = [t for t in trajectories if t.kept]
     if not kept:

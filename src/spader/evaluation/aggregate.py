@@ -1,5 +1,7 @@
 """Rule ``aggregate_results``: every method x dataset evaluation of one backbone -> the paper's
-tables (TSV) and the two analysis plots (PNG). See ``tables`` for what each table holds."""
+tables (TSV) with their uncertainty, the significance table, the plots (PNG) and the learning
+curves of the backbone's training runs. See ``tables`` for what each table holds, ``stats`` for
+the intervals and tests, ``curves`` for the learning curves."""
 
 from __future__ import annotations
 
@@ -10,15 +12,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spader.evaluation.curves import curves_table, missing_curves, run_labels
 from spader.evaluation.episodes import read_jsonl
 from spader.evaluation.evaluate import TINY_NOTE
-from spader.evaluation.plots import plot_efficiency, plot_temporal
+from spader.evaluation.plots import plot_curves, plot_efficiency, plot_f1, plot_temporal
 from spader.evaluation.tables import (
+    AVG,
+    METRICS,
+    Estimates,
+    Uncertainty,
     ablation_table,
     beta_sweep_table,
     efficiency_table,
+    f1_ci_table,
     f1_table,
     prf_table,
+    significance_table,
     temporal_table,
 )
 
@@ -26,8 +35,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TABLES", "aggregate_results", "load_runs", "training_runs_table"]
 
-TABLES = ("f1", "prf", "ablation", "beta_sweep", "efficiency", "temporal")
-PLOTS = ("efficiency_plot", "temporal_plot")
+TABLES = ("f1", "prf", "significance", "f1_ci", "ablation", "beta_sweep", "efficiency", "temporal", "curves")
+PLOTS = ("f1_plot", "efficiency_plot", "temporal_plot", "curves_plot")
 
 
 def load_runs(
@@ -85,6 +94,39 @@ def _write_tsv(df, path: str | os.PathLike) -> None:
     df.write_csv(path, separator="\t", float_precision=4)
 
 
+def _f1_plot_rows(prf, est: Estimates, datasets: Sequence[str]):
+    """prf's F1 rows plus each method's ``avg``, with whether it differs from the reference."""
+    import polars as pl
+
+    k = METRICS.index("f1")
+    rows = [
+        {
+            "method": r["method"],
+            "dataset": r["dataset"],
+            "f1": r["f1"],
+            "f1_lo": r["f1_lo"],
+            "f1_hi": r["f1_hi"],
+        }
+        for r in prf.iter_rows(named=True)
+    ]
+    for m in est.methods:
+        lo, hi = est.interval(m, AVG)
+        rows.append(
+            {
+                "method": m,
+                "dataset": AVG,
+                "f1": float(est.point(m, AVG)[k]),
+                "f1_lo": float(lo[k]),
+                "f1_hi": float(hi[k]),
+            }
+        )
+    for r in rows:
+        r["significant"] = est.significant(r["method"], r["dataset"])
+    order = {d: i for i, d in enumerate([*datasets, AVG])}
+    rows.sort(key=lambda r: (est.methods.index(r["method"]), order[r["dataset"]]))
+    return pl.DataFrame(rows)
+
+
 def aggregate_results(
     summaries: Sequence[str | os.PathLike],
     records: Sequence[str | os.PathLike],
@@ -95,18 +137,25 @@ def aggregate_results(
     datasets: Sequence[str],
     backbone: str = "",
     shared_runs: Mapping[str, str] | None = None,
+    uncertainty: Mapping[str, Any] | Uncertainty | None = None,
+    training_steps: Mapping[str, Mapping[int, Mapping[str, float]]] | None = None,
 ) -> dict[str, Any]:
     """Write the tables and plots of one backbone.
 
     Args:
         summaries, records: ``results/{backbone}/eval/{method}/{dataset}.json`` / ``.jsonl``.
-        outputs: paths by name: ``f1, prf, ablation, beta_sweep, efficiency, temporal`` (TSV) and
-            ``efficiency_plot, temporal_plot`` (PNG).
+        outputs: paths by name: ``f1, prf, significance, f1_ci, ablation, beta_sweep, efficiency,
+            temporal, curves`` (TSV) and ``f1_plot, efficiency_plot, temporal_plot, curves_plot``
+            (PNG); optionally ``runs`` (TSV).
         methods: the backbone's methods (trained variants and baselines).
         variants: ``config["variants"]`` (ablation and beta-sweep rows, beta values).
         datasets: column order (``qampari, mintaka, webqsp, quest``).
         shared_runs: ``{variant: the variant whose training run it evaluates}``; with an output
             ``runs``, written as :func:`training_runs_table`.
+        uncertainty: bootstrap and test settings (:class:`Uncertainty`, or ``config["evaluation"]``
+            with ``bootstrap_samples``, ``bootstrap_seed``, ``significance_level``).
+        training_steps: per training run, its per-step metrics (the learning curves); None or
+            empty: the backbone trained nothing.
     Returns:
         The F1 table as ``{method: {dataset: f1, "avg": f1}}``.
     """
@@ -121,20 +170,38 @@ def aggregate_results(
     note = TINY_NOTE if tiny else ""
     if tiny:
         log.warning("%s", TINY_NOTE)
+    u = uncertainty if isinstance(uncertainty, Uncertainty) else Uncertainty.from_config(uncertainty)
+    est = Estimates(runs, methods, datasets, u)
+    log.info(
+        "intervals: %d bootstrap resamples (seed %d) at %.0f%%; tests against %r",
+        u.samples, u.seed, 100 * u.level, u.reference,
+    )  # fmt: skip
+    shared = shared_runs or {m: m for m in variants if m in methods}
+    labels = run_labels({v: r for v, r in shared.items() if r in (training_steps or {})})
     tables = {
         "f1": f1_table(runs, methods, datasets),
-        "prf": prf_table(runs, methods, datasets),
-        "ablation": ablation_table(runs, methods, variants, datasets),
-        "beta_sweep": beta_sweep_table(runs, methods, variants, datasets),
-        "efficiency": efficiency_table(runs, methods, datasets),
-        "temporal": temporal_table(runs, methods, datasets),
+        "prf": prf_table(runs, methods, datasets, est),
+        "significance": significance_table(runs, methods, datasets, est),
+        "f1_ci": f1_ci_table(runs, methods, datasets, est),
+        "ablation": ablation_table(runs, methods, variants, datasets, est),
+        "beta_sweep": beta_sweep_table(runs, methods, variants, datasets, est),
+        "efficiency": efficiency_table(runs, methods, datasets, u),
+        "temporal": temporal_table(runs, methods, datasets, u),
+        "curves": curves_table(training_steps or {}, backbone=backbone, labels=labels),
     }
+    for run, curves in missing_curves(tables["curves"], list(labels.values())).items():
+        if curves:
+            log.warning("training run %s logged no metric for the curves %s", run, curves)
     if "runs" in outputs:
-        tables["runs"] = training_runs_table(methods, shared_runs or {m: m for m in variants if m in methods})
+        tables["runs"] = training_runs_table(methods, shared)
     for name, df in tables.items():
         _write_tsv(df, outputs[name])
         log.info("%s: %d rows -> %s", name, df.height, outputs[name])
     label = f" ({backbone})" if backbone else ""
+    plot_f1(
+        _f1_plot_rows(tables["prf"], est, datasets), outputs["f1_plot"], reference=u.reference,
+        title=f"F1 per test set{label}", note=note,
+    )  # fmt: skip
     plot_efficiency(
         tables["efficiency"], outputs["efficiency_plot"], title=f"Search efficiency{label}", note=note
     )
@@ -142,4 +209,5 @@ def aggregate_results(
         tables["temporal"], outputs["temporal_plot"], datasets=[*datasets, "all"],
         title=f"Temporal dynamics of entity discovery{label}", note=note,
     )  # fmt: skip
+    plot_curves(tables["curves"], outputs["curves_plot"], title=f"Learning curves{label}", note=note)
     return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in tables["f1"].to_dicts()}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spader.agent.loop import Episode, Question
-from spader.core.metrics import macro_average, prf
+from spader.core.metrics import correct_count, macro_average, prf, search_efficiency
 
 __all__ = ["EvalSetError", "episode_record", "load_eval_set", "read_jsonl", "summarize", "write_jsonl"]
 
@@ -76,12 +76,19 @@ def load_eval_set(path: str | os.PathLike) -> list[tuple[Question, str]]:
 def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
     """The per-instance JSONL record of one finished episode.
 
-    Fields: question, predictions, gold, precision/recall/f1, format validity (and why not),
-    searches issued (search steps that ran queries, and queries run), new valid entities per
-    turn (counts; entity indices per step in ``steps``), the episode's status and error.
+    Fields: question, predictions, gold, precision/recall/f1 and the number of gold entities
+    predicted (``correct_entities``), format validity (and why not), searches issued (search
+    steps that ran queries, the queries run, and every query the agent wrote, ``queries_written``:
+    also those beyond the per-call cap or in a call the budget left unrun), the authors' search
+    efficiency of the instance (``search_efficiency``: queries written per correct entity, 0 when
+    none), whether a token budget cut the episode short (``budget_cut``) and how many turns were
+    cut (``budget_cut_turns``), new valid entities per turn (counts; entity indices per step in
+    ``steps``), the episode's status and error.
     """
     preds = ep.predictions
     p, r, f = prf(preds, ep.question.gold)
+    correct = correct_count(preds, ep.question.gold)
+    written = sum(len(s.queries) + s.skipped_queries for s in ep.steps if s.kind != "retrieval")
     new_per_turn = [len(s.new_entities) for s in ep.steps]
     return {
         "id": ep.question.id,
@@ -92,16 +99,22 @@ def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
         "precision": p,
         "recall": r,
         "f1": f,
+        "correct_entities": correct,
         "format_valid": ep.format_valid,
         "invalid_reason": ep.invalid_reason,
         "status": ep.status,
         "error": ep.error,
+        "budget_cut": ep.budget_cut,
+        "budget_cut_turns": sum(1 for s in ep.steps if s.budget_cut),
         "turns": len(ep.steps),
         "search_calls": sum(1 for s in ep.steps if s.queries),
         "queries_issued": sum(len(s.queries) for s in ep.steps),
+        "queries_written": written,
+        "search_efficiency": search_efficiency(written, correct),
         "new_entities_per_turn": new_per_turn,
         "entities_found": sum(new_per_turn),
-        "steps": [asdict(s) for s in ep.steps],
+        # the observation texts (up to agent.max_tool_response_chars per step) stay out of the record
+        "steps": [{k: v for k, v in asdict(s).items() if k != "observation"} for s in ep.steps],
     }
 
 
@@ -116,10 +129,13 @@ def summarize(records: Sequence[Mapping[str, Any]], **meta: Any) -> dict[str, An
         "f1": f,
         "format_valid_rate": (sum(bool(rec["format_valid"]) for rec in records) / n) if n else 0.0,
         "failed": sum(rec["status"] in ("generation_error", "episode_error") for rec in records),
+        "generation_errors": sum(rec["status"] == "generation_error" for rec in records),
         "statuses": dict(sorted(Counter(rec["status"] for rec in records).items())),
+        "budget_cut": sum(bool(rec.get("budget_cut")) for rec in records),
         "search_calls": sum(rec["search_calls"] for rec in records),
         "queries_issued": sum(rec["queries_issued"] for rec in records),
         "entities_found": sum(rec["entities_found"] for rec in records),
+        "search_efficiency": (sum(rec["search_efficiency"] for rec in records) / n) if n else 0.0,
         "mean_turns": (sum(rec["turns"] for rec in records) / n) if n else 0.0,
     }
 

@@ -4,6 +4,10 @@
 out); :func:`evaluate_policy` is what rule ``evaluate_policy`` runs: it starts the retrieval
 service for the job's duration, builds the engine named by ``evaluation.engine`` and writes the
 per-instance JSONL and the summary JSON.
+
+An evaluation fails instead of writing anything when its engine died or failed on more than
+``evaluation.max_error_share`` of the episodes (:class:`EvaluationFailed`, naming the engine, the
+share and the job's log): scores computed over the episodes left would look like a result.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from spader.agent.loop import AgentSettings, Question, SearchFn, run_episodes
+from spader.agent.loop import AgentSettings, GenerationFailure, Question, SearchFn, run_episodes
 from spader.agent.search import RetrievalSearch
+from spader.config.model import AgentConfig, EvaluationConfig
 from spader.core.prompt import PromptTemplate, checked_template
 from spader.evaluation.backends import build_engine
 from spader.evaluation.episodes import episode_record, load_eval_set, summarize, write_jsonl
@@ -28,12 +33,41 @@ from spader.models.local import is_tiny
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TINY_NOTE", "evaluate_method", "evaluate_policy"]
+__all__ = [
+    "TINY_NOTE",
+    "EvaluationFailed",
+    "check_generation_errors",
+    "evaluate_method",
+    "evaluate_policy",
+    "evaluate_seeds",
+]
 
 TINY_NOTE = (
     "TINY RANDOM MODEL: the policy is a tiny randomly initialised model (the demo's is warm-started for a "
     "minute on scripted episodes); these scores are meaningless"
 )
+
+
+class EvaluationFailed(RuntimeError):
+    """The evaluation's engine died or failed on too many episodes; nothing was written."""
+
+
+def check_generation_errors(
+    records: Sequence[dict[str, Any]], *, engine: str, max_error_share: float, log_path: str | None = None
+) -> None:
+    """Fail when more than ``max_error_share`` of the records were lost to generation errors.
+
+    Raises:
+        EvaluationFailed: naming the engine, the share and the job's log.
+    """
+    n = len(records)
+    failed = sum(rec["status"] == "generation_error" for rec in records)
+    if n and failed > max_error_share * n:
+        where = f"; see {log_path}" if log_path else ""
+        raise EvaluationFailed(
+            f"engine {engine!r}: {failed} of {n} episodes ({failed / n:.1%}) ended in a generation error, "
+            f"more than evaluation.max_error_share={max_error_share}; no records were written{where}"
+        )
 
 
 def evaluate_method(
@@ -67,6 +101,30 @@ def evaluate_method(
     return records
 
 
+def evaluate_seeds(
+    items: Sequence[tuple[Question, str]],
+    engine,
+    search: SearchFn,
+    settings: AgentSettings,
+    *,
+    method: str,
+    seeds: Sequence[int] | None = None,
+    template: PromptTemplate | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`evaluate_method` once per sampling seed (``evaluation.seeds``; None: the settings'
+    seed alone). With seeds, every record carries its ``seed``: the tables average each question
+    over its seeds and report the spread of the scores over seeds."""
+    if not seeds:
+        return evaluate_method(items, engine, search, settings, method=method, template=template)
+    records: list[dict[str, Any]] = []
+    for seed in seeds:
+        seeded = dataclasses.replace(settings, seed=int(seed))
+        run = evaluate_method(items, engine, search, seeded, method=method, template=template)
+        records += [{**r, "seed": int(seed)} for r in run]
+        log.info("%s, seed %d: F1 %.4f", method, seed, sum(r["f1"] for r in run) / max(1, len(run)))
+    return records
+
+
 def _service_and_client():
     """The retrieval service API. Imported here so the agent and the scoring code do
     not depend on pyserini/FlagEmbedding."""
@@ -89,12 +147,13 @@ def evaluate_policy(
     out_summary: str | os.PathLike,
     *,
     method: str,
-    evaluation: Mapping[str, Any],
+    evaluation: EvaluationConfig,
     retrieval: Mapping[str, Any],
-    agent: Mapping[str, Any] | None = None,
+    agent: AgentConfig | None = None,
     prompt: Mapping[str, Any] | None = None,
     threads: int | None = None,
     service_log: str | os.PathLike | None = None,
+    job_log: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``method`` with the policy in ``model_dir`` on one evaluation set.
 
@@ -104,16 +163,22 @@ def evaluate_policy(
         model_dir: the policy (the backbone for ``rag``/``react``, the exported checkpoint for a
             trained variant).
         out_records, out_summary: per-instance JSONL and summary JSON to write.
-        evaluation: ``config["evaluation"]``; retrieval: ``config["retrieval"]`` (reranker resolved
-            to a local ``path``).
-        agent: ``config["agent"]``, the turn settings shared with training.
+        evaluation: the ``evaluation`` section, its context budget resolved
+            (:meth:`spader.config.Config.evaluation_params`); retrieval: ``config["retrieval"]``
+            (reranker resolved to a local ``path``).
+        agent: the ``agent`` section, the turn settings shared with training.
         prompt: ``{"path": template file or None, "version": its hash}`` (the rule's param); the
             file's hash must still be ``version`` (an edit after the DAG was built fails here).
         threads: CPU threads of the job (shared by the service).
         service_log: where the retrieval service writes its log.
+        job_log: the job's log (named in the error of a failed evaluation).
     Returns:
         The summary.
+    Raises:
+        EvaluationFailed: the engine died or failed on more than ``evaluation.max_error_share`` of
+            the episodes (nothing is written).
     """
+    agent = agent or AgentConfig()
     service = dict(retrieval.get("service", {}))
     # queries are cut to what the service accepts, as training's search tool does
     settings = dataclasses.replace(
@@ -125,50 +190,20 @@ def evaluate_policy(
     tiny = is_tiny(model_dir)
     if tiny:
         log.warning("%s (%s)", TINY_NOTE, model_dir)
-    running_service, RetrievalClient = _service_and_client()
     started = time.monotonic()
-    name = evaluation.get("engine", "transformers")
-    load = functools.partial(
-        build_engine,
-        name,
-        model_dir,
-        gpus=int(evaluation.get("gpus", 0)),
-        batch_size=int(evaluation.get("batch_size", 8)),
-        mem_fraction=float(evaluation.get("gpu_memory_utilization", 0.7)),
-        context_length=settings.max_context_tokens,
-        seed=settings.seed,
-        # the search service's process shares the job's cores; torch's thread pool degrades
-        # badly when its threads outnumber the cores it gets (measured in bench/eval.py)
-        threads=max(1, int(threads) - 1) if threads else None,
-    )
-    # The transformers model loads in a thread while the search service starts (both take
-    # seconds of imports); sglang is built first, in the main thread (it installs signal handlers
-    # and takes its fixed share of GPU memory before the reranker takes what it needs).
-    loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-load")
-    pending = loader.submit(load) if name == "transformers" else None
-    engine = None if pending is not None else load()
+    log_path = str(job_log) if job_log else None
+    engine_load = _EngineLoad(evaluation, model_dir, settings, threads)
     try:
-        with (
-            running_service(index_dir, dict(retrieval), log_path=service_log, threads=threads) as base_url,
-            RetrievalClient(
-                base_url, timeout=service.get("request_timeout_s", 120), retries=service.get("retries", 3)
-            ) as client,
-        ):
-            if engine is None:
-                engine = pending.result()
-            search = RetrievalSearch(
-                client,
-                topk=int(retrieval.get("topk", 5)),
-                max_query_chars=int(service.get("max_query_chars", 1000)),
-                max_queries_per_request=int(service.get("max_queries_per_request", 512)),
-            )
-            records = evaluate_method(items, engine, search, settings, method=method, template=template)
+        records, requests = _episodes_beside_the_service(
+            items, engine_load, index_dir, retrieval, settings,
+            method=method, template=template, seeds=evaluation.seeds,
+            threads=threads, service_log=service_log, log_path=log_path,
+        )  # fmt: skip
     finally:
-        loader.shutdown(wait=True)  # a load still in flight (the service failed first) ends here
-        if engine is None and pending is not None and pending.exception() is None:
-            engine = pending.result()
-        if engine is not None:
-            engine.close()
+        engine = engine_load.close()
+    check_generation_errors(
+        records, engine=engine.name, max_error_share=evaluation.max_error_share, log_path=log_path
+    )
     summary = summarize(
         records,
         method=method,
@@ -179,15 +214,99 @@ def evaluate_policy(
         note=TINY_NOTE if tiny else "",
         prompt_version=template.version,
         prompt_template=template.source,
-        settings={**dict(evaluation), "agent": dict(agent or {})},
-        search_requests=search.requests,
+        settings={**evaluation.model_dump(), "agent": agent.model_dump()},
+        search_requests=requests,
         elapsed_s=round(time.monotonic() - started, 3),
     )
+    _write_outputs(records, summary, out_records, out_summary)
+    return summary
+
+
+class _EngineLoad:
+    """The policy's inference engine, loaded while the search service starts.
+
+    The transformers model loads in a thread while the service starts (both take seconds of
+    imports); sglang is built at once, in the main thread (it installs signal handlers and takes
+    its fixed share of GPU memory before the reranker takes what it needs).
+    """
+
+    def __init__(self, evaluation: EvaluationConfig, model_dir, settings: AgentSettings, threads: int | None):
+        load = functools.partial(
+            build_engine,
+            evaluation.engine,
+            model_dir,
+            gpus=evaluation.gpus,
+            batch_size=evaluation.batch_size,
+            mem_fraction=evaluation.gpu_memory_utilization,
+            context_length=settings.max_context_tokens,
+            seed=settings.seed,
+            # the search service's process shares the job's cores; torch's thread pool degrades
+            # badly when its threads outnumber the cores it gets (measured in bench/eval.py)
+            threads=max(1, int(threads) - 1) if threads else None,
+        )
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-load")
+        self._pending = self._loader.submit(load) if evaluation.engine == "transformers" else None
+        self._engine = None if self._pending is not None else load()
+
+    def get(self):
+        """The engine (waits for a load still in flight)."""
+        if self._engine is None:
+            self._engine = self._pending.result()
+        return self._engine
+
+    def close(self):
+        """Wait for a load still in flight (the service may have failed first), close the engine,
+        and return it (its name goes into the summary)."""
+        self._loader.shutdown(wait=True)
+        if self._engine is None and self._pending is not None and self._pending.exception() is None:
+            self._engine = self._pending.result()
+        if self._engine is not None:
+            self._engine.close()
+        return self._engine
+
+
+def _episodes_beside_the_service(
+    items, engine_load: _EngineLoad, index_dir, retrieval: Mapping[str, Any], settings: AgentSettings,
+    *, method: str, template: PromptTemplate, seeds, threads, service_log, log_path,
+) -> tuple[list[dict], int]:  # fmt: skip
+    """Start the job's retrieval service, run every episode against it, stop it.
+
+    Returns:
+        The episode records and the number of search requests sent.
+    Raises:
+        EvaluationFailed: the engine failed in a way that leaves no usable record.
+    """
+    running_service, RetrievalClient = _service_and_client()
+    service = dict(retrieval.get("service", {}))
+    with (
+        running_service(index_dir, dict(retrieval), log_path=service_log, threads=threads) as base_url,
+        RetrievalClient(
+            base_url, timeout=service.get("request_timeout_s", 120), retries=service.get("retries", 3)
+        ) as client,
+    ):
+        engine = engine_load.get()
+        search = RetrievalSearch(
+            client,
+            topk=int(retrieval.get("topk", 5)),
+            max_query_chars=int(service.get("max_query_chars", 1000)),
+            max_queries_per_request=int(service.get("max_queries_per_request", 512)),
+        )
+        try:
+            records = evaluate_seeds(
+                items, engine, search, settings, method=method, template=template, seeds=seeds
+            )
+        except GenerationFailure as exc:
+            where = f"; see {log_path}" if log_path else ""
+            raise EvaluationFailed(f"{exc}; no records were written{where}") from exc
+    return records, search.requests
+
+
+def _write_outputs(records: list[dict], summary: dict, out_records, out_summary) -> None:
     write_jsonl(out_records, records)
     Path(out_summary).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info(
-        "%s on %s: n=%d P=%.4f R=%.4f F1=%.4f (format valid %.1f%%, %d failed)",
-        method,
+        "%s on %s: n=%d P=%.4f R=%.4f F1=%.4f (format valid %.1f%%, %d failed, %d cut by a token budget)",
+        summary["method"],
         summary["dataset"],
         summary["n"],
         summary["precision"],
@@ -195,5 +314,5 @@ def evaluate_policy(
         summary["f1"],
         100 * summary["format_valid_rate"],
         summary["failed"],
+        summary["budget_cut"],
     )
-    return summary

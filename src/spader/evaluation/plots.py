@@ -1,4 +1,5 @@
-"""PNG figures of the search-efficiency and temporal-dynamics analyses (matplotlib, Agg backend).
+"""PNG figures of the results (F1 with intervals), the search-efficiency and temporal-dynamics
+analyses and the training runs' learning curves (matplotlib, Agg backend).
 
 Every method gets one style, a colour and a marker (and, in line plots, a dash pattern), chosen
 from its name by :func:`method_styles`: the same method looks the same in both figures and for
@@ -16,9 +17,13 @@ import polars as pl
 
 __all__ = [
     "MethodStyle",
+    "curves_figure",
     "efficiency_figure",
+    "f1_figure",
     "method_styles",
+    "plot_curves",
     "plot_efficiency",
+    "plot_f1",
     "plot_temporal",
     "temporal_figure",
 ]
@@ -126,8 +131,10 @@ def plot_temporal(
 
 
 def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
-    """Dot plot: searches per valid entity found, one column per dataset, one marker per method
-    (on a stem from zero, so the value reads like a bar).
+    """Dot plot of the authors' search efficiency (queries per correctly predicted entity, mean
+    over instances, ``search_efficiency``), one column per dataset, one marker per method (on a
+    stem from zero, so the value reads like a bar), with error bars from the bootstrap interval
+    when the table has ``search_efficiency_lo``/``_hi``.
 
     Args:
         table: :func:`spader.evaluation.tables.efficiency_table` output.
@@ -145,7 +152,7 @@ def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
     for i, m in enumerate(methods):
         style = styles[m]
         sub = table.filter(pl.col("method") == m)
-        values = dict(zip(sub["dataset"].to_list(), sub["searches_per_entity"].to_list(), strict=True))
+        values = dict(zip(sub["dataset"].to_list(), sub["search_efficiency"].to_list(), strict=True))
         xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(datasets))]
         heights = [values.get(d) for d in datasets]
         shown = [(x, h) for x, h in zip(xs, heights, strict=True) if h is not None]
@@ -155,6 +162,19 @@ def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
             color=style.colour, markersize=6,
         )  # fmt: skip
         handles.append(handle)
+        if {"search_efficiency_lo", "search_efficiency_hi"} <= set(sub.columns):
+            bounds = {r["dataset"]: r for r in sub.iter_rows(named=True)}
+            bars = [
+                (x, h, bounds[d]["search_efficiency_lo"], bounds[d]["search_efficiency_hi"])
+                for x, h, d in zip(xs, heights, datasets, strict=True)
+                if h is not None and d in bounds and bounds[d]["search_efficiency_lo"] is not None
+            ]
+            if bars:
+                ax.errorbar(
+                    [x for x, *_ in bars], [h for _, h, *_ in bars],
+                    yerr=[[max(0.0, h - lo) for _, h, lo, _ in bars], [max(0.0, hi - h) for _, h, _, hi in bars]],
+                    fmt="none", ecolor=style.colour, elinewidth=1.0, capsize=2.5,
+                )  # fmt: skip
         for x, h in zip(xs, heights, strict=True):
             if h is None:  # no entity found: the ratio is undefined, say so
                 ax.annotate("n/a", (x, 0), ha="center", va="bottom", fontsize=6, color=style.colour)
@@ -162,7 +182,7 @@ def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
     for j in range(1, len(datasets)):
         ax.axvline(j - 0.5, color="0.85", linewidth=0.8)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("search steps per valid entity found")
+    ax.set_ylabel("queries per correctly predicted entity\n(mean over instances)")
     _legend(fig, handles, methods)
     _title(fig, title or "Search efficiency (lower is better)", note)
     return fig
@@ -171,7 +191,8 @@ def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
 def temporal_figure(
     table: pl.DataFrame, *, datasets: Sequence[str] | None = None, title: str = "", note: str = ""
 ):
-    """One panel per dataset: mean cumulative distinct valid entities found by turn, per method.
+    """One panel per dataset: mean cumulative distinct valid entities found by turn, per method,
+    with the bootstrap interval of each turn's mean as a band (when the table has ``ci_lo``/``ci_hi``).
 
     Args:
         table: :func:`spader.evaluation.tables.temporal_table` output.
@@ -199,6 +220,11 @@ def temporal_figure(
                 sub["turn"].to_list(), sub["cumulative_entities"].to_list(), color=style.colour,
                 marker=style.marker, linestyle=style.linestyle, markersize=4, linewidth=1.2,
             )  # fmt: skip
+            if {"ci_lo", "ci_hi"} <= set(sub.columns):  # the bootstrap interval of each turn's mean
+                ax.fill_between(
+                    sub["turn"].to_list(), sub["ci_lo"].to_list(), sub["ci_hi"].to_list(),
+                    color=style.colour, alpha=0.12, linewidth=0,
+                )  # fmt: skip
         ax.set_title(d, fontsize=9)
         ax.set_xlabel("interaction turn")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -208,4 +234,129 @@ def temporal_figure(
         axes[k // cols][k % cols].axis("off")
     _legend(fig, [handles[m] for m in methods if m in handles], [m for m in methods if m in handles])
     _title(fig, title or "Temporal dynamics of entity discovery", note)
+    return fig
+
+
+def plot_f1(
+    table: pl.DataFrame, out: str | os.PathLike, *, reference: str = "", title: str = "", note: str = ""
+) -> None:
+    """Write :func:`f1_figure` to ``out`` (PNG)."""
+    _save(f1_figure(table, reference=reference, title=title, note=note), out)
+
+
+def f1_figure(table: pl.DataFrame, *, reference: str = "", title: str = "", note: str = ""):
+    """F1 of every method on every dataset and their average, with error bars from the bootstrap
+    interval; a method that does not differ significantly from ``reference`` has a hollow marker.
+
+    Args:
+        table: long form with ``method, dataset, f1, f1_lo, f1_hi`` and optionally ``significant``
+            (:func:`spader.evaluation.tables.prf_table` rows, plus ``avg`` rows).
+        reference: the method the others are tested against (named in the axis label).
+        title: figure title. note: a warning line under the title (tiny random model).
+    Returns:
+        The matplotlib figure (open; the caller saves and closes it).
+    """
+    plt = _pyplot()
+    methods = list(dict.fromkeys(table["method"].to_list()))
+    datasets = list(dict.fromkeys(table["dataset"].to_list()))
+    styles = method_styles(methods)
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.22 * len(datasets) * max(1, len(methods)))), 4.2))
+    width = 0.8 / max(1, len(methods))
+    handles = []
+    for i, m in enumerate(methods):
+        style = styles[m]
+        rows = {r["dataset"]: r for r in table.filter(pl.col("method") == m).iter_rows(named=True)}
+        xs, ys, lo, hi, hollow = [], [], [], [], []
+        for j, d in enumerate(datasets):
+            if d not in rows:
+                continue
+            r = rows[d]
+            xs.append(j + (i - (len(methods) - 1) / 2) * width)
+            ys.append(r["f1"])
+            lo.append(max(0.0, r["f1"] - r["f1_lo"]))
+            hi.append(max(0.0, r["f1_hi"] - r["f1"]))
+            hollow.append(r.get("significant") is False)
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="none", ecolor=style.colour, elinewidth=1.1, capsize=2.5)
+        filled = [(x, y) for x, y, h in zip(xs, ys, hollow, strict=True) if not h]
+        empty = [(x, y) for x, y, h in zip(xs, ys, hollow, strict=True) if h]
+        (handle,) = ax.plot(
+            [x for x, _ in filled], [y for _, y in filled], linestyle="none", marker=style.marker,
+            color=style.colour, markersize=6,
+        )  # fmt: skip
+        if empty:
+            ax.plot(
+                [x for x, _ in empty], [y for _, y in empty], linestyle="none", marker=style.marker,
+                markerfacecolor="white", markeredgecolor=style.colour, markersize=6,
+            )  # fmt: skip
+        handles.append(handle)
+    ax.set_xticks(range(len(datasets)), datasets)
+    for j in range(1, len(datasets)):
+        ax.axvline(j - 0.5, color="0.85", linewidth=0.8)
+    ax.set_ylim(bottom=0)
+    label = "macro F1 (95% bootstrap interval)"
+    if reference:
+        label += f"\nhollow: not significantly different from {reference}"
+    ax.set_ylabel(label, fontsize=8)
+    _legend(fig, handles, methods)
+    _title(fig, title or "F1 per test set", note)
+    return fig
+
+
+def plot_curves(table: pl.DataFrame, out: str | os.PathLike, *, title: str = "", note: str = "") -> None:
+    """Write :func:`curves_figure` to ``out`` (PNG)."""
+    _save(curves_figure(table, title=title, note=note), out)
+
+
+def curves_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
+    """Learning curves: one panel per curve (reward, valid-format rate, searches, entities,
+    response length, KL), one line per training run, by training step. A run that did not log a
+    curve is named in that panel.
+
+    Args:
+        table: :func:`spader.evaluation.curves.curves_table` output (``run, curve, label, step,
+            value``; all curves listed in :data:`spader.evaluation.curves.CURVES` get a panel).
+        title: figure title (the backbone). note: a warning line under the title.
+    Returns:
+        The matplotlib figure (open; the caller saves and closes it).
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    from spader.evaluation.curves import CURVES
+
+    plt = _pyplot()
+    runs = list(dict.fromkeys(table["run"].to_list()))
+    styles = method_styles([r.split(" ", 1)[0] for r in runs])
+    cols = 3
+    rows = (len(CURVES) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.1 * rows), squeeze=False)
+    handles = {}
+    for k, curve in enumerate(CURVES):
+        ax = axes[k // cols][k % cols]
+        missing = []
+        for run in runs:
+            sub = table.filter((pl.col("run") == run) & (pl.col("curve") == curve.name)).sort("step")
+            if sub.height == 0:
+                missing.append(run)
+                continue
+            style = styles[run.split(" ", 1)[0]]
+            (handles[run],) = ax.plot(
+                sub["step"].to_list(), sub["value"].to_list(), color=style.colour, marker=style.marker,
+                linestyle=style.linestyle, markersize=3, linewidth=1.2,
+            )  # fmt: skip
+        if missing:
+            ax.text(
+                0.02, 0.98, "not logged: " + ", ".join(missing), transform=ax.transAxes, fontsize=6,
+                va="top", color="0.4",
+            )  # fmt: skip
+        if not runs:
+            ax.text(0.5, 0.5, "no trained variant", transform=ax.transAxes, ha="center", fontsize=8)
+        ax.set_title(curve.label, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    for k in range(len(CURVES), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    if handles:
+        _legend(fig, list(handles.values()), list(handles))
+    _title(fig, title or "Learning curves", note)
     return fig

@@ -8,32 +8,65 @@ Every table is computed from the records of ``results/{backbone}/eval/{method}/{
 * ``ablation`` / ``beta_sweep``: every row of the paper's tables (SPADER, w/o SPA, w/o NP, w/o IG;
   beta in the ``beta_*`` variants) with a ``status`` column; a run this backbone does not train
   has status ``not run for this backbone`` and empty F1 cells: no number is ever invented.
-* ``efficiency``: searches per valid entity found, as a ratio of totals per method and dataset
-  (plus ``all``): search steps that ran queries / distinct gold entities surfaced in passages.
-  Empty when nothing was found (the ratio is undefined).
+* ``efficiency``: search efficiency as the authors compute it (``search_efficiency``: per
+  instance, the queries the agent wrote divided by the gold entities it predicted correctly, 0
+  when none; averaged over instances), per method and dataset (plus ``all``), beside the pooled
+  figures named for what they measure (search calls and queries run per distinct gold entity
+  surfaced in passages; empty when none was surfaced) and the episodes a token budget cut short
+  (``budget_cut``).
 * ``temporal``: mean cumulative number of distinct gold entities surfaced by turn t (episodes that
-  ended earlier keep their final count), per method and dataset (plus ``all``).
+  ended earlier keep their final count), per method and dataset (plus ``all``), with its bootstrap
+  interval (``ci_lo``, ``ci_hi``).
+
+Uncertainty (:mod:`spader.evaluation.stats`, settings :class:`Uncertainty`): a score is a mean
+over questions, so its interval comes from resampling the questions (percentile bootstrap; the
+``avg`` over datasets resamples within each dataset). With several sampling seeds a question's
+score is first averaged over the seeds, and the spread of the run-level score over seeds is
+reported beside it.
+
+* ``prf`` carries ``<metric>_lo`` / ``<metric>_hi`` for precision, recall and F1, the number of
+  ``seeds`` and ``f1_seed_sd``;
+* ``significance``: every method against the reference (``spader``) on the same questions, per
+  dataset and ``avg``, for P, R and F1: the difference, its paired-bootstrap interval, the
+  paired permutation test's p-value, Holm's adjustment over the table's comparisons of one metric,
+  and whether it is significant at the configured level;
+* ``f1_ci``: the F1 table as the report shows it, each cell ``F1 [lo, hi]``, marked ``(n.s.)``
+  where the method does not differ significantly from the reference;
+* ``ablation`` / ``beta_sweep`` carry the interval of ``avg`` and its p-value against the reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from spader.config import PROMPTING
-from spader.core.metrics import macro_average
+from spader.core.metrics import correct_count, macro_average, search_efficiency
+from spader.evaluation.stats import (
+    bootstrap_means,
+    holm,
+    paired_permutation_test,
+    percentile_interval,
+    seed_spread,
+)
 
 __all__ = [
     "ABLATION_ROWS",
     "NOT_RUN",
+    "Uncertainty",
     "ablation_table",
     "beta_sweep_table",
     "efficiency_table",
+    "f1_ci_table",
     "f1_table",
     "method_order",
     "prf_table",
+    "question_scores",
+    "significance_table",
     "temporal_table",
 ]
 
@@ -62,13 +95,215 @@ def _macro(records) -> tuple[float, float, float, int]:
     return macro_average((r["precision"], r["recall"], r["f1"]) for r in records)
 
 
-def prf_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]) -> pl.DataFrame:
-    """Long form ``method, dataset, precision, recall, f1, n``."""
+# ---------------------------------------------------------------------------------------------
+# Uncertainty over questions (and sampling seeds)
+# ---------------------------------------------------------------------------------------------
+METRICS = ("precision", "recall", "f1")
+AVG = "avg"
+NOT_SIGNIFICANT = "(n.s.)"
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """How intervals and tests are computed.
+
+    Attributes:
+        samples: bootstrap resamples and random sign patterns of the permutation test
+            (``evaluation.bootstrap_samples``).
+        seed: seed of both (``evaluation.bootstrap_seed``).
+        alpha: significance level; intervals are at ``1 - alpha`` (``evaluation.significance_level``).
+        reference: the method every other one is tested against.
+    """
+
+    samples: int = 10_000
+    seed: int = 0
+    alpha: float = 0.05
+    reference: str = "spader"
+
+    def __post_init__(self):
+        if self.samples < 1 or not 0 < self.alpha < 1:
+            raise ValueError(
+                f"bootstrap samples must be >= 1 and alpha in (0, 1), got {self.samples}, {self.alpha}"
+            )
+
+    @property
+    def level(self) -> float:
+        return 1 - self.alpha
+
+    @classmethod
+    def from_config(cls, evaluation: Mapping[str, Any] | None) -> Uncertainty:
+        """From ``config["evaluation"]`` (missing keys take the defaults)."""
+        e = evaluation or {}
+        return cls(
+            samples=int(e.get("bootstrap_samples", cls.samples)),
+            seed=int(e.get("bootstrap_seed", cls.seed)),
+            alpha=float(e.get("significance_level", cls.alpha)),
+        )
+
+
+@dataclass(frozen=True)
+class QuestionScores:
+    """Per-question scores of one method on one dataset.
+
+    Attributes:
+        ids: question ids, in first-seen order.
+        scores: ``(3, n)`` precision, recall and F1 of each question, averaged over seeds.
+        seed_f1: macro F1 of each sampling seed (one value when the run had one seed).
+    """
+
+    ids: list[str]
+    scores: np.ndarray
+    seed_f1: list[float]
+
+
+def question_scores(records: Sequence[Mapping[str, Any]]) -> QuestionScores:
+    """Group an evaluation's records by question (``id``; the position when records carry none)
+    and average each question's P/R/F1 over its sampling seeds (``seed``; one seed when absent).
+
+    Raises:
+        ValueError: when the seeds do not all cover the same questions once each.
+    """
+    by_id: dict[str, list[Mapping[str, Any]]] = {}
+    by_seed: dict[Any, dict[str, float]] = {}
+    for pos, r in enumerate(records):
+        qid = str(r.get("id", pos))
+        seed = r.get("seed")
+        if qid in by_seed.setdefault(seed, {}):
+            raise ValueError(f"question {qid!r} appears twice for seed {seed!r}")
+        by_seed[seed][qid] = float(r["f1"])
+        by_id.setdefault(qid, []).append(r)
+    for seed, scored in by_seed.items():
+        if scored.keys() != by_id.keys():
+            missing = sorted(set(by_id) - set(scored))[:3]
+            raise ValueError(f"seed {seed!r} did not evaluate every question (missing e.g. {missing})")
+    ids = list(by_id)
+    scores = np.array(
+        [[sum(float(r[k]) for r in by_id[q]) / len(by_id[q]) for q in ids] for k in METRICS], dtype=np.float64
+    ).reshape(len(METRICS), len(ids))
+    seed_f1 = [sum(v.values()) / len(v) if v else 0.0 for v in by_seed.values()]
+    return QuestionScores(ids, scores, seed_f1)
+
+
+class Estimates:
+    """Bootstrap distributions and paired tests of every method's P/R/F1 on every dataset and on
+    their ``avg``, computed once per table set (see :mod:`spader.evaluation.stats`).
+
+    Every method of a dataset is resampled with the same question draws, so differences are paired.
+    """
+
+    def __init__(
+        self,
+        runs: Runs,
+        methods: Sequence[str],
+        datasets: Sequence[str],
+        uncertainty: Uncertainty | None = None,
+    ):
+        self.u = uncertainty or Uncertainty()
+        self.methods = method_order(methods)
+        self.datasets = list(datasets)
+        self.scores = {
+            (m, d): question_scores(_records(runs, m, d)) for m in self.methods for d in self.datasets
+        }
+        self._stack: dict[str, np.ndarray] = {}
+        for d in self.datasets:
+            ids = None
+            rows = []
+            for m in self.methods:
+                qs = self.scores[(m, d)]
+                if ids is None:
+                    ids, first = qs.ids, m
+                elif set(qs.ids) != set(ids):
+                    raise ValueError(
+                        f"{m!r} and {first!r} were evaluated on different questions of {d!r} (a stale evaluation?)"
+                    )
+                order = {q: i for i, q in enumerate(qs.ids)}
+                rows.append(qs.scores[:, [order[q] for q in ids]])
+            self._stack[d] = np.stack(rows) if rows else np.zeros((0, len(METRICS), 1))
+        self._draws: dict[str, np.ndarray] = {}
+        self._p: dict[tuple[str, str], np.ndarray] = {}  # (dataset, reference) -> (methods, 3)
+
+    def _strata(self, dataset: str) -> list[np.ndarray]:
+        names = self.datasets if dataset == AVG else [dataset]
+        return [self._stack[d].reshape(-1, self._stack[d].shape[-1]) for d in names]
+
+    def draws(self, dataset: str) -> np.ndarray:
+        """``(samples, methods, 3)`` resampled P/R/F1 of every method on ``dataset`` (or ``avg``)."""
+        if dataset not in self._draws:
+            flat = bootstrap_means(self._strata(dataset), self.u.samples, self.u.seed)
+            self._draws[dataset] = flat.reshape(self.u.samples, len(self.methods), len(METRICS))
+        return self._draws[dataset]
+
+    def point(self, method: str, dataset: str) -> np.ndarray:
+        """P/R/F1 of ``method`` on ``dataset`` (``avg``: the unweighted mean over datasets)."""
+        names = self.datasets if dataset == AVG else [dataset]
+        i = self.methods.index(method)
+        return sum(self._stack[d][i].mean(axis=1) for d in names) / len(names)
+
+    def interval(self, method: str, dataset: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)`` of P/R/F1 at the configured level."""
+        return percentile_interval(self.draws(dataset)[:, self.methods.index(method)], self.u.level)
+
+    def difference(
+        self, method: str, dataset: str, reference: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``method - reference`` on P/R/F1 and its paired-bootstrap interval."""
+        draws = self.draws(dataset)
+        i, j = self.methods.index(method), self.methods.index(reference)
+        lo, hi = percentile_interval(draws[:, i] - draws[:, j], self.u.level)
+        return self.point(method, dataset) - self.point(reference, dataset), lo, hi
+
+    def p_value(self, method: str, dataset: str, reference: str) -> np.ndarray:
+        """Paired permutation test's p-values of ``method`` vs ``reference`` on P/R/F1.
+
+        The tests of every method against ``reference`` on one dataset run together: they share
+        the random sign patterns (one seed), so each method's p-value is the one it would get alone.
+        """
+        key = (dataset, reference)
+        if key not in self._p:
+            names = self.datasets if dataset == AVG else [dataset]
+            j = self.methods.index(reference)
+            a = [self._stack[d].reshape(-1, self._stack[d].shape[-1]) for d in names]
+            b = [np.tile(self._stack[d][j], (len(self.methods), 1)) for d in names]
+            p = paired_permutation_test(a, b, self.u.samples, self.u.seed)
+            self._p[key] = p.reshape(len(self.methods), len(METRICS))
+        return self._p[key][self.methods.index(method)]
+
+    def significant(self, method: str, dataset: str, metric: str = "f1") -> bool | None:
+        """Whether ``method`` differs from the reference (None: it is the reference, or there is none)."""
+        ref = self.u.reference
+        if method == ref or ref not in self.methods:
+            return None
+        return bool(self.p_value(method, dataset, ref)[METRICS.index(metric)] < self.u.alpha)
+
+    def seeds(self, method: str, dataset: str) -> tuple[int, float | None]:
+        """Number of sampling seeds and the standard deviation of macro F1 over them (None for one)."""
+        per_seed = self.scores[(method, dataset)].seed_f1
+        return len(per_seed), (seed_spread(per_seed)[1] if len(per_seed) > 1 else None)
+
+
+def _estimates(runs, methods, datasets, estimates: Estimates | None) -> Estimates:
+    return estimates if estimates is not None else Estimates(runs, methods, datasets)
+
+
+def prf_table(
+    runs: Runs, methods: Sequence[str], datasets: Sequence[str], estimates: Estimates | None = None
+) -> pl.DataFrame:
+    """Long form ``method, dataset, precision, recall, f1, n``, then each metric's interval
+    (``precision_lo, precision_hi, recall_lo, recall_hi, f1_lo, f1_hi``), ``seeds`` and
+    ``f1_seed_sd`` (standard deviation of F1 over the sampling seeds; empty for one seed). ``n``
+    counts questions; with several seeds every question's scores are averaged over them."""
+    est = _estimates(runs, methods, datasets, estimates)
     rows = []
     for m in method_order(methods):
         for d in datasets:
-            p, r, f, n = _macro(_records(runs, m, d))
-            rows.append({"method": m, "dataset": d, "precision": p, "recall": r, "f1": f, "n": n})
+            p, r, f, _ = _macro(_records(runs, m, d))
+            lo, hi = est.interval(m, d)
+            seeds, sd = est.seeds(m, d)
+            row = {"method": m, "dataset": d, "precision": p, "recall": r, "f1": f}
+            row["n"] = len(est.scores[(m, d)].ids)
+            for k, name in enumerate(METRICS):
+                row[f"{name}_lo"], row[f"{name}_hi"] = float(lo[k]), float(hi[k])
+            rows.append({**row, "seeds": seeds, "f1_seed_sd": sd})
     schema = {
         "method": pl.String,
         "dataset": pl.String,
@@ -76,8 +311,76 @@ def prf_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]) -> pl
         "recall": pl.Float64,
         "f1": pl.Float64,
         "n": pl.Int64,
+        **{f"{name}_{end}": pl.Float64 for name in METRICS for end in ("lo", "hi")},
+        "seeds": pl.Int64,
+        "f1_seed_sd": pl.Float64,
     }
     return pl.DataFrame(rows, schema=schema)
+
+
+def significance_table(
+    runs: Runs, methods: Sequence[str], datasets: Sequence[str], estimates: Estimates | None = None
+) -> pl.DataFrame:
+    """Every method against the reference on the same questions: ``method, reference, dataset,
+    metric, n, diff, diff_lo, diff_hi, p_value, p_holm, significant`` for each dataset and
+    ``avg`` and each of P, R, F1. ``diff`` is method minus reference; its interval is the paired
+    bootstrap's; ``p_value`` the paired permutation test's (two-sided); ``p_holm`` is Holm's
+    adjustment over the table's rows of the same metric; ``significant`` compares ``p_value``
+    with the level. Empty when the reference was not evaluated."""
+    est = _estimates(runs, methods, datasets, estimates)
+    ref = est.u.reference
+    rows = []
+    if ref in est.methods:
+        for m in est.methods:
+            if m == ref:
+                continue
+            for d in [*datasets, AVG]:
+                diff, lo, hi = est.difference(m, d, ref)
+                p = est.p_value(m, d, ref)
+                n = sum(len(est.scores[(m, x)].ids) for x in (datasets if d == AVG else [d]))
+                for k, metric in enumerate(METRICS):
+                    rows.append(
+                        {
+                            "method": m, "reference": ref, "dataset": d, "metric": metric, "n": n,
+                            "diff": float(diff[k]), "diff_lo": float(lo[k]), "diff_hi": float(hi[k]),
+                            "p_value": float(p[k]),
+                        }
+                    )  # fmt: skip
+    for metric in METRICS:
+        idx = [i for i, r in enumerate(rows) if r["metric"] == metric]
+        for i, adjusted in zip(idx, holm([rows[i]["p_value"] for i in idx]), strict=True):
+            rows[i]["p_holm"] = adjusted
+    for r in rows:
+        r["significant"] = r["p_value"] < est.u.alpha
+    schema = {
+        "method": pl.String, "reference": pl.String, "dataset": pl.String, "metric": pl.String,
+        "n": pl.Int64, "diff": pl.Float64, "diff_lo": pl.Float64, "diff_hi": pl.Float64,
+        "p_value": pl.Float64, "p_holm": pl.Float64, "significant": pl.Boolean,
+    }  # fmt: skip
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _cell(value: float, lo: float, hi: float, significant: bool | None) -> str:
+    mark = f" {NOT_SIGNIFICANT}" if significant is False else ""
+    return f"{value:.3f} [{lo:.3f}, {hi:.3f}]{mark}"
+
+
+def f1_ci_table(
+    runs: Runs, methods: Sequence[str], datasets: Sequence[str], estimates: Estimates | None = None
+) -> pl.DataFrame:
+    """The F1 table as the report shows it: ``method, <datasets...>, avg`` with text cells
+    ``F1 [lo, hi]``, followed by ``(n.s.)`` where the method does not differ significantly from
+    the reference on those questions (paired permutation test)."""
+    est = _estimates(runs, methods, datasets, estimates)
+    k = METRICS.index("f1")
+    rows = []
+    for m in est.methods:
+        row = {"method": m}
+        for d in [*datasets, AVG]:
+            lo, hi = est.interval(m, d)
+            row[d] = _cell(float(est.point(m, d)[k]), float(lo[k]), float(hi[k]), est.significant(m, d))
+        rows.append(row)
+    return pl.DataFrame(rows, schema={"method": pl.String, **{d: pl.String for d in [*datasets, AVG]}})
 
 
 def _f1_row(runs: Runs, method: str, datasets: Sequence[str]) -> dict[str, float]:
@@ -96,40 +399,69 @@ def f1_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]) -> pl.
     return pl.DataFrame(rows, schema=_f1_schema(datasets, {"method": pl.String}))
 
 
+_INTERVAL_COLUMNS = {"avg_lo": pl.Float64, "avg_hi": pl.Float64, "avg_p_vs_reference": pl.Float64}
+
+
 def _status_rows(
-    runs: Runs, names: Sequence[str], methods: Sequence[str], datasets: Sequence[str], extra
+    runs: Runs,
+    names: Sequence[str],
+    methods: Sequence[str],
+    datasets: Sequence[str],
+    extra,
+    estimates: Estimates | None,
 ) -> list[dict]:
+    """Rows of the ablation and beta-sweep tables: F1 per dataset and ``avg``, the interval of
+    ``avg`` and its p-value against the reference (empty for the reference and for runs this
+    backbone does not have)."""
+    evaluated = [n for n in names if n in methods]
+    est = _estimates(runs, methods, datasets, estimates) if evaluated else None
+    k = METRICS.index("f1")
     rows = []
     for name in names:
         row = {"method": name, **extra(name)}
         if name in methods:
             row.update(status=EVALUATED, **_f1_row(runs, name, datasets))
+            lo, hi = est.interval(name, AVG)
+            ref = est.u.reference
+            p = est.p_value(name, AVG, ref)[k] if name != ref and ref in est.methods else None
+            row.update(avg_lo=float(lo[k]), avg_hi=float(hi[k]), avg_p_vs_reference=p)
         else:
             row.update(status=NOT_RUN, **{d: None for d in datasets}, avg=None)
+            row.update(dict.fromkeys(_INTERVAL_COLUMNS))
         rows.append(row)
     return rows
 
 
 def ablation_table(
-    runs: Runs, methods: Sequence[str], variants: Mapping[str, Any], datasets: Sequence[str]
+    runs: Runs,
+    methods: Sequence[str],
+    variants: Mapping[str, Any],
+    datasets: Sequence[str],
+    estimates: Estimates | None = None,
 ) -> pl.DataFrame:
-    """``method, setting, status, <datasets...>, avg`` for the ablation runs defined in ``variants``."""
+    """``method, setting, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference`` for the
+    ablation runs defined in ``variants``."""
     names = [v for v in ABLATION_ROWS if v in variants]
-    rows = _status_rows(runs, names, methods, datasets, lambda v: {"setting": ABLATION_ROWS[v]})
-    return pl.DataFrame(
-        rows, schema=_f1_schema(datasets, {"method": pl.String, "setting": pl.String, "status": pl.String})
-    )
+    rows = _status_rows(runs, names, methods, datasets, lambda v: {"setting": ABLATION_ROWS[v]}, estimates)
+    leading = {"method": pl.String, "setting": pl.String, "status": pl.String}
+    return pl.DataFrame(rows, schema={**_f1_schema(datasets, leading), **_INTERVAL_COLUMNS})
 
 
 def beta_sweep_table(
-    runs: Runs, methods: Sequence[str], variants: Mapping[str, Any], datasets: Sequence[str]
+    runs: Runs,
+    methods: Sequence[str],
+    variants: Mapping[str, Any],
+    datasets: Sequence[str],
+    estimates: Estimates | None = None,
 ) -> pl.DataFrame:
-    """``method, beta, status, <datasets...>, avg`` for the ``beta_*`` variants, by beta."""
+    """``method, beta, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference`` for the
+    ``beta_*`` variants, by beta."""
     names = sorted((v for v in variants if v.startswith("beta_")), key=lambda v: float(variants[v]["beta"]))
-    rows = _status_rows(runs, names, methods, datasets, lambda v: {"beta": float(variants[v]["beta"])})
-    return pl.DataFrame(
-        rows, schema=_f1_schema(datasets, {"method": pl.String, "beta": pl.Float64, "status": pl.String})
+    rows = _status_rows(
+        runs, names, methods, datasets, lambda v: {"beta": float(variants[v]["beta"])}, estimates
     )
+    leading = {"method": pl.String, "beta": pl.Float64, "status": pl.String}
+    return pl.DataFrame(rows, schema={**_f1_schema(datasets, leading), **_INTERVAL_COLUMNS})
 
 
 def _pooled(
@@ -139,12 +471,45 @@ def _pooled(
     return [*per, (ALL, [r for _, recs in per for r in recs])]
 
 
-def efficiency_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]) -> pl.DataFrame:
-    """``method, dataset, n, search_calls, queries_issued, entities_found, searches_per_entity,
-    queries_per_entity`` (ratios of totals; empty when no entity was found)."""
+def _instance_efficiency(r: Mapping[str, Any]) -> tuple[float, int, int]:
+    """``(search efficiency, queries written, correct entities)`` of one record (records written
+    before these fields existed are recomputed from their predictions and gold)."""
+    written = int(r.get("queries_written", r["queries_issued"]))
+    if "correct_entities" in r:
+        correct = int(r["correct_entities"])
+    elif "predictions" in r and "gold" in r:
+        correct = correct_count(r["predictions"], r["gold"])
+    else:
+        raise KeyError(
+            f"evaluation record {r.get('id', '?')!r} has neither 'correct_entities' nor "
+            "'predictions' and 'gold': evaluate again"
+        )
+    value = r.get("search_efficiency")
+    return (float(value) if value is not None else search_efficiency(written, correct)), written, correct
+
+
+def efficiency_table(
+    runs: Runs, methods: Sequence[str], datasets: Sequence[str], uncertainty: Uncertainty | None = None
+) -> pl.DataFrame:
+    """``method, dataset, n, search_efficiency, queries_written, correct_entities, search_calls,
+    queries_issued, entities_found, search_calls_per_surfaced_entity,
+    queries_per_surfaced_entity, budget_cut, search_efficiency_lo, search_efficiency_hi``.
+
+    ``search_efficiency`` is the authors' figure (mean over instances of queries written per
+    correctly predicted entity, 0 for an instance without one); the ``*_per_surfaced_entity``
+    columns are ratios of totals over the run (search calls or queries run per distinct gold
+    entity its passages surfaced; empty when none was); ``budget_cut`` counts the episodes a token
+    budget cut short. ``search_efficiency_lo``/``_hi`` bound the percentile bootstrap interval of
+    ``search_efficiency`` over the instances (``all``: over the pooled ones; empty without any)."""
+    u = uncertainty or Uncertainty()
     rows = []
     for m in method_order(methods):
         for d, recs in _pooled(runs, m, datasets):
+            per = [_instance_efficiency(r) for r in recs]
+            lo = hi = None
+            if per:
+                draws = bootstrap_means(np.array([e for e, _, _ in per], dtype=np.float64), u.samples, u.seed)
+                lo, hi = (float(x[0]) for x in percentile_interval(draws, u.level))
             calls = sum(int(r["search_calls"]) for r in recs)
             queries = sum(int(r["queries_issued"]) for r in recs)
             found = sum(int(r["entities_found"]) for r in recs)
@@ -153,17 +518,25 @@ def efficiency_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]
                     "method": m,
                     "dataset": d,
                     "n": len(recs),
+                    "search_efficiency": sum(e for e, _, _ in per) / len(per) if per else 0.0,
+                    "queries_written": sum(w for _, w, _ in per),
+                    "correct_entities": sum(c for _, _, c in per),
                     "search_calls": calls,
                     "queries_issued": queries,
                     "entities_found": found,
-                    "searches_per_entity": calls / found if found else None,
-                    "queries_per_entity": queries / found if found else None,
+                    "search_calls_per_surfaced_entity": calls / found if found else None,
+                    "queries_per_surfaced_entity": queries / found if found else None,
+                    "budget_cut": sum(bool(r.get("budget_cut")) for r in recs),
+                    "search_efficiency_lo": lo,
+                    "search_efficiency_hi": hi,
                 }
             )
     schema = {
-        "method": pl.String, "dataset": pl.String, "n": pl.Int64, "search_calls": pl.Int64,
+        "method": pl.String, "dataset": pl.String, "n": pl.Int64, "search_efficiency": pl.Float64,
+        "queries_written": pl.Int64, "correct_entities": pl.Int64, "search_calls": pl.Int64,
         "queries_issued": pl.Int64, "entities_found": pl.Int64,
-        "searches_per_entity": pl.Float64, "queries_per_entity": pl.Float64,
+        "search_calls_per_surfaced_entity": pl.Float64, "queries_per_surfaced_entity": pl.Float64,
+        "budget_cut": pl.Int64, "search_efficiency_lo": pl.Float64, "search_efficiency_hi": pl.Float64,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 
@@ -183,21 +556,46 @@ def cumulative_curve(records: Sequence[Mapping[str, Any]], turns: int) -> list[f
     return [x / len(records) for x in totals]
 
 
-def temporal_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]) -> pl.DataFrame:
-    """``method, dataset, turn, cumulative_entities, n`` (turn 1 .. longest episode of the run)."""
+def _per_question_cumulative(pooled: Sequence[tuple[str, Mapping[str, Any]]], turns: int) -> np.ndarray:
+    """``(turns, questions)`` cumulative entities by turn of each question (averaged over seeds)."""
+    groups: dict[tuple[str, str], list[list[float]]] = {}
+    for pos, (d, r) in enumerate(pooled):
+        curve = cumulative_curve([r], turns)
+        groups.setdefault((d, str(r.get("id", pos))), []).append(curve)
+    if not groups:
+        return np.zeros((turns, 1))
+    return np.array([np.mean(curves, axis=0) for curves in groups.values()]).T.reshape(turns, len(groups))
+
+
+def temporal_table(
+    runs: Runs, methods: Sequence[str], datasets: Sequence[str], uncertainty: Uncertainty | None = None
+) -> pl.DataFrame:
+    """``method, dataset, turn, cumulative_entities, n, ci_lo, ci_hi`` (turn 1 .. longest episode
+    of the run); the interval is the bootstrap's over questions (``all``: over the pooled ones)."""
+    u = uncertainty or Uncertainty()
     rows = []
     for m in method_order(methods):
-        for d, recs in _pooled(runs, m, datasets):
+        per = [(d, [(d, r) for r in _records(runs, m, d)]) for d in datasets]
+        for d, pooled in [*per, (ALL, [x for _, items in per for x in items])]:
+            recs = [r for _, r in pooled]
             turns = max([len(r["new_entities_per_turn"]) for r in recs] + [1])
+            lo, hi = percentile_interval(
+                bootstrap_means(_per_question_cumulative(pooled, turns), u.samples, u.seed), u.level
+            )
             for t, value in enumerate(cumulative_curve(recs, turns), start=1):
                 rows.append(
-                    {"method": m, "dataset": d, "turn": t, "cumulative_entities": value, "n": len(recs)}
-                )
+                    {
+                        "method": m, "dataset": d, "turn": t, "cumulative_entities": value, "n": len(recs),
+                        "ci_lo": float(lo[t - 1]), "ci_hi": float(hi[t - 1]),
+                    }
+                )  # fmt: skip
     schema = {
         "method": pl.String,
         "dataset": pl.String,
         "turn": pl.Int64,
         "cumulative_entities": pl.Float64,
         "n": pl.Int64,
+        "ci_lo": pl.Float64,
+        "ci_hi": pl.Float64,
     }
     return pl.DataFrame(rows, schema=schema)

@@ -5,8 +5,14 @@ interrupted transfer resumes from there only when the source is unchanged (HTTP 
 ``If-Range``, :mod:`spader.infra.transfer`), transient failures are retried with the project's
 retry policy (:func:`spader.infra.retry.retrying`), and the file is renamed into place only after
 its size and checksum match: the configured ones, else those recorded by the first complete
-download (``<dest>.integrity``). A verified download keeps a second hard link,
-``<dest>.verified``, so that a Snakemake rerun of a job it marked incomplete reuses it.
+download. That record lives with every other integrity record of its tree
+(``resources/.integrity/<path under resources>.json``, :mod:`spader.infra.integrity`) and names the
+source as configured (the caller passes it as ``record_source`` when it anchored a relative path),
+so no record holds an absolute path. The transfer's own state stays beside the file, as it is data
+rather than a record: ``<dest>.part`` and its ``.part.meta`` while a transfer is unfinished, and
+``<dest>.verified``, a second hard link of a verified download, so that a Snakemake rerun of a job
+it marked incomplete reuses it. A download whose record was deleted while its ``.verified`` twin
+remains is refused (nothing is left to check it against) unless the config gives its checksum.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -32,7 +39,7 @@ __all__ = [
     "sha256sum",
 ]
 
-KEEP_SUFFIX = ".verified"
+KEEP_SUFFIX = integrity.DOWNLOAD_TWIN_SUFFIX
 
 
 class DownloadError(RuntimeError):
@@ -129,13 +136,14 @@ def fetch(
     timeout: float = 60.0,
     desc: str | None = None,
     sleep: Callable[[float], None] | None = None,
+    record_source: str | None = None,
 ) -> Path:
     """Download or copy ``source`` to ``dest`` atomically, resuming and retrying as needed.
 
     Expected size and sha256 come from the arguments (config) or, when those are None, from the
     record of the first complete download of ``dest`` from the same source
-    (``<dest>.integrity``, :mod:`spader.infra.integrity`): later runs verify against it, and a
-    new transfer that differs from it is refused. A verified file also gets a second hard link,
+    (:func:`spader.infra.integrity.record_path`): later runs verify against it, and a new transfer
+    that differs from it is refused. A verified file also gets a second hard link,
     ``<dest>.verified``: when Snakemake deletes ``dest`` before rerunning a job it marked
     incomplete (an interrupted ``snakemake``), the next call verifies that copy and links it back
     instead of transferring the file again.
@@ -152,46 +160,109 @@ def fetch(
         timeout: seconds without progress (connect or read) before an attempt fails.
         desc: progress-bar label (default: the file name).
         sleep: replaces ``time.sleep`` between attempts (tests).
+        record_source: the source as the record names it (default ``source``): the configured
+            value, before a relative path was made absolute, so that records stay relocatable.
 
     Returns:
         ``dest`` as a :class:`Path`.
     """
     dest = Path(dest)
-    earlier = integrity.read_record(dest)
-    if earlier is not None and earlier.extra.get("source") not in (None, source):
-        # what is there came from another source: it is not the file asked for
-        log.info("%s was downloaded from %s, not %s; fetching again", dest, earlier.extra["source"], source)
-        for stale in (dest, keep_path(dest), integrity.record_path(dest)):
-            stale.unlink(missing_ok=True)
-    rec = _record_for(dest, source)
-    want_sha = sha256.lower() if sha256 else (rec.sha256 if rec else None)
-    want_size = size if size is not None else (rec.size if rec else None)
-    origin = "configured" if sha256 or size is not None else f"recorded in {integrity.record_path(dest)}"
-    if dest.exists():
-        problem, digest = _mismatch(dest, want_sha, want_size)
-        if problem is None:
-            if rec is None or not keep_path(dest).exists():
-                # first sight of a file placed by hand or by an older version: record it as it is
-                integrity.write_record(dest, sha256=digest or sha256sum(dest), extra={"source": source})
-                _keep(dest)
-            how = "verified" if want_sha else "nothing to verify it against; recorded"
-            log.info(
-                "%s already present (%d bytes, %s); not downloading again", dest, dest.stat().st_size, how
-            )
-            return dest
-        log.warning("existing %s does not verify (%s, %s); downloading again", dest, problem, origin)
-        dest.unlink()
-    keep = keep_path(dest)
-    if keep.exists():
-        if want_sha is not None and _mismatch(keep, want_sha, want_size)[0] is None:
-            os.link(keep, dest)
-            log.info("%s: reusing the verified download %s (%d bytes)", dest, keep, dest.stat().st_size)
-            return dest
-        keep.unlink()
+    named = record_source or source
+    _forget_another_source(dest, named)
+    rec = _record_for(dest, named)
+    want = _Expected(
+        sha256=sha256.lower() if sha256 else (rec.sha256 if rec else None),
+        size=size if size is not None else (rec.size if rec else None),
+        origin="configured" if sha256 or size is not None else f"recorded in {integrity.record_path(dest)}",
+        configured=bool(sha256) or size is not None,
+    )
+    if _present_and_verified(source, dest, named, rec, want) or _relinked(dest, want):
+        return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    meta = _transfer(
+        source, part, desc or dest.name, want, retries=retries, backoff=backoff, timeout=timeout, sleep=sleep
+    )
+    digest = _verified_part(source, dest, part, rec, want)
+    integrity.forget(dest)
+    os.replace(part, dest)
+    transfer.meta_path(part).unlink(missing_ok=True)
+    integrity.write_record(
+        dest,
+        sha256=digest,
+        extra={"source": named, "etag": meta.etag, "last_modified": meta.last_modified},
+    )
+    _keep(dest)
+    log.info("%s -> %s (%d bytes, sha256 %s)", source, dest, dest.stat().st_size, digest)
+    return dest
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """What a download must be: sha256 and size (configured, or recorded at its first download)."""
+
+    sha256: str | None
+    size: int | None
+    origin: str  # where the expectation comes from, for messages
+    configured: bool  # True: from the config; False: from the record (or nothing)
+
+
+def _forget_another_source(dest: Path, named: str) -> None:
+    """What is at ``dest`` came from another source: it is not the file asked for; drop it."""
+    earlier = integrity.read_record(dest)
+    if earlier is not None and earlier.extra.get("source") not in (None, named):
+        log.info("%s was downloaded from %s, not %s; fetching again", dest, earlier.extra["source"], named)
+        for stale in (dest, keep_path(dest), integrity.record_path(dest)):
+            stale.unlink(missing_ok=True)
+
+
+def _present_and_verified(source, dest: Path, named: str, rec, want: _Expected) -> bool:
+    """True when ``dest`` is there and verifies (recording it on first sight); a file that does not
+    verify is deleted (and downloaded again); a file whose record is gone is refused."""
+    if (
+        dest.exists()
+        and rec is None
+        and want.sha256 is None
+        and want.size is None
+        and keep_path(dest).exists()
+    ):
+        raise DownloadError(
+            f"{source}: {dest} was downloaded earlier (its verified copy {keep_path(dest)} exists) but its "
+            f"integrity record {integrity.record_path(dest)} is gone, so it cannot be checked; delete "
+            f"{dest} and {keep_path(dest)} to download it again"
+        )
+    if not dest.exists():
+        return False
+    problem, digest = _mismatch(dest, want.sha256, want.size)
+    if problem is not None:
+        log.warning("existing %s does not verify (%s, %s); downloading again", dest, problem, want.origin)
+        dest.unlink()
+        return False
+    if rec is None or not keep_path(dest).exists():
+        # first sight of a file placed by hand or by an older version: record it as it is
+        integrity.write_record(dest, sha256=digest or sha256sum(dest), extra={"source": named})
+        _keep(dest)
+    how = "verified" if want.sha256 else "nothing to verify it against; recorded"
+    log.info("%s already present (%d bytes, %s); not downloading again", dest, dest.stat().st_size, how)
+    return True
+
+
+def _relinked(dest: Path, want: _Expected) -> bool:
+    """True when the verified hard link of an earlier download still verifies and is linked back."""
+    keep = keep_path(dest)
+    if not keep.exists():
+        return False
+    if want.sha256 is not None and _mismatch(keep, want.sha256, want.size)[0] is None:
+        os.link(keep, dest)
+        log.info("%s: reusing the verified download %s (%d bytes)", dest, keep, dest.stat().st_size)
+        return True
+    keep.unlink()
+    return False
+
+
+def _transfer(source, part: Path, label: str, want: _Expected, *, retries, backoff, timeout, sleep):
+    """Copy or download ``source`` into ``part``, resuming and retrying transient failures."""
     where = resolve_source(source)
-    label = desc or dest.name
     try:
         for attempt in retrying(
             retries=retries,
@@ -202,11 +273,10 @@ def fetch(
         ):
             with attempt:
                 if isinstance(where, Path):
-                    meta = transfer.copy_local(where, part, label, checked=want_sha is not None)
-                else:
-                    meta = transfer.http_get(
-                        where, part, label, timeout=timeout, expected=want_size, checked=want_sha is not None
-                    )
+                    return transfer.copy_local(where, part, label, checked=want.sha256 is not None)
+                return transfer.http_get(
+                    where, part, label, timeout=timeout, expected=want.size, checked=want.sha256 is not None
+                )
     except transfer.Transient as exc:
         kept = part.stat().st_size if part.exists() else 0
         raise DownloadError(
@@ -214,32 +284,27 @@ def fetch(
         ) from exc
     except transfer.Fatal as exc:
         raise DownloadError(str(exc)) from exc
+    raise AssertionError("unreachable: retrying() either returns a result or raises")
+
+
+def _verified_part(source, dest: Path, part: Path, rec, want: _Expected) -> str:
+    """The sha256 of the complete ``part``; one that differs from what is expected is deleted."""
     digest = sha256sum(part)
     problem = key = None
-    if want_size is not None and part.stat().st_size != want_size:
+    if want.size is not None and part.stat().st_size != want.size:
         problem, key = (
-            f"downloaded {part.stat().st_size} bytes into {dest}, expected {want_size}",
+            f"downloaded {part.stat().st_size} bytes into {dest}, expected {want.size}",
             "size_bytes",
         )
-    elif want_sha is not None and digest != want_sha:
-        problem, key = f"sha256 of {dest} is {digest}, expected {want_sha}", "sha256"
-    if problem is not None:
-        transfer.remove_part(part)
-        if rec is not None and not (sha256 or size is not None):
-            raise DownloadError(
-                f"{source}: {problem} ({origin}): the remote file changed since its first download, or "
-                f"the transfer was corrupted; if the change is expected, delete {integrity.record_path(dest)} "
-                "and run again"
-            )
-        raise DownloadError(f"{source}: {problem} ({key})")
-    integrity.forget(dest)
-    os.replace(part, dest)
-    transfer.meta_path(part).unlink(missing_ok=True)
-    integrity.write_record(
-        dest,
-        sha256=digest,
-        extra={"source": source, "etag": meta.etag, "last_modified": meta.last_modified},
-    )
-    _keep(dest)
-    log.info("%s -> %s (%d bytes, sha256 %s)", source, dest, dest.stat().st_size, digest)
-    return dest
+    elif want.sha256 is not None and digest != want.sha256:
+        problem, key = f"sha256 of {dest} is {digest}, expected {want.sha256}", "sha256"
+    if problem is None:
+        return digest
+    transfer.remove_part(part)
+    if rec is not None and not want.configured:
+        raise DownloadError(
+            f"{source}: {problem} ({want.origin}): the remote file changed since its first download, or "
+            f"the transfer was corrupted; if the change is expected, delete {integrity.record_path(dest)} "
+            "and run again"
+        )
+    raise DownloadError(f"{source}: {problem} ({key})")

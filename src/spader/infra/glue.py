@@ -16,12 +16,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from spader.config import OPERATIONAL_SERVICE_KEYS
 from spader.infra import integrity
 from spader.infra.procs import raise_on_signals, start_watchdog
 from spader.infra.tracking import job_run
 
 __all__ = [
     "OPERATIONAL_SERVICE_KEYS",
+    "code_tags",
     "job",
     "retrieval_settings",
     "setup_logging",
@@ -29,10 +31,6 @@ __all__ = [
     "workflow_root",
 ]
 
-#: Retrieval-service settings that cannot change a result: where it binds, how long clients wait
-#: and how often they retry. They are not params (editing them reruns nothing); jobs read them
-#: from their config instead (:func:`retrieval_settings`).
-OPERATIONAL_SERVICE_KEYS = ("host", "startup_timeout_s", "request_timeout_s", "retries")
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -62,13 +60,31 @@ def job(smk) -> Iterator[Any]:
         start_watchdog()
     integrity.set_job_rule(smk.rule)
     try:
-        with raise_on_signals(), job_run(smk) as run:
+        with raise_on_signals(), job_run(smk, extra_tags=code_tags(smk)) as run:
             integrity.verify_inputs([str(p) for p in smk.input], rule=smk.rule)
             yield run
             integrity.record_outputs([str(p) for p in smk.output], producer=smk.rule)
+            if "code" in dict(smk.params.items()):  # what the stage planned with (stage_code.planned_code)
+                integrity.annotate([str(p) for p in smk.output], code=str(smk.params.code))
     except Exception:
         logging.getLogger("spader").exception("rule %s failed", smk.rule)
         raise
+
+
+def code_tags(smk) -> dict[str, str]:
+    """MLflow tags of the code a job runs: ``code.fingerprint``, the fingerprint of its script and
+    of the package modules it runs as they are now, recorded whether or not a code change reruns
+    its stage (``code_reruns``); ``code.param``, the value of its ``code`` param (the fingerprint
+    its outputs were planned with, which differs when its stage's switch is off)."""
+    from spader.infra.stage_code import PackageGraph
+
+    script = Path(getattr(smk, "scriptdir", "") or ".") / f"{smk.rule}.py"
+    tags = {}
+    if script.is_file():
+        tags["code.fingerprint"] = PackageGraph().fingerprint(script)
+    if "code" in dict(smk.params.items()):
+        tags["code.param"] = str(smk.params.code)
+    return tags
 
 
 def without_operational(retrieval: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,11 @@ its context managers (services, MLflow runs) close on the way out. For a job kil
 :func:`start_watchdog` marks everything the job starts with a token in its environment and leaves a
 watchdog (``python -m spader.infra.procs --watch``) that stops every process carrying the token
 once the job is gone (parent-death signal again).
+
+A *stop request* is the gentle way out: the job creates the file named by :data:`STOP_REQUEST_ENV`
+in the training process's environment, and the training loop, which checks it at every step
+boundary (:func:`stop_requested`), saves a checkpoint and ends there (``spader.training.stop``
+decides when to ask: a scheduler's time-limit warning, a first SIGTERM).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -41,14 +47,17 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "JOB_TOKEN_ENV",
+    "STOP_REQUEST_ENV",
     "STOP_SIGNALS",
     "Terminated",
+    "acknowledge_stop",
     "descendants",
     "main",
     "raise_on_signals",
     "set_child_subreaper",
     "set_parent_death_signal",
     "start_watchdog",
+    "stop_requested",
     "stop_token_processes",
     "stop_tree",
     "supervise",
@@ -61,6 +70,10 @@ __all__ = [
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Environment variable holding the token of the job that started a process (:func:`start_watchdog`).
 JOB_TOKEN_ENV = "SPADER_JOB_TOKEN"
+
+#: Environment variable naming the file whose existence asks a training loop to stop at its next
+#: step boundary, after a checkpoint.
+STOP_REQUEST_ENV = "SPADER_STOP_REQUEST"
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -79,6 +92,22 @@ def _prctl(option: int, value: int) -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+def stop_requested(environ=None) -> bool:
+    """Whether this process was asked to stop at its next step boundary (the file named by
+    :data:`STOP_REQUEST_ENV` exists)."""
+    path = (os.environ if environ is None else environ).get(STOP_REQUEST_ENV)
+    return bool(path) and os.path.exists(path)
+
+
+def acknowledge_stop(step: int, *, early: bool, environ=None) -> None:
+    """Record, next to the stop request, that the training loop saved ``step`` and stopped there
+    (``early``: before its last step), so the job tells a stop from the end of training."""
+    path = (os.environ if environ is None else environ).get(STOP_REQUEST_ENV)
+    if path:
+        with open(f"{path}.ack", "w", encoding="utf-8") as f:
+            f.write(json.dumps({"step": int(step), "early": bool(early)}) + "\n")
 
 
 def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:

@@ -25,11 +25,21 @@ import hashlib
 import importlib.util
 import os
 import re
+import sys
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
-__all__ = ["RESULT_NEUTRAL", "PackageGraph", "stage_fingerprints"]
+__all__ = [
+    "RESULT_NEUTRAL",
+    "STAGE_GROUPS",
+    "PackageGraph",
+    "affected_rules",
+    "planned_code",
+    "recorded_code",
+    "stage_fingerprints",
+    "stage_group",
+]
 
 PACKAGE = "spader"
 
@@ -49,6 +59,17 @@ RESULT_NEUTRAL = frozenset(
         "spader.infra.stage_code",
     }
 )
+
+#: Groups of computing rules, one switch each in the config (``code_reruns.<group>``): whether a
+#: change to the code its jobs run reruns them. Downloads have no fingerprint at all.
+STAGE_GROUPS = {
+    "data": ("normalize_dataset", "mix_training_set", "export_rl_dataset", "export_eval_set"),
+    "retrieval": ("build_bm25_index",),
+    "models": ("build_tiny_model", "warmstart_policy"),
+    "scorers": ("build_evidence",),
+    "training": ("train_policy", "export_checkpoint"),
+    "evaluation": ("evaluate_policy", "aggregate_results"),
+}
 
 _MODULE_NAME = re.compile(rf"^{PACKAGE}(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -234,3 +255,119 @@ def stage_fingerprints(
     """
     graph = PackageGraph(package_dir)
     return {p.stem: graph.fingerprint(p) for p in sorted(Path(scripts_dir).glob("*.py"))}
+
+
+def stage_group(rule: str) -> str:
+    """The :data:`STAGE_GROUPS` group of a computing rule.
+
+    >>> stage_group("train_policy")
+    'training'
+    """
+    for group, rules in STAGE_GROUPS.items():
+        if rule in rules:
+            return group
+    raise KeyError(f"rule {rule!r} is in no stage group (spader.infra.stage_code.STAGE_GROUPS)")
+
+
+def recorded_code(output: str | os.PathLike) -> str | None:
+    """The code param a job's output was built with, as its job recorded it (integrity record's
+    ``extra.code``), or None (no output, no record, or built before records carried it)."""
+    from spader.infra import integrity
+
+    try:
+        rec = integrity.read_record(output)
+    except integrity.IntegrityError:
+        return None
+    return (rec.extra or {}).get("code") if rec is not None else None
+
+
+def planned_code(fingerprint: str, output: str | os.PathLike, *, reruns: bool) -> str:
+    """The ``code`` param of a job: the fingerprint of its code now, or, when its stage group's
+    code changes rerun nothing (``reruns`` False), the param its existing output was built with
+    (so that Snakemake sees no change), falling back to the fingerprint.
+
+    >>> planned_code("new", "/nonexistent/out.json", reruns=False)
+    'new'
+    """
+    if reruns:
+        return fingerprint
+    return recorded_code(output) or fingerprint
+
+
+def _module_name(target: str, graph: PackageGraph) -> str:
+    """A dotted module name from a dotted name or a path to a file of the package."""
+    if target in graph.modules:
+        return target
+    path = Path(target).resolve()
+    for name, file in graph.modules.items():
+        if file.resolve() == path:
+            return name
+    raise KeyError(f"{target!r} is neither a module of the {PACKAGE} package nor one of its files")
+
+
+def affected_rules(
+    targets: Iterable[str], scripts_dir: str | os.PathLike, package_dir: str | os.PathLike | None = None
+) -> dict[str, list[str]]:
+    """The rules whose fingerprint covers any of ``targets``: what changing them would rerun.
+
+    Args:
+        targets: module names (``spader.core.text``) or files of the package
+            (``src/spader/core/text.py``); a script of ``scripts_dir`` counts for its own rule.
+        scripts_dir: ``workflow/scripts``.
+        package_dir: the ``spader`` package directory (default: the imported one).
+    Returns:
+        ``{rule: [the targets it runs]}`` in rule order; result-neutral modules affect nothing.
+    """
+    graph = PackageGraph(package_dir)
+    scripts = {p.resolve(): p.stem for p in Path(scripts_dir).glob("*.py")}
+    modules, own_scripts = set(), set()
+    for target in targets:
+        if Path(target).resolve() in scripts:
+            own_scripts.add(scripts[Path(target).resolve()])
+        else:
+            modules.add(_module_name(target, graph))
+    out: dict[str, list[str]] = {}
+    for path, rule in sorted(scripts.items(), key=lambda kv: kv[1]):
+        hits = sorted(modules & graph.script_modules(path))
+        if rule in own_scripts:
+            hits.insert(0, f"workflow/scripts/{rule}.py")
+        if hits:
+            out[rule] = hits
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spader.infra.stage_code affected FILE_OR_MODULE... [--configfile F ...]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m spader.infra.stage_code",
+        description="List the rules whose jobs a change to these files or modules reruns.",
+    )
+    parser.add_argument("action", choices=["affected"])
+    parser.add_argument("targets", nargs="+", help="files of src/spader or workflow/scripts, or module names")
+    parser.add_argument("--scripts", default="workflow/scripts", help="the workflow's scripts directory")
+    parser.add_argument(
+        "--configfile", nargs="*", default=["config/config.yaml"], help="config files (for code_reruns)"
+    )
+    args = parser.parse_args(argv)
+    from spader.config import load_config
+
+    switches = load_config(*args.configfile).code_reruns
+    rules = affected_rules(args.targets, args.scripts)
+    out = sys.stdout
+    if not rules:
+        out.write("no rule runs this code: a change reruns nothing\n")
+    grouped = {rule for rules_ in STAGE_GROUPS.values() for rule in rules_}
+    for rule, via in rules.items():
+        if rule not in grouped:
+            verdict = "kept (a download: no fingerprint)"
+        else:
+            group = stage_group(rule)
+            verdict = "reruns" if getattr(switches, group) else f"kept (code_reruns.{group}: false)"
+        out.write(f"{rule:<20} {verdict:<34} via {', '.join(via)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

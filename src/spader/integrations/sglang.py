@@ -1,5 +1,11 @@
 """sglang's offline engine behind the agent loop's :class:`~spader.agent.generation.Engine` protocol.
 
+Token ids in, token ids out: ``Engine.generate(input_ids=..., sampling_params=...)`` answers each
+request with a dict holding ``output_ids`` (the generated ids, untrimmed: with ``no_stop_trim``
+the token that completes a stop string is among them), ``text`` and ``meta_info`` (sglang 0.5's
+tokenizer manager); the agent loop keeps the ids. Each request carries its own
+``sampling_seed``.
+
 sglang is imported only when the engine is built: it is installed by the ``gpu`` extra on CUDA
 machines only (installing it replaces torch).
 """
@@ -67,8 +73,8 @@ class SglangEngine:
         self.engine = sglang.Engine(**kwargs)
         log.info("sglang engine: %s, tp %d, mem fraction %.2f", model_dir, tp_size, mem_fraction)
 
-    def _params(self, budget: int, sampling: Sampling) -> dict:
-        return {
+    def _params(self, budget: int, sampling: Sampling, seed: int | None) -> dict:
+        params = {
             "max_new_tokens": int(budget),
             "temperature": float(sampling.temperature),
             "top_p": float(sampling.top_p),
@@ -79,21 +85,29 @@ class SglangEngine:
             "skip_special_tokens": False,
             "spaces_between_special_tokens": False,
         }
+        if seed is not None:
+            params["sampling_seed"] = int(seed)
+        return params
 
     def _one(self, out: dict, sampling: Sampling) -> Generation:
         meta = out.get("meta_info", {}) or {}
         reason = meta.get("finish_reason") or {}
         kind = reason.get("type") if isinstance(reason, dict) else str(reason)
-        text = keep_through_stop(cut_at_markers(out.get("text", ""), self._markers), sampling.stop)
+        if out.get("output_ids") is None:
+            raise RuntimeError("sglang answered without output_ids (sglang >= 0.5 returns them)")
+        ids = tuple(int(i) for i in out["output_ids"])
+        text = keep_through_stop(cut_at_markers(out.get("text") or "", self._markers), sampling.stop)
         return Generation(
             text,
-            completion_tokens=int(meta.get("completion_tokens", 0)),
+            completion_tokens=int(meta.get("completion_tokens", len(ids))),
             finish="length" if kind == "length" else "stop",
+            token_ids=ids,
         )
 
-    def generate(self, prompts, max_new_tokens, sampling: Sampling) -> list[Generation]:
+    def generate(self, prompts, max_new_tokens, sampling: Sampling, seeds=None) -> list[Generation]:
         """See :class:`Engine`."""
-        params = [self._params(b, sampling) for b in max_new_tokens]
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        params = [self._params(b, sampling, seed) for b, seed in zip(max_new_tokens, seeds, strict=True)]
         try:
             outs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
             return [self._one(o, sampling) for o in outs]

@@ -9,6 +9,7 @@ Modules (imported on use: Java and torch start only where needed):
 * :mod:`~spader.retrieval.replicas` - one reranker replica per device (``RerankerReplicas``)
 * :mod:`~spader.retrieval.backend` - ``SearchSettings``, ``Bm25RerankBackend``
 * :mod:`~spader.retrieval.app` - the FastAPI app; :mod:`~spader.retrieval.payload` - body limits;
+  :mod:`~spader.retrieval.protocol` - HTTP framing errors in JSON, read timeouts, the connection cap;
   :mod:`~spader.retrieval.batcher` - slices, overlap, failure isolation;
   :mod:`~spader.retrieval.cache` - the result cache
 * :mod:`~spader.retrieval.service` - ``serve``, ``running_service``, ``reranker_on_job_gpus``;

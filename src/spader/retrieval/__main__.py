@@ -74,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--cache-bytes", type=int, default=_DEFAULTS.cache_bytes)
     sv.add_argument("--slice-queries", type=int, default=_DEFAULTS.slice_queries, help="queries per step")
     sv.add_argument(
+        "--header-timeout",
+        type=float,
+        default=_DEFAULTS.header_timeout_s,
+        help="seconds for a request's headers",
+    )
+    sv.add_argument(
+        "--body-timeout", type=float, default=_DEFAULTS.body_timeout_s, help="seconds for a request's body"
+    )
+    sv.add_argument("--max-connections", type=int, default=_DEFAULTS.max_connections, help="open connections")
+    sv.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
         default=_DEFAULTS.overlap,
@@ -102,6 +112,9 @@ def settings_from_args(args: argparse.Namespace) -> SearchSettings:
         cache_bytes=args.cache_bytes,
         slice_queries=args.slice_queries,
         overlap=args.overlap,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
     )
 
 

@@ -46,10 +46,16 @@ class SearchSettings:
         retries: client retries on transient errors.
         devices: reranker devices, one replica each (``None``: first GPU, else CPU).
         cache_entries: most results the service's cache keeps (0: no cache).
-        cache_bytes: most bytes (estimated) the service's cache keeps.
+        cache_bytes: most bytes the service's cache holds, keys included
+            (:func:`spader.retrieval.cache.entry_nbytes`).
         slice_queries: most queries searched and reranked in one step; larger and merged requests
             are cut into slices of this size, so others are served between the slices.
         overlap: BM25 of the next slice runs while the current slice is reranked.
+        header_timeout_s: seconds a request's headers may take to arrive (from its first byte, or
+            from the connection for its first request); then 408 and the connection closed.
+        body_timeout_s: seconds a request's body may take to arrive after its headers.
+        max_connections: most open connections; one more is answered 503 and closed
+            (:mod:`spader.retrieval.protocol`).
     """
 
     k1: float = 0.9
@@ -72,6 +78,9 @@ class SearchSettings:
     cache_bytes: int = 256 * 2**20
     slice_queries: int = 64
     overlap: bool = True
+    header_timeout_s: float = 20.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 1024
 
     def __post_init__(self):
         if not 1 <= self.topk <= self.initial_k <= MAX_INITIAL_K:
@@ -85,12 +94,16 @@ class SearchSettings:
             "max_queries_per_request",
             "max_query_chars",
             "slice_queries",
+            "max_connections",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"retrieval setting {name} must be >= 1, got {getattr(self, name)}")
         for name in ("cache_entries", "cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"retrieval setting {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"retrieval setting {name} must be > 0, got {getattr(self, name)}")
         if self.rerank_max_batch_tokens is not None and self.rerank_max_batch_tokens < 1:
             raise ValueError(
                 f"retrieval setting rerank_max_batch_tokens must be >= 1, got {self.rerank_max_batch_tokens}"

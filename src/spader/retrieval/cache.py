@@ -3,9 +3,18 @@
 Rollouts of one prompt often send the same query (the first turn tends to repeat the question),
 so a training step asks for far fewer distinct results than it sends queries. Each distinct
 ``(query, topk, initial_k)`` is computed once; later requests get the stored passages. The cache
-is bounded twice: by entries and by an estimate of the bytes its passages hold, evicting the least
+is bounded twice: by entries and by the bytes an entry holds in memory, evicting the least
 recently used entry first. The key also carries the identity of the index and the reranker (and
 their settings), so entries can never answer for another index or model.
+
+Bytes are counted as CPython holds them (:func:`text_nbytes`, :func:`entry_nbytes`): the query of
+the key (up to ``max_query_chars`` characters, 4 bytes each when one of them lies outside the
+Basic Multilingual Plane) with the UTF-8 copy CPython keeps inside a non-ASCII string once a C
+extension asked for it (the reranker's tokenizer does, for every query it scores), every passage's
+strings at their real width (nothing asks them for UTF-8: the reranker gets new strings built from
+them, the answer is encoded as a whole), and the objects around them (key and value tuples, the
+list, the passages, the ordered-dict slot). ``bench/retrieval_cache.py`` fills a cache to its cap and compares the count
+with the memory the process gained.
 
 The service calls it from its event loop only; a lock still guards it so that tests and the
 benchmark may share one across threads.
@@ -13,31 +22,52 @@ benchmark may share one across threads.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["CacheStats", "ResultCache", "passages_nbytes"]
+__all__ = ["CacheStats", "ResultCache", "entry_nbytes", "passages_nbytes", "text_nbytes"]
 
-# Rough per-object overhead of a cached passage (the Passage object, its four attribute slots and
-# the string headers) on CPython, added to the UTF-8 size of its strings.
-_PASSAGE_OVERHEAD = 200
-_ENTRY_OVERHEAD = 250
+# Objects around the strings, measured with tracemalloc on CPython 3.11: a cached Passage (object,
+# attribute values, its float score) ~137 bytes; an entry's key tuple, value tuple, size int,
+# ordered-dict slot and link and the list header ~234 bytes, plus 8 per list slot. Each also pays
+# the allocator (malloc chunk headers and alignment, pymalloc's 16-byte size classes): ~16 bytes per
+# allocation, 6 per passage and per entry. With these, the process's resident memory gained by a
+# full cache stayed at 0.94-0.99x the count (bench/retrieval_cache.py, docs/retrieval.md).
+_PASSAGE_OVERHEAD = 256
+_ENTRY_OVERHEAD = 400
+_LIST_SLOT = 8
+
+
+def text_nbytes(text: str, *, utf8_copy: bool = False) -> int:
+    """Bytes one string holds in CPython: its object (header plus 1, 2 or 4 bytes per character,
+    by its widest character) and, with ``utf8_copy``, the UTF-8 copy CPython caches inside a
+    non-ASCII string once C code asked for it (an ASCII string is its own UTF-8).
+
+    >>> text_nbytes("a" * 100) < text_nbytes("\u00e9" * 100) < text_nbytes("\U0001f600" * 100)
+    True
+    """
+    size = sys.getsizeof(text)
+    if utf8_copy and not text.isascii():
+        size += len(text.encode("utf-8", "surrogatepass")) + 1
+    return size
 
 
 def passages_nbytes(passages: Sequence[Any]) -> int:
-    """Estimated memory held by one cached result: its strings plus fixed per-object overhead.
+    """Bytes held by one cached result: every passage's ``id``, ``title`` and ``text`` at their
+    real size, the passage objects and the list."""
+    return sum(
+        _PASSAGE_OVERHEAD + text_nbytes(p.id) + text_nbytes(p.title) + text_nbytes(p.text) + _LIST_SLOT
+        for p in passages
+    )
 
-    Args:
-        passages: objects with ``id``, ``title`` and ``text`` strings.
 
-    Returns:
-        An estimate in bytes (strings counted at one byte per character: exact for ASCII text,
-        an underestimate of at most 4x otherwise, which the overhead terms partly absorb).
-    """
-    return _ENTRY_OVERHEAD + sum(_PASSAGE_OVERHEAD + len(p.id) + len(p.title) + len(p.text) for p in passages)
+def entry_nbytes(query: str, passages: Sequence[Any]) -> int:
+    """Bytes one cache entry holds: its key's query, its passages and the objects around them."""
+    return _ENTRY_OVERHEAD + text_nbytes(query, utf8_copy=True) + passages_nbytes(passages)
 
 
 @dataclass
@@ -62,7 +92,7 @@ class ResultCache:
 
     Args:
         max_entries: most results kept (0 turns caching off: every lookup misses, nothing is kept).
-        max_bytes: most estimated bytes kept (see :func:`passages_nbytes`); a single result larger
+        max_bytes: most bytes kept, keys included (see :func:`entry_nbytes`); a single entry larger
             than this is not kept.
         identity: hashable description of what produced the results (index, reranker, their
             settings); part of every key.
@@ -85,6 +115,15 @@ class ResultCache:
         """The cache key of one query of a request (the exact text, nothing normalized)."""
         return (self.identity, query, topk, initial_k)
 
+    def _query(self, key: Hashable) -> str:
+        """The text a key holds of its own: its strings (the query of a key made by :meth:`key`;
+        the identity is one object shared by every key, so it is not counted per entry)."""
+        if isinstance(key, str):
+            return key
+        if isinstance(key, tuple):
+            return "".join(k for k in key if isinstance(k, str) and k is not self.identity)
+        return ""
+
     def get(self, key: Hashable) -> list[Any] | None:
         """The cached result of ``key`` (marked most recently used), or ``None``; counts a hit or miss."""
         with self._lock:
@@ -100,7 +139,7 @@ class ResultCache:
         """Store ``passages`` under ``key``, evicting least recently used entries to stay in bounds."""
         if not self.enabled:
             return
-        size = passages_nbytes(passages)
+        size = entry_nbytes(self._query(key), passages)
         s = self.stats
         if size > s.max_bytes:
             return

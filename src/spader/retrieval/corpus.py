@@ -8,14 +8,22 @@ prefix (``wikipedia_chunks/chunks_v5/wikipedia_chunks_<i>.jsonl`` in the release
 Only ``id``, ``contents`` and ``meta.title`` are corroborated by consumers of the real files, so
 the passage text falls back to ``contents`` without its leading title when ``meta.content`` is
 missing.
+
+A damaged archive is reported as :class:`CorpusFormatError` naming the archive (and the member
+being read): compressed data cut short or damaged, a tar header that does not check, and data left
+after what the tar reader took for the end of the archive (a damaged header there makes the reader
+stop early without an error, and the gzip checksum at the very end would then go unread: the
+archive is therefore always read to its last byte). A line that is not UTF-8 names its file and line.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import lzma
 import os
 import tarfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,19 +130,57 @@ class ChunkReader:
                 self._current = None
                 self._done += path.stat().st_size
             return
-        with open(self.source, "rb") as raw, tarfile.open(fileobj=raw, mode="r:*") as tf:
-            self._current = raw
-            for member in tf:
-                if member.isfile() and member.name.endswith(".jsonl"):
-                    stream = tf.extractfile(member)
-                    if stream is not None:
-                        self.members.append(member.name)
-                        yield from _lines(f"{self.source}:{member.name}", stream)
-            self._current = None
-            self._done = self.total_bytes
+        try:
+            with open(self.source, "rb") as raw, tarfile.open(fileobj=raw, mode="r:*") as tf:
+                self._current = raw
+                for member in tf:
+                    if member.isfile() and member.name.endswith(".jsonl"):
+                        stream = tf.extractfile(member)
+                        if stream is not None:
+                            self.members.append(member.name)
+                            yield from _lines(f"{self.source}:{member.name}", stream)
+                _read_to_the_end(tf)
+                self._current = None
+                self._done = self.total_bytes
+        except _ARCHIVE_ERRORS as exc:
+            after = f" (after member {self.members[-1]})" if self.members else ""
+            raise CorpusFormatError(f"{self.source}: damaged archive{after}: {_problem(exc)}") from exc
+
+
+# What tarfile, gzip, bz2 and lzma raise on damaged bytes.
+_ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError)
+
+
+def _problem(exc: BaseException) -> str:
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, EOFError) or "unexpected end" in detail:
+        return f"it ends early, as a truncated download does ({detail})"
+    return detail
+
+
+def _read_to_the_end(tf: tarfile.TarFile) -> None:
+    """Read what follows the last member: only the zero blocks that end a tar archive may remain.
+
+    tarfile ends its member list at the first header that does not check (past the first one),
+    silently; and a compressed stream's checksum is only checked when its last byte is read.
+    """
+    stream = tf.fileobj
+    while block := stream.read(1 << 20):
+        if block.strip(b"\0"):
+            raise CorpusFormatError(
+                f"{tf.name or 'archive'}: damaged archive: data follows what reads as its end "
+                "(a damaged tar header; the members after it would be lost)"
+            )
 
 
 def _lines(name: str, stream) -> Iterator[tuple[str, int, str]]:
-    for number, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", newline="\n"), start=1):
-        if not line.isspace():
-            yield name, number, line
+    for number, raw in enumerate(stream, start=1):
+        if raw.isspace():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorpusFormatError(
+                f"{name}:{number}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line)"
+            ) from None
+        yield name, number, line

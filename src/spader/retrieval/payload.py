@@ -6,15 +6,17 @@ answered with a 4xx naming the limit:
 * size: ``Content-Length`` is checked first, and the body is counted while it streams in, so an
   oversized body (declared or not) is refused after reading at most ``limit`` bytes;
 * nesting: the depth of ``[``/``{`` outside JSON strings is measured with numpy before the JSON
-  parser runs (the parser recurses once per level and would otherwise fail on deep nests);
-* numbers: integers and decimals longer than a few dozen characters, and ``NaN``/``Infinity``,
-  are refused while parsing (Python's ``int`` refuses more than 4,300 digits with a bare
+  parser runs (the parser recurses once per level and would otherwise fail on deep nests); a body
+  with no more brackets in all than the limit skips the measurement (an ordinary request has two);
+* numbers: integers and decimals longer than a few dozen characters, ``NaN``/``Infinity`` and
+  literals that overflow to infinity (``1e999``) are refused while parsing (Python's ``int`` refuses more than 4,300 digits with a bare
   ``ValueError``, and nothing in a search request needs more than a small integer).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,7 +32,7 @@ MAX_DEPTH = 16
 MAX_NUMBER_CHARS = 40
 
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
-_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+_BRACKETS = np.frombuffer(b"[{]}", dtype=np.uint8)
 
 
 async def read_limited(chunks: AsyncIterator[bytes], limit: int, declared: str | None = None) -> bytes:
@@ -70,8 +72,11 @@ async def read_limited(chunks: AsyncIterator[bytes], limit: int, declared: str |
 def json_depth(raw: bytes) -> int:
     """Deepest nesting of ``[``/``{`` in ``raw``, brackets inside JSON strings not counted.
 
-    Vectorised (no Python loop per byte): a quote opens or closes a string unless an odd run of
-    backslashes precedes it; brackets count only where an even number of real quotes precede them.
+    Escapes are neutralised first with two byte replacements (``\\\\`` then ``\\"``, left to
+    right as JSON pairs them), so every quote left opens or closes a string; then, vectorised, a
+    bracket counts only where an even number of quotes precede it. Linear; on a 5.6 MB body full of
+    escapes and brackets 5-8x faster than the per-byte position arrays it replaces
+    (``bench/retrieval_bodies.py``).
 
     Args:
         raw: a JSON document as bytes (invalid JSON gives some number; the parser rejects it later).
@@ -79,19 +84,16 @@ def json_depth(raw: bytes) -> int:
     Returns:
         The maximum depth (0 for a scalar).
     """
-    b = np.frombuffer(raw, dtype=np.uint8)
-    if b.size == 0:
+    clean = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    b = np.frombuffer(clean, dtype=np.uint8)
+    brackets = np.flatnonzero(np.isin(b, _BRACKETS))
+    if brackets.size == 0:
         return 0
-    pos = np.arange(b.size)
-    last_plain = np.maximum.accumulate(np.where(b != 0x5C, pos, -1))  # last non-backslash at or before i
     quotes = np.flatnonzero(b == 0x22)
-    before = np.where(quotes > 0, last_plain[np.maximum(quotes - 1, 0)], -1)
-    run = np.where(quotes > 0, quotes - 1 - before, 0)  # backslashes right before each quote
-    real = np.zeros(b.size, dtype=np.int32)
-    real[quotes[run % 2 == 0]] = 1
-    outside = (np.cumsum(real) - real) % 2 == 0  # an even number of real quotes before i
-    step = np.isin(b, _OPEN).astype(np.int32) - np.isin(b, _CLOSE).astype(np.int32)
-    step[~outside] = 0
+    outside = brackets[np.searchsorted(quotes, brackets) % 2 == 0]
+    if outside.size == 0:
+        return 0
+    step = np.where(np.isin(b[outside], _OPEN), 1, -1).astype(np.int32)
     return int(max(0, np.cumsum(step).max()))
 
 
@@ -104,7 +106,10 @@ def _int(text: str) -> int:
 def _float(text: str) -> float:
     if len(text) > MAX_NUMBER_CHARS:
         raise ValueError(f"a number of {len(text)} characters; the limit is {MAX_NUMBER_CHARS}")
-    return float(text)
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is too large for a number (it would be infinite)")
+    return value
 
 
 def _constant(name: str) -> float:
@@ -124,7 +129,7 @@ def parse_json(raw: bytes) -> Any:
         BadSearchRequestError: 400 naming what is wrong (not JSON, not text, nested deeper than
             :data:`MAX_DEPTH`, a number longer than :data:`MAX_NUMBER_CHARS`, NaN or Infinity).
     """
-    depth = json_depth(raw)
+    depth = json_depth(raw) if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH else 0
     if depth > MAX_DEPTH:
         raise BadSearchRequestError(
             f"request body is JSON nested {depth} levels deep; the limit is {MAX_DEPTH}", 400

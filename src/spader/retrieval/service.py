@@ -115,6 +115,32 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+_FD_RESERVE = 256  # descriptors kept for the index files, the JVM, torch and logs
+
+
+def _raise_fd_limit(connections: int) -> None:
+    """Raise the soft limit on open files so that ``connections`` fit beside what the process
+    needs itself (the hard limit allowing); warn when it cannot."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + _FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning(
+            "open-file limit %d is below retrieval.service.max_connections (%d) + %d: connections beyond "
+            "%d fail at accept() instead of being answered 503",
+            soft,
+            connections,
+            _FD_RESERVE,
+            soft - _FD_RESERVE,
+        )
+
+
 def serve(
     index_dir: str | os.PathLike,
     settings: SearchSettings,
@@ -149,6 +175,7 @@ def serve(
     from spader.retrieval.app import create_app
     from spader.retrieval.backend import Bm25RerankBackend
     from spader.retrieval.index import verify_index
+    from spader.retrieval.protocol import Limits, protocol_class
 
     verify_index(index_dir)
     sock = _bind(host or settings.host, port)
@@ -162,8 +189,16 @@ def serve(
     # Idle keep-alive connections are closed by the client first (httpx: after 5 s), never by the
     # server (uvicorn's default is also 5 s): when both close at once, a request sent on the
     # closing connection fails with a read error (seen under 512 concurrent clients).
+    limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
+    _raise_fd_limit(settings.max_connections)
     config = uvicorn.Config(
-        app, log_level="info", access_log=False, timeout_graceful_shutdown=10, timeout_keep_alive=75
+        app,
+        http=protocol_class(limits),  # JSON for framing errors, read timeouts, a connection cap
+        ws="none",
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=75,
     )
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -207,6 +242,9 @@ def serve_command(
         "--cache-entries": settings.cache_entries,
         "--cache-bytes": settings.cache_bytes,
         "--slice-queries": settings.slice_queries,
+        "--header-timeout": settings.header_timeout_s,
+        "--body-timeout": settings.body_timeout_s,
+        "--max-connections": settings.max_connections,
     }
     if settings.rerank_max_batch_tokens is not None:
         flags["--max-batch-tokens"] = settings.rerank_max_batch_tokens

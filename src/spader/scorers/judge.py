@@ -15,6 +15,7 @@ that share the client.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,11 @@ import openai
 from spader.core.r3rag import parse_relevance
 from spader.infra.retry import retrying
 
-__all__ = ["JudgeClient", "JudgeError", "JudgeUnavailableError", "Verdict"]
+__all__ = ["JUDGE_KEY_ENV", "JudgeClient", "JudgeError", "JudgeUnavailableError", "Verdict"]
+
+#: The environment variable that carries the API key of the judge server a training job started
+#: (:mod:`spader.scorers.judge_server`) to the client in verl's processes.
+JUDGE_KEY_ENV = "SPADER_JUDGE_API_KEY"
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +65,11 @@ class JudgeClient:
         timeout: seconds per request.
         retries: further attempts after a transient failure.
         concurrency: most requests in flight at once.
-        max_tokens: reply budget (the verdict ends the reply).
+        max_tokens: reply budget (R3-RAG's original: 4,096; the verdict opens the reply).
         temperature: sampling temperature of the judge (0: greedy).
         backoff: the n-th retry waits ``backoff * 2 ** (n - 1)`` seconds (at most 30).
-        api_key: sent as the bearer token (local servers ignore it).
+        api_key: sent as the bearer token (default: :data:`JUDGE_KEY_ENV` of the environment, the
+            key of the server the job started; servers without a key ignore it).
     """
 
     def __init__(
@@ -74,10 +80,10 @@ class JudgeClient:
         timeout: float,
         retries: int,
         concurrency: int,
-        max_tokens: int = 256,
+        max_tokens: int = 4096,
         temperature: float = 0.0,
         backoff: float = 0.5,
-        api_key: str = "unused",
+        api_key: str | None = None,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"judge URL must be http(s)://..., got {base_url!r}")
@@ -99,7 +105,11 @@ class JudgeClient:
         http_client = openai.DefaultHttpxClient(trust_env=False) if local else None
         # our retry policy, not the SDK's: max_retries=0
         self._client = openai.OpenAI(
-            base_url=self.base_url, api_key=api_key, timeout=timeout, max_retries=0, http_client=http_client
+            base_url=self.base_url,
+            api_key=api_key if api_key is not None else os.environ.get(JUDGE_KEY_ENV, "unused"),
+            timeout=timeout,
+            max_retries=0,
+            http_client=http_client,
         )
 
     def close(self) -> None:

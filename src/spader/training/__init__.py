@@ -11,7 +11,14 @@ Modules:
 * :mod:`~spader.training.checkpoints` - finds the latest complete verl checkpoint in a work
   directory (resume) and reads the per-step metrics of every attempt.
 * :mod:`~spader.training.lineage` - MLflow wiring: verl's own logger attaches to the job's run.
-* :mod:`~spader.training.run` - the ``train_policy`` job itself.
+* :mod:`~spader.training.run` - the ``train_policy`` job itself, in named phases.
+* :mod:`~spader.training.stop` - stopping at a step boundary on a time-limit warning or SIGTERM, and
+  the exit status the workflow retries.
+* :mod:`~spader.training.watch` - what the job watches while verl runs (its workflow process, its
+  retrieval service).
+* :mod:`~spader.training.workdir` - one trainer per work directory (a lock; stale ones taken over).
+* :mod:`~spader.training.ray_cluster` - where verl's Ray runs (loopback, or a cluster over the
+  job's SLURM nodes) and its token authentication.
 * :mod:`~spader.training.hf_export` - the ``export_checkpoint`` job.
 * :mod:`~spader.training.smoke` - the GPU smoke test (``scripts/gpu_smoke.sh``).
 

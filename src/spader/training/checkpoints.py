@@ -35,6 +35,8 @@ __all__ = [
     "complete_checkpoints",
     "latest_checkpoint",
     "new_metrics_file",
+    "portable_path",
+    "prune_checkpoints",
     "read_step_metrics",
     "resume_overrides",
 ]
@@ -147,6 +149,49 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Checkpoint | None:
     return latest
 
 
+def prune_checkpoints(ckpt_dir: str | os.PathLike, keep: int | None) -> list[Path]:
+    """Delete the checkpoints an attempt's retention would have deleted, before a new attempt.
+
+    verl keeps ``trainer.max_actor_ckpt_to_keep`` checkpoints by deleting the oldest of the ones
+    *this process* saved, so every resumed attempt leaves its predecessors' checkpoints behind
+    (hundreds of GB each at paper scale). At the start of an attempt this keeps the newest
+    ``keep`` complete checkpoints and deletes older step directories, complete or not (a step
+    directory whose actor verl already deleted holds only its data loader state). Step
+    directories newer than the newest complete checkpoint (a save cut short) are left to verl,
+    which writes that step again.
+
+    Args:
+        ckpt_dir: verl's ``trainer.default_local_dir``.
+        keep: complete checkpoints to keep (None: all).
+    Returns:
+        The deleted directories.
+    """
+    import shutil
+
+    if keep is None:
+        return []
+    complete = complete_checkpoints(ckpt_dir)
+    if not complete:
+        return []
+    kept = {c.step for c in complete[-int(keep) :]}
+    oldest_kept = min(kept)
+    removed = []
+    for d in sorted(Path(ckpt_dir).iterdir()):
+        m = _STEP_DIR.match(d.name)
+        if m and d.is_dir() and int(m.group(1)) < oldest_kept:
+            shutil.rmtree(d)
+            removed.append(d)
+    if removed:
+        log.info(
+            "deleted %d checkpoint(s) older than the %d kept (%s): %s",
+            len(removed),
+            int(keep),
+            ", ".join(f"step {s}" for s in sorted(kept)),
+            ", ".join(d.name for d in removed),
+        )
+    return removed
+
+
 def resume_overrides(checkpoint: Checkpoint | None) -> list[str]:
     """verl overrides that resume from ``checkpoint`` (absolute path), or start from scratch.
 
@@ -159,6 +204,17 @@ def resume_overrides(checkpoint: Checkpoint | None) -> list[str]:
         "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={hydra_value(os.path.abspath(checkpoint.path))}",
     ]
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` relative to the working directory when it lies inside it, else absolute: what
+    outputs (``final.json``, the export's metadata) record, so that a results tree moved or
+    copied elsewhere still resolves. (verl's command line takes absolute paths; it is no output.)"""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(absolute)
 
 
 def new_metrics_file(metrics_dir: str | os.PathLike) -> Path:

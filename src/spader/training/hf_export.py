@@ -3,7 +3,9 @@ model, plus a metadata file that ties it to its config, data, index and verl ver
 
 The FSDP actor shards are merged with verl's own model merger (``python -m verl.model_merger
 merge --backend fsdp``), which runs on CPU. The merge writes into a temporary sibling directory
-that replaces the output only when complete.
+that replaces the output only when complete. Paths in the metadata, like those in
+``final.json``, are relative to the working directory (absolute only outside it), so a results
+tree stays valid when moved.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 from spader.infra.tracking import fingerprint
+from spader.training.checkpoints import portable_path
 from spader.training.launch import log_stream
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ _LINEAGE_KEYS = (
     "index_hash",
     "verl_version",
     "mlflow_run_id",
+    "lineage",
     "checkpoint",
 )
 
@@ -118,7 +122,7 @@ def export_checkpoint(
     tmp.replace(model_out)
 
     meta = {k: final.get(k) for k in _LINEAGE_KEYS}
-    meta["model_dir"] = str(model_out)
+    meta["model_dir"] = portable_path(model_out)
     meta["model_hash"] = fingerprint(model_out)
     meta_out = Path(meta_out)
     tmp_meta = meta_out.with_suffix(meta_out.suffix + ".tmp")

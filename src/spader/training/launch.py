@@ -6,8 +6,8 @@ earlier ones key by key:
 
 1. the method's: :func:`spader.integrations.verl.overrides.method_overrides` turns the variant
    (advantage, reward, alpha, beta, cost) into verl keys, and :func:`training_overrides` every
-   number of ``config["training"]`` (config.yaml is the single source of them at launch; the
-   verl YAMLs carry the paper's values only so that they compose on their own);
+   number of ``config["training"]`` (config.yaml is the single source of them: the verl YAMLs
+   carry structure only);
 2. the job's (:func:`job_overrides`): data files, base model, GPUs, CPUs for Ray, checkpoint
    directory, loggers, tool config; the device's (:func:`device_overrides`: ``training.device``
    and ``training.rollout_backend`` select verl's platform and rollout backend, and a CPU run
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spader.infra.procs import Terminated, raise_on_signals, supervised_argv
+from spader.config.model import TrainingConfig, VariantConfig
+from spader.infra.procs import STOP_REQUEST_ENV, STOP_SIGNALS, Terminated, raise_on_signals, supervised_argv
 from spader.integrations.verl.hydra import hydra_value
 from spader.training import ENTRY_MODULE
 
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEVICES",
+    "PLAIN_TRAINER_MODE",
     "LaunchPlan",
     "Terminated",
     "build_plan",
@@ -54,6 +56,7 @@ __all__ = [
     "log_stream",
     "merge_overrides",
     "override_key",
+    "ray_cpu_slots",
     "run_command",
     "training_overrides",
     "write_plan",
@@ -66,10 +69,22 @@ _RAY_ENV = (
     "VERL_FILE_LOGGER_PATH",
     "VERL_PLATFORM",
     "OMP_NUM_THREADS",
+    STOP_REQUEST_ENV,  # the trainer checks it at every step boundary (spader.training.stop)
 )
+
+#: The project's trainer mode that replaces verl's ``sync`` (the terminal-reward variants): verl's
+#: trainer and advantage, with checkpoints after their step's metrics and stop requests honoured
+#: (``spader.integrations.verl.trainer.PlainTrainerSync``).
+PLAIN_TRAINER_MODE = "spader_plain_sync"
 
 #: ``training.device`` -> (verl platform selected with ``VERL_PLATFORM``, rollout backends it runs).
 DEVICES = {"cuda": ("nvidia", ("sglang",)), "cpu": ("cpu", ("transformers",))}
+
+
+def _section(training: Any) -> Mapping[str, Any]:
+    """The ``training`` section as a mapping (a :class:`spader.config.TrainingConfig` or a rule's
+    plain dict)."""
+    return training.model_dump() if hasattr(training, "model_dump") else training
 
 
 def override_key(override: str) -> str:
@@ -101,26 +116,31 @@ def job_overrides(
     val_file: str | os.PathLike,
     model_dir: str | os.PathLike,
     gpus: int,
-    ray_cpus: int,
+    ray_cpus: int | None,
     ckpt_dir: str | os.PathLike,
     tool_config: str | os.PathLike,
     project: str,
     run_name: str,
     loggers: Sequence[str],
     env: Mapping[str, str],
+    nnodes: int = 1,
+    ray_address: str | None = None,
 ) -> list[str]:
     """The overrides that tie a verl run to this job (all paths made absolute).
 
     Args:
         train_file, val_file: the job's verl parquet inputs.
         model_dir: local directory of the base model.
-        gpus: GPUs of the (single) node; ``trainer.n_gpus_per_node``.
-        ray_cpus: CPUs Ray may use (the job's threads; verl's YAML asks for a fixed number on SLURM).
+        gpus: GPUs (training workers) per node; ``trainer.n_gpus_per_node``.
+        ray_cpus: CPUs a private Ray instance advertises (:func:`ray_cpu_slots`; verl's YAML asks for
+            a fixed number on SLURM); None when joining a running cluster, whose nodes declared theirs.
         ckpt_dir: ``trainer.default_local_dir``, inside the work directory Snakemake never deletes.
         tool_config: the search tool YAML written once the retrieval service is up.
         project, run_name: verl's ``trainer.project_name``/``experiment_name``.
         loggers: verl tracking backends, e.g. ``["console", "file", "mlflow"]``.
         env: variables verl's tracking reads; forwarded to the Ray runtime env as well.
+        nnodes: nodes verl trains on (``trainer.nnodes``).
+        ray_address: the running Ray cluster to join (``host:port``); None starts a private instance.
 
     Returns:
         Override strings.
@@ -133,16 +153,19 @@ def job_overrides(
         f"data.train_files={path(train_file)}",
         f"data.val_files={path(val_file)}",
         f"actor_rollout_ref.model.path={path(model_dir)}",
-        "trainer.nnodes=1",
+        f"trainer.nnodes={int(nnodes)}",
         f"trainer.n_gpus_per_node={int(gpus)}",
         f"trainer.default_local_dir={path(ckpt_dir)}",
         f"trainer.project_name={hydra_value(project)}",
         f"trainer.experiment_name={hydra_value(run_name)}",
         f"trainer.logger={hydra_value(list(loggers))}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path(tool_config)}",
-        f"ray_kwargs.ray_init.num_cpus={int(ray_cpus)}",
-        # A private Ray instance per job, even on a node where someone ran `ray start`.
-        "+ray_kwargs.ray_init.address=local",
+        f"ray_kwargs.ray_init.num_cpus={'null' if ray_cpus is None else int(ray_cpus)}",
+        # A private Ray instance per job, even on a node where someone ran `ray start`; or the
+        # cluster the job started across its nodes (spader.training.ray_cluster).
+        f"+ray_kwargs.ray_init.address={hydra_value(ray_address or 'local')}",
+        # no dashboard: nothing of Ray listens for a browser (spader.training.ray_cluster)
+        "+ray_kwargs.ray_init.include_dashboard=false",
     ]
     for name in _RAY_ENV:
         if name in env:
@@ -150,7 +173,7 @@ def job_overrides(
     return overrides
 
 
-def training_overrides(training: Mapping[str, Any]) -> list[str]:
+def training_overrides(training: TrainingConfig | Mapping[str, Any]) -> list[str]:
     """``config["training"]`` as verl overrides, through the mapping
     (:data:`spader.integrations.verl.overrides.TRAINING_KEYS`).
 
@@ -159,6 +182,7 @@ def training_overrides(training: Mapping[str, Any]) -> list[str]:
     """
     from spader.integrations.verl.overrides import TRAINING_KEYS
 
+    training = _section(training)
     out = []
     for name, key in TRAINING_KEYS.items():
         if name not in training:
@@ -167,13 +191,14 @@ def training_overrides(training: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def check_device(training: Mapping[str, Any]) -> tuple[str, str]:
+def check_device(training: TrainingConfig | Mapping[str, Any]) -> tuple[str, str]:
     """``(training.device, training.rollout_backend)``, checked against each other.
 
     Raises:
         ValueError: an unknown device, or a rollout backend that device cannot run (the message
             names both keys).
     """
+    training = _section(training)
     device = training.get("device", "cuda")
     backend = training.get("rollout_backend", "sglang")
     if device not in DEVICES:
@@ -187,24 +212,33 @@ def check_device(training: Mapping[str, Any]) -> tuple[str, str]:
     return device, backend
 
 
-def cpu_ray_slots(workers: int, threads: int) -> int:
-    """Logical CPUs a local Ray instance must advertise for a CPU training run.
+def ray_cpu_slots(*, workers: int, storage_units: int, threads: int) -> int:
+    """Logical CPUs a Ray instance must advertise for verl's placement of a training run.
 
-    Ray CPUs are scheduling tokens. verl asks for more of them than a small machine has cores:
-    its resource pool reserves a bundle of ``max_colocate_count`` (3) CPUs per training worker,
-    TransferQueue's controller and each storage unit hold one, and each rollout server one. With
-    only the physical count advertised those actors never start and the run waits forever.
+    Ray CPUs are scheduling tokens. verl asks for more of them than a job may have cores: its
+    resource pool reserves a bundle of ``max_colocate_count`` (3) CPUs per training worker (GPU),
+    TransferQueue's controller and each of its storage units hold one, each rollout server one,
+    and one more lets the remaining actors be created. With fewer advertised (a GPU run given
+    the job's ``--cores`` below ~34 on 8 GPUs, a CPU run on a small machine) those actors never
+    start and the run waits forever.
 
     Args:
-        workers: training processes (FSDP ranks).
+        workers: training processes (GPUs, or FSDP ranks on a CPU) the instance hosts.
+        storage_units: TransferQueue storage units (``transfer_queue.backend.SimpleStorage
+            .num_data_storage_units``; verl's default 8, one on a CPU run).
         threads: the job's threads (the floor).
     Returns:
-        The ``num_cpus`` for ``ray.init``.
+        The ``num_cpus`` for ``ray.init`` (or ``ray start``).
     """
-    return max(int(threads), 3 * workers + 2 + workers + 1)
+    return max(int(threads), 3 * workers + 1 + int(storage_units) + workers + 1)
 
 
-def device_env(training: Mapping[str, Any], *, threads: int, workers: int) -> dict[str, str]:
+def cpu_ray_slots(workers: int, threads: int) -> int:
+    """:func:`ray_cpu_slots` of a CPU training run (one TransferQueue storage unit)."""
+    return ray_cpu_slots(workers=workers, storage_units=1, threads=threads)
+
+
+def device_env(training: TrainingConfig | Mapping[str, Any], *, threads: int, workers: int) -> dict[str, str]:
     """Environment of the verl process for the configured device (also forwarded to Ray).
 
     ``VERL_PLATFORM`` always comes from the config, never from the caller's environment. A CPU run
@@ -218,7 +252,9 @@ def device_env(training: Mapping[str, Any], *, threads: int, workers: int) -> di
     return env
 
 
-def device_overrides(training: Mapping[str, Any], *, threads: int, workers: int) -> list[str]:
+def device_overrides(
+    training: TrainingConfig | Mapping[str, Any], *, threads: int, workers: int, private_ray: bool = True
+) -> list[str]:
     """verl overrides of the configured device and rollout backend.
 
     A GPU run only names them. A CPU run also gets what the CPU can serve: verl's platform
@@ -232,9 +268,12 @@ def device_overrides(training: Mapping[str, Any], *, threads: int, workers: int)
         training: ``config["training"]``.
         threads: the job's threads (torch threads of the rollout server).
         workers: training processes (``trainer.n_gpus_per_node``, set by :func:`job_overrides`).
+        private_ray: verl starts its own Ray instance (a CPU run then advertises its logical
+            device slots there; a cluster's nodes declare theirs when they start).
     Returns:
         Override strings.
     """
+    training = _section(training)
     device, backend = check_device(training)
     out = [f"trainer.device={device}", f"actor_rollout_ref.rollout.name={backend}"]
     if training.get("max_steps"):
@@ -248,10 +287,11 @@ def device_overrides(training: Mapping[str, Any], *, threads: int, workers: int)
     if device != "cpu":
         return out
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
-    out += [
+    if private_ray:
         # one logical device slot per training worker (see spader.integrations.verl.cpu.platform);
-        # the CPU slots come with job_overrides' ray_cpus (cpu_ray_slots)
-        f"+ray_kwargs.ray_init.num_gpus={int(workers)}",
+        # the CPU slots come with job_overrides' ray_cpus (ray_cpu_slots)
+        out.append(f"+ray_kwargs.ray_init.num_gpus={int(workers)}")
+    out += [
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"++actor_rollout_ref.rollout.engine_kwargs.transformers={{threads:{int(threads)}}}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
@@ -316,8 +356,8 @@ class LaunchPlan:
 
 def build_plan(
     *,
-    variant: Mapping[str, Any],
-    training: Mapping[str, Any],
+    variant: VariantConfig | Mapping[str, Any],
+    training: TrainingConfig | Mapping[str, Any],
     config_dir: str | os.PathLike,
     job: Sequence[str],
     resume: Sequence[str],
@@ -342,7 +382,14 @@ def build_plan(
     """
     from spader.integrations.verl.overrides import method_overrides
 
+    variant = variant.model_dump() if hasattr(variant, "model_dump") else variant
+    training = _section(training)
     method = [*method_overrides(dict(variant), dict(training)), *training_overrides(training)]
+    # verl's plain sync trainer saves before it logs and ignores stop requests; its drop-in does both
+    method = [
+        f"trainer.v1.trainer_mode={PLAIN_TRAINER_MODE}" if ov == "trainer.v1.trainer_mode=sync" else ov
+        for ov in method
+    ]
     plan = LaunchPlan(
         config_dir=Path(config_dir),
         config_name=str(variant["verl_config"]),
@@ -384,7 +431,15 @@ def _stop_supervisor(proc: subprocess.Popen, grace_s: float) -> None:
         proc.wait()
 
 
-def run_command(argv: Sequence[str], *, env: Mapping[str, str], output=None, grace_s: float = 60.0) -> int:
+def run_command(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    output=None,
+    grace_s: float = 60.0,
+    signals: Sequence[int] = STOP_SIGNALS,
+    started=None,
+) -> int:
     """Run ``argv`` under the process supervisor (:mod:`spader.infra.procs`) and return its exit code.
 
     Args:
@@ -394,11 +449,15 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str], output=None, gra
             job's log, shared with this process so the two never overwrite each other; None
             inherits this process's streams.
         grace_s: seconds between SIGTERM and SIGKILL when stopping the command's processes.
+        signals: the signals that stop the command at once (a training job handles SIGTERM
+            itself: it asks verl to stop at its next step boundary, ``spader.training.stop``).
+        started: called with the supervisor's ``Popen`` once it runs (a watch that must be
+            able to stop it; ``Popen.send_signal(SIGTERM)`` stops the whole tree).
 
-    SIGTERM, SIGINT or SIGHUP received while waiting (and any exception) stops the whole tree -
-    verl, Ray and its workers, which Ray puts in process groups of their own - before propagating
-    as :class:`Terminated`. Should this process die without a chance to do so (SIGKILL, OOM
-    killer), the supervisor gets its parent-death signal and stops the tree itself.
+    Each of ``signals`` received while waiting (and any exception) stops the whole tree - verl,
+    Ray and its workers, which Ray puts in process groups of their own - before propagating as
+    :class:`Terminated`. Should this process die without a chance to do so (SIGKILL, OOM killer),
+    the supervisor gets its parent-death signal and stops the tree itself.
     """
     if output is not None:
         output.write("$ " + " ".join(argv) + "\n")
@@ -411,7 +470,9 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str], output=None, gra
         start_new_session=True,
     )
     try:
-        with raise_on_signals():
+        with raise_on_signals(signals):
+            if started is not None:
+                started(proc)
             rc = proc.wait()
     except BaseException:
         _stop_supervisor(proc, grace_s)

@@ -7,6 +7,13 @@ run. verl ends the run when it finishes; the job then keeps logging to it by run
 final metrics) and :func:`~spader.infra.tracking.job_run` sets the final status (FAILED when the job
 raised).
 
+The attempts of one training (a first run, then every rerun that resumed its checkpoints, after a
+time limit, a stop or a failure) are one lineage: each attempt's run carries the tag
+``training.lineage``, the run id of the attempt that started from scratch (:func:`lineage_of`),
+with ``training.attempt`` and ``training.previous_runs``; ``attempts.jsonl`` in the work
+directory keeps the same history, which also decides whether an automatic retry may run
+(:func:`retry_refusal`).
+
 The job's own params are logged under ``snakemake/`` (the job's params already sit under
 ``params/``): MLflow refuses to change a param value, and verl silently drops MLflow when its
 param logging fails, so no key may collide with one verl logs.
@@ -25,7 +32,20 @@ from spader.infra.tracking import flatten_params
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunLink", "previous_attempts", "record_attempt", "verl_tracking_env"]
+__all__ = [
+    "RESUMABLE",
+    "RunLink",
+    "lineage_of",
+    "previous_attempts",
+    "record_attempt",
+    "retry_refusal",
+    "verl_tracking_env",
+]
+
+#: End statuses after which a retry simply resumes: stopped at a step boundary on request, or
+#: ended at once by a stop signal, a time limit or a lost workflow (an attempt killed outright has
+#: no end record at all, and counts the same).
+RESUMABLE = ("stopped", "interrupted")
 
 _ATTEMPTS_FILE = "attempts.jsonl"
 
@@ -115,3 +135,52 @@ def previous_attempts(workdir: str | os.PathLike) -> list[dict]:
         except ValueError:
             log.warning("%s: skipped an unreadable line", path)
     return out
+
+
+def lineage_of(history: list[dict], *, resume_step: int, run_id: str | None) -> str | None:
+    """The lineage of a new attempt: its own run id when it starts from scratch, else the lineage
+    of the latest earlier attempt (that of the first attempt that recorded one)."""
+    if resume_step == 0:
+        return run_id
+    for entry in reversed(history):
+        if entry.get("event") == "start" and entry.get("lineage"):
+            return entry["lineage"]
+    return run_id
+
+
+def retry_refusal(history: list[dict], *, attempt: int, failure_retries: int) -> str | None:
+    """Why an automatic retry must not run, or None.
+
+    A first run or a rerun by hand (``attempt`` 1) always runs. An automatic retry (Snakemake's
+    ``attempt`` > 1, after ``retries:``) runs when the previous attempt stopped or was interrupted
+    (:data:`RESUMABLE`, or has no end record: killed outright); after attempts that *failed*, only
+    while the failures in a row (refused retries not counted) are at most ``failure_retries``. So a
+    training that keeps failing for another reason than its time limit is not retried again and
+    again, each retry costing an allocation's worth of GPU start-up.
+    """
+    if attempt <= 1:
+        return None
+    ends: list[dict | None] = []  # per attempt, its end record (None: killed outright)
+    for entry in history:
+        if entry.get("event") == "start":
+            ends.append(None)
+        elif entry.get("event") == "end":
+            if ends and ends[-1] is None:
+                ends[-1] = entry
+            else:
+                ends.append(entry)
+    failures = 0
+    last_error = None
+    for end in reversed(ends):
+        if end is None or end.get("status") != "failed":
+            break
+        failures += 1
+        last_error = last_error or end.get("error")
+    if failures > failure_retries:
+        return (
+            f"not retried automatically: the last {failures} attempt(s) failed for another reason than a "
+            f"stop or a time limit (training.time_limit.failure_retries is {failure_retries}); last error: "
+            f"{last_error}. Fix the cause and run the workflow again: the training resumes from its newest "
+            "checkpoint"
+        )
+    return None

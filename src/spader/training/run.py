@@ -1,19 +1,29 @@
 """The ``train_policy`` job: one verl run of one variant on one backbone.
 
-Order of work (nothing touches a GPU before the checks pass):
+:func:`run_training` goes through named phases, and nothing touches a GPU before the first four
+pass:
 
-1. preflight: pinned verl, base model directory, GPUs (:mod:`spader.training.preflight`);
-2. resume point: the newest complete checkpoint in ``<workdir>/checkpoints``;
-3. the verl command, composed and validated in-process with Hydra (a dry run of the launch);
-4. MLflow: tags and ``snakemake/`` params on the job's run, which verl then attaches to;
-5. the retrieval service for this job on this node, its ``/health`` checked, the tool YAML
-   pointed at it;
-6. verl, as its own process group, output into the job's log;
-7. ``final.json``: steps done, the checkpoint to export, last metrics, hashes of config, data
-   and index, verl version; logged with the config as artifacts.
+1. :func:`preflight` - pinned verl, base model directory, GPUs, the job's inputs;
+2. :func:`claim_workdir` - the work directory's lock (one trainer at a time,
+   :mod:`spader.training.workdir`) and, for an automatic retry, whether the history allows it
+   (:func:`spader.training.lineage.retry_refusal`);
+3. :func:`resume_point` - the newest complete checkpoint in ``<workdir>/checkpoints``, older ones
+   beyond the kept count deleted (:func:`spader.training.checkpoints.prune_checkpoints`);
+4. :func:`prepare_launch` - the verl command, composed and validated in-process with Hydra (a dry
+   run of the launch), written to ``launch.json`` and ``resolved_config.yaml``;
+5. :func:`record_start` - MLflow tags and ``snakemake/`` params on the job's run (verl attaches to
+   it), the attempt in ``attempts.jsonl``;
+6. :func:`train` - the retrieval service for this job on this node (health checked, the tool
+   YAML pointed at it), the R3-RAG judge where served, Ray's place (:mod:`spader.training.ray_cluster`),
+   then verl under the job's watch (:mod:`spader.training.watch`) and stop control
+   (:mod:`spader.training.stop`);
+7. :func:`conclude` - ``final.json`` (steps done, the checkpoint to export, last metrics, hashes of
+   config, data and index, verl version; paths relative to the working directory), or the
+   reason the attempt ended early.
 
-The work directory holds everything that must survive a failed or killed job (checkpoints,
-per-attempt metrics, the attempt history) and is never a Snakemake output, so a rerun resumes.
+The work directory holds everything that must survive a failed, stopped or killed job
+(checkpoints, per-attempt metrics, the attempt history) and is never a Snakemake output, so a
+rerun resumes.
 """
 
 from __future__ import annotations
@@ -22,18 +32,32 @@ import hashlib
 import json
 import logging
 import os
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spader.config.model import (
+    OPERATIONAL_TRAINING_KEYS,
+    AgentConfig,
+    BackboneConfig,
+    JudgeConfig,
+    RetrievalConfig,
+    StepSearchConfig,
+    TrainingConfig,
+    VariantConfig,
+)
 from spader.infra.glue import retrieval_settings
+from spader.infra.procs import STOP_REQUEST_ENV, Terminated
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
-from spader.integrations.verl.overrides import AGENT_DEFAULTS, agent_overrides
+from spader.integrations.verl.overrides import agent_overrides
 from spader.training.checkpoints import (
     Checkpoint,
     latest_checkpoint,
     new_metrics_file,
+    portable_path,
+    prune_checkpoints,
     read_step_metrics,
     resume_overrides,
 )
@@ -41,43 +65,78 @@ from spader.training.launch import (
     LaunchPlan,
     build_plan,
     compose_config,
-    cpu_ray_slots,
     device_env,
     device_overrides,
     job_overrides,
     log_stream,
+    ray_cpu_slots,
     run_command,
     write_plan,
 )
-from spader.training.lineage import RunLink, previous_attempts, record_attempt, verl_tracking_env
-from spader.training.preflight import PreflightError, check_retrieval, static_checks
+from spader.training.lineage import (
+    RunLink,
+    lineage_of,
+    previous_attempts,
+    record_attempt,
+    retry_refusal,
+    verl_tracking_env,
+)
+from spader.training.preflight import PreflightError, check_job_memory, check_retrieval, static_checks
 from spader.training.scorer_launch import BaselineLaunch, baseline_launch, judge_endpoint, judge_settings
+from spader.training.stop import StopControl, StoppedForResume, read_stop_ack
+from spader.training.workdir import WorkdirLock
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainJob", "TrainingError", "input_hashes", "plan_launch", "run_training"]
+__all__ = [
+    "TrainJob",
+    "TrainingError",
+    "claim_workdir",
+    "conclude",
+    "input_hashes",
+    "plan_launch",
+    "portable_path",
+    "preflight",
+    "prepare_launch",
+    "record_start",
+    "resume_point",
+    "run_training",
+    "train",
+]
 
 
 class TrainingError(RuntimeError):
     """verl failed or left no usable checkpoint; the message says where the checkpoints are."""
 
 
+def _typed(cls, value):
+    """``value`` as the config section ``cls`` (a plain dict from a rule's params, or one already)."""
+    if value is None or isinstance(value, cls):
+        return value
+    return cls.model_validate(dict(value))
+
+
 @dataclass
 class TrainJob:
     """Everything one training job needs (what the Snakemake rule hands over).
 
-    ``backbone_spec``/``variant_spec``/``training``/``retrieval`` are the config sections
-    (``backbones.<b>``, ``variants.<v>``, ``training``, ``retrieval`` with the reranker's local
-    ``path``). ``entry`` replaces ``python -m spader.integrations.verl.main`` (tests run a fake
-    trainer through it); ``extra_overrides`` are applied last (the GPU smoke test).
+    ``backbone_spec``/``variant_spec``/``training``/``retrieval``/``agent``/``stepsearch``/``judge``
+    are the typed config sections (``backbones.<b>``, ``variants.<v>``, ``training``, ...); plain
+    dicts, as rules pass them, are validated into them. A ``retrieval`` dict may carry the
+    reranker's resolved local directory as ``reranker.path`` (``retrieval_params`` in the
+    workflow); it moves to ``reranker_path``. ``entry`` replaces ``python -m
+    spader.integrations.verl.main`` (tests run a fake trainer through it); ``extra_overrides`` are
+    applied last (the GPU smoke test). ``attempt`` is Snakemake's attempt number (1: a first run
+    or a rerun by hand; more: an automatic retry). ``ray_address`` names a running Ray cluster to
+    train on (None: a private instance, or the cluster the job starts across its SLURM nodes).
     """
 
     backbone: str
     variant: str
-    backbone_spec: dict
-    variant_spec: dict
-    training: dict
-    retrieval: dict
+    backbone_spec: BackboneConfig
+    variant_spec: VariantConfig
+    training: TrainingConfig
+    retrieval: RetrievalConfig
     train_file: Path
     val_file: Path
     index_dir: Path
@@ -95,12 +154,31 @@ class TrainJob:
     # the step-level baselines (spader.training.scorer_launch): StepSearch's evidence and settings,
     # R3-RAG's judge settings and model directory
     evidence: Path | None = None
-    stepsearch: dict | None = None
-    judge: dict | None = None
+    stepsearch: StepSearchConfig | None = None
+    judge: JudgeConfig | None = None
     judge_model_dir: Path | None = None
-    # config.yaml `agent`: what one turn is, the same as in evaluation (per-turn token cap, stop
-    # tags, turns, observation cap, queries per call)
-    agent: dict = field(default_factory=lambda: dict(AGENT_DEFAULTS))
+    # config.yaml `agent`: what one turn is, the same as in evaluation
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    reranker_path: Path | None = None
+    attempt: int = 1
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retrieval, Mapping):
+            retrieval = dict(self.retrieval)
+            reranker = dict(retrieval.get("reranker") or {})
+            path = reranker.pop("path", None)
+            if path and self.reranker_path is None:
+                self.reranker_path = Path(path)
+            retrieval["reranker"] = reranker
+            self.retrieval = retrieval
+        self.backbone_spec = _typed(BackboneConfig, self.backbone_spec)
+        self.variant_spec = _typed(VariantConfig, self.variant_spec)
+        self.training = _typed(TrainingConfig, self.training)
+        self.retrieval = _typed(RetrievalConfig, self.retrieval)
+        self.stepsearch = _typed(StepSearchConfig, self.stepsearch)
+        self.judge = _typed(JudgeConfig, self.judge)
+        self.agent = _typed(AgentConfig, self.agent)
 
     @classmethod
     def from_snakemake(cls, smk) -> TrainJob:
@@ -108,12 +186,17 @@ class TrainJob:
         params = smk.params
         mlflow_cfg = smk.config.get("mlflow", {})
         settings = MlflowSettings(mlflow_cfg, ".") if mlflow_cfg.get("enabled", False) else None
+        configured = smk.config.get("training") or {}
+        training = {  # the param, plus the operational keys from the config (not params)
+            **dict(params.training),
+            **{k: configured[k] for k in OPERATIONAL_TRAINING_KEYS if k in configured},
+        }
         return cls(
             backbone=smk.wildcards.backbone,
             variant=smk.wildcards.variant,
             backbone_spec=dict(params.backbone),
             variant_spec=dict(params.variant),
-            training=dict(params.training),
+            training=training,
             retrieval=retrieval_settings(params.retrieval, smk.config),
             train_file=_single(smk.input.train, "train"),
             val_file=_single(smk.input.val, "val"),
@@ -131,7 +214,8 @@ class TrainJob:
             stepsearch=smk.config.get("stepsearch"),
             judge=judge_settings(params.get("judge"), smk.config),
             judge_model_dir=_optional(smk.input, "judge_model"),
-            agent={**AGENT_DEFAULTS, **dict(params.get("agent") or {})},
+            agent=dict(params.get("agent") or {}),
+            attempt=int(getattr(getattr(smk, "resources", None), "train_attempt", 1) or 1),
         )
 
     # Files in the work directory.
@@ -160,27 +244,54 @@ class TrainJob:
         return self.workdir / "retrieval_service.log"
 
     @property
+    def stop_file(self) -> Path:
+        """Its existence asks verl to stop at the next step boundary (:mod:`spader.training.stop`)."""
+        return self.workdir / "stop_request"
+
+    @property
     def run_name(self) -> str:
         return f"{self.backbone}-{self.variant}"
+
+    @property
+    def retrieval_settings(self) -> dict[str, Any]:
+        """The ``retrieval`` section as the retrieval service and tool config take it (the
+        reranker's local directory as ``reranker.path``)."""
+        settings = self.retrieval.model_dump()
+        if self.reranker_path is not None:
+            settings["reranker"]["path"] = str(self.reranker_path)
+        return settings
 
     @property
     def baseline(self) -> BaselineLaunch:
         """What a StepSearch / R3-RAG variant adds to the launch (nothing for the others)."""
         return baseline_launch(
-            self.variant_spec, evidence=self.evidence, stepsearch=self.stepsearch, judge=self.judge
+            self.variant_spec.model_dump(),
+            evidence=self.evidence,
+            stepsearch=self.stepsearch.model_dump() if self.stepsearch else None,
+            judge=self.judge.model_dump() if self.judge else None,
         )
 
     @property
     def device(self) -> str:
         """``training.device``: ``cuda`` (default) or ``cpu``."""
-        return str(self.training.get("device", "cuda"))
+        return self.training.device
 
     @property
     def workers(self) -> int:
-        """Training processes: the backbone's GPUs, or ``training.cpu_workers`` on a CPU."""
+        """Training processes per node: the backbone's GPUs, or ``training.cpu_workers`` on a CPU."""
         if self.device == "cpu":
-            return int(self.training.get("cpu_workers", 1))
-        return int(self.backbone_spec["gpus"])
+            return self.training.cpu_workers
+        return self.backbone_spec.gpus
+
+    @property
+    def judge_node(self) -> bool:
+        """The LLM judge is served on a node of its own (the last one of a multi-node job)."""
+        return self.training.nodes > 1 and self.baseline.judge_gpus > 0
+
+    @property
+    def train_nodes(self) -> int:
+        """Nodes verl trains on (``trainer.nnodes``): the job's, less the judge's own."""
+        return self.training.nodes - (1 if self.judge_node else 0)
 
 
 def _optional(inputs, name: str) -> Path | None:
@@ -228,32 +339,45 @@ def _final_metrics(steps: Mapping[int, dict]) -> tuple[dict, dict]:
 
 
 def plan_launch(
-    job: TrainJob, *, resume_from: Checkpoint | None, metrics_file: Path, link: RunLink
+    job: TrainJob,
+    *,
+    resume_from: Checkpoint | None,
+    metrics_file: Path,
+    link: RunLink,
+    storage_units: int | None = None,
 ) -> LaunchPlan:
-    """The verl launch of ``job``: method overrides, this job's paths/GPUs/loggers, resume point.
+    """The verl launch of ``job``: method overrides, this job's paths/GPUs/nodes/loggers, resume point.
 
     Args:
         job: the job.
         resume_from: checkpoint to resume from (None: from scratch).
         metrics_file: where verl's ``file`` logger writes this attempt's per-step metrics.
         link: the job's MLflow run (verl's ``mlflow`` logger is enabled only when it is).
+        storage_units: TransferQueue storage units, for the CPUs a private Ray instance advertises
+            (None: one on a CPU, verl's 8 on GPUs; :func:`prepare_launch` reads the composed value).
 
     Returns:
         The plan; ``plan.argv`` is the command, ``plan.env`` what it adds to the environment.
     """
     baseline = job.baseline
-    workers = job.workers - baseline.judge_gpus  # a judge served on the node takes its GPUs
+    # a judge served on the training node takes GPUs from it; on a node of its own it takes none
+    workers = job.workers - (0 if job.judge_node else baseline.judge_gpus)
+    training = job.training
+    private_ray = job.ray_address is None and job.train_nodes == 1
+    if storage_units is None:
+        storage_units = 1 if job.device == "cpu" else 8
     env = {
         **verl_tracking_env(link.run_id, link.tracking_uri),
         "VERL_FILE_LOGGER_PATH": os.path.abspath(metrics_file),
+        STOP_REQUEST_ENV: os.path.abspath(job.stop_file),
         "PYTHONUNBUFFERED": "1",
         "HYDRA_FULL_ERROR": "1",
         "HF_HUB_OFFLINE": "1",  # the base model is a local directory; compute nodes may have no network
-        **device_env(job.training, threads=job.threads, workers=workers),
+        **device_env(training, threads=job.threads, workers=workers),
     }
     return build_plan(
         variant=job.variant_spec,
-        training=job.training,
+        training=training,
         config_dir=job.verl_config_dir,
         job=[
             *job_overrides(
@@ -261,16 +385,20 @@ def plan_launch(
                 val_file=job.val_file,
                 model_dir=job.model_dir,
                 gpus=workers,
-                ray_cpus=cpu_ray_slots(workers, job.threads) if job.device == "cpu" else job.threads,
+                ray_cpus=ray_cpu_slots(workers=workers, storage_units=storage_units, threads=job.threads)
+                if private_ray
+                else None,
                 ckpt_dir=job.ckpt_dir,
                 tool_config=job.tool_config,
                 project=job.experiment,
                 run_name=job.run_name,
                 loggers=["console", "file", *(["mlflow"] if link.enabled else [])],
                 env=env,
+                nnodes=job.train_nodes,
+                ray_address=job.ray_address,
             ),
-            *device_overrides(job.training, threads=job.threads, workers=workers),
-            *agent_overrides(job.agent),
+            *device_overrides(training, threads=job.threads, workers=workers, private_ray=private_ray),
+            *agent_overrides(job.agent.model_dump()),
             *baseline.overrides,
         ],
         resume=resume_overrides(resume_from),
@@ -278,6 +406,249 @@ def plan_launch(
         env=env,
         entry=job.entry,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The phases of run_training
+# ---------------------------------------------------------------------------------------------
+def preflight(job: TrainJob, available_gpus: int | None) -> str:
+    """Checks before anything starts: pinned verl, base model, GPUs, the job's inputs.
+
+    Returns:
+        verl's version.
+    Raises:
+        PreflightError: a check failed.
+    """
+    verl_version = static_checks(
+        backbone=job.backbone,
+        model=str(job.backbone_spec.model or job.model_dir),
+        model_dir=job.model_dir,
+        gpus=job.backbone_spec.gpus,
+        available_gpus=available_gpus,
+        device=job.device,
+    )
+    for name, path in (("train", job.train_file), ("val", job.val_file), ("index", job.index_dir)):
+        if not Path(path).exists():
+            raise PreflightError(f"training input {name} {path} does not exist")
+    if job.training.nodes > 1 and job.ray_address is None and not os.environ.get("SLURM_JOB_ID"):
+        raise PreflightError(
+            f"training.nodes is {job.training.nodes}: a multi-node job runs inside a SLURM allocation "
+            "(snakemake --profile slurm), which gives it its nodes; none is here"
+        )
+    return verl_version
+
+
+def claim_workdir(job: TrainJob) -> WorkdirLock:
+    """The work directory's lock, taken; for an automatic retry, the history's consent.
+
+    Raises:
+        spader.training.workdir.WorkdirBusyError: another trainer holds the work directory.
+        TrainingError: an automatic retry that the history refuses (the lock is released).
+    """
+    job.workdir.mkdir(parents=True, exist_ok=True)
+    lock = WorkdirLock(job.workdir).acquire()
+    refusal = retry_refusal(
+        previous_attempts(job.workdir),
+        attempt=job.attempt,
+        failure_retries=job.training.time_limit.failure_retries,
+    )
+    if refusal:
+        record_attempt(job.workdir, {"event": "refused", "snakemake_attempt": job.attempt, "reason": refusal})
+        lock.release()
+        raise TrainingError(refusal)
+    return lock
+
+
+def resume_point(job: TrainJob) -> Checkpoint | None:
+    """The newest complete checkpoint (None: from scratch), after deleting older checkpoints beyond
+    ``training.max_actor_ckpt_to_keep`` (earlier attempts' retention)."""
+    prune_checkpoints(job.ckpt_dir, job.training.max_actor_ckpt_to_keep)
+    resume_from = latest_checkpoint(job.ckpt_dir)
+    log.info(
+        "%s: %s",
+        job.run_name,
+        f"resuming from step {resume_from.step}" if resume_from else "starting from scratch",
+    )
+    return resume_from
+
+
+def prepare_launch(job: TrainJob, resume_from: Checkpoint | None, link: RunLink) -> LaunchPlan:
+    """The verl launch, composed and validated with Hydra; ``launch.json`` and the resolved config
+    written. The CPUs a private Ray instance advertises follow the composed TransferQueue size."""
+    metrics_file = new_metrics_file(job.metrics_dir)
+    plan = plan_launch(job, resume_from=resume_from, metrics_file=metrics_file, link=link)
+    cfg = compose_config(plan)
+    units = int(cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units)
+    if plan.get("ray_kwargs.ray_init.num_cpus") not in (None, "null"):
+        resized = plan_launch(
+            job, resume_from=resume_from, metrics_file=metrics_file, link=link, storage_units=units
+        )
+        if resized.overrides != plan.overrides:
+            plan, cfg = resized, compose_config(resized)
+    check_job_memory(job, cfg)  # the memory plan of this launch; refuses one that does not fit
+    write_plan(plan, job.launch_file)
+    from omegaconf import OmegaConf
+
+    job.resolved_config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return plan
+
+
+@dataclass
+class Attempt:
+    """One attempt of a job: its number in the work directory, where it resumed, its lineage."""
+
+    number: int
+    resume_step: int
+    lineage: str | None
+    hashes: dict[str, str]
+    verl_version: str
+
+
+def record_start(job: TrainJob, link: RunLink, verl_version: str, resume_from: Checkpoint | None) -> Attempt:
+    """Tags and params on the job's MLflow run, and the attempt's start in ``attempts.jsonl``.
+
+    The attempts of one training - a first run and every resumed one, whatever ended them - share
+    the tag ``training.lineage`` (the run id of the attempt that started from scratch), so MLflow
+    shows them as one training.
+    """
+    hashes = input_hashes(job.train_file, job.val_file, job.index_dir)
+    earlier = previous_attempts(job.workdir)
+    number = 1 + sum(1 for a in earlier if a.get("event") == "start")
+    resume_step = resume_from.step if resume_from else 0
+    lineage = lineage_of(earlier, resume_step=resume_step, run_id=link.run_id)
+    link.set_tags(
+        {
+            "backbone": job.backbone,
+            "variant": job.variant,
+            "data_hash": hashes["data_hash"],
+            "index_hash": hashes["index_hash"],
+            "verl_version": verl_version,
+            "training.attempt": number,
+            "training.resume_step": resume_step,
+            "training.previous_runs": json.dumps([a["run_id"] for a in earlier if a.get("run_id")]),
+            **({"training.lineage": lineage} if lineage else {}),
+        }
+    )
+    link.log_params(
+        {
+            "backbone": job.backbone,
+            "variant": job.variant,
+            "model_dir": portable_path(job.model_dir),
+            "workdir": portable_path(job.workdir),
+            "resume_step": resume_step,
+            "config_hash": job.params_hash,
+        }
+    )
+    record_attempt(
+        job.workdir,
+        {
+            "event": "start",
+            "attempt": number,
+            "run_id": link.run_id,
+            "lineage": lineage,
+            "resume_step": resume_step,
+            "snakemake_attempt": job.attempt,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        },
+    )
+    return Attempt(number, resume_step, lineage, hashes, verl_version)
+
+
+@dataclass
+class TrainResult:
+    """How verl ended: its exit code and what the job's watch and stop control saw."""
+
+    returncode: int
+    watch_kind: str | None = None
+    watch_reason: str | None = None
+    stop_reason: str | None = None
+
+
+def train(
+    job: TrainJob, plan: LaunchPlan, stop: StopControl, lock: WorkdirLock, service: Callable | None = None
+) -> TrainResult:
+    """Run verl with its retrieval service, judge and Ray, under the job's watch.
+
+    SIGTERM and the scheduler's warning (SIGURG) ask verl to stop after its current step
+    (:class:`~spader.training.stop.StopControl`); SIGINT and SIGHUP stop it at once.
+    """
+    from spader.integrations.verl.tool_config import write_tool_config
+    from spader.retrieval.service import reranker_on_job_gpus
+    from spader.training.ray_cluster import judge_node, ray_for_job
+    from spader.training.watch import JobWatch, ServiceHealth, workflow_process
+
+    start_service = service
+    if start_service is None:
+        from spader.retrieval.service import running_service as start_service
+    # The service shares the node with verl; an eighth of the job's CPUs serves BM25 + reranking,
+    # and one reranker replica sits on every GPU of the job (equal footprint on each GPU).
+    gpus = job.backbone_spec.gpus if job.device == "cuda" else 0
+    settings = reranker_on_job_gpus(job.retrieval_settings, gpus)
+    with start_service(
+        job.index_dir, settings, log_path=job.service_log, threads=max(1, job.threads // 8)
+    ) as url:
+        check_retrieval(url, timeout=float(job.retrieval.service.request_timeout_s))
+        write_tool_config(
+            job.tool_config,
+            service_url=url,
+            retrieval=job.retrieval_settings,
+            max_chars=int(job.agent.max_tool_response_chars),
+            max_queries_per_call=int(job.agent.max_queries_per_call),
+            record_turns=job.baseline.record_turns,
+        )
+        with (
+            judge_endpoint(
+                job.baseline,
+                job.judge.model_dump() if job.judge else None,
+                model_dir=job.judge_model_dir,
+                training_gpus=job.workers - (0 if job.judge_node else job.baseline.judge_gpus),
+                environ=os.environ,
+                log_path=job.workdir / "judge_server.log",
+                node=judge_node(job),
+            ) as (judge_overrides, judge_env),
+            ray_for_job(job) as (ray_overrides, ray_env),
+            JobWatch(
+                workflow=workflow_process(),
+                service=ServiceHealth(url, max_error_rate=job.training.max_search_error_rate),
+                heartbeat=lock.heartbeat,
+            ) as watch,
+            stop.handling_signals(),
+        ):
+            argv = [*plan.argv, *ray_overrides, *judge_overrides]
+            log.info("launching verl: %s", " ".join(argv))
+            rc = run_command(
+                argv,
+                env={**plan.env, **judge_env, **ray_env},
+                output=log_stream(),
+                signals=(signal.SIGINT, signal.SIGHUP),
+                started=watch.attach,
+            )
+    return TrainResult(rc, watch.kind, watch.reason, stop.reason)
+
+
+def conclude(job: TrainJob, link: RunLink, attempt: Attempt, result: TrainResult) -> dict:
+    """``final.json`` of a finished training, or the exception that says how the attempt ended.
+
+    Raises:
+        StoppedForResume: verl stopped at a step boundary on request (a time limit ahead, SIGTERM).
+        TrainingError: verl failed, the watch stopped it, or it left no usable checkpoint.
+    """
+    latest = latest_checkpoint(job.ckpt_dir)
+    resumes = f"step {latest.step}" if latest else "scratch (no complete checkpoint yet)"
+    if result.watch_reason:
+        raise TrainingError(
+            f"{result.watch_reason}; verl was stopped. Checkpoints are kept in {job.ckpt_dir} and a rerun "
+            f"resumes from {resumes}"
+        )
+    if result.returncode != 0:
+        raise TrainingError(
+            f"verl exited with code {result.returncode} (see {job.log_path or 'the log above'}); "
+            f"checkpoints are kept in {job.ckpt_dir} and a rerun resumes from {resumes}"
+        )
+    ack = read_stop_ack(job.stop_file)
+    if ack is not None and ack.get("early"):
+        raise StoppedForResume(result.stop_reason or "stop requested", ack.get("step"))
+    return finalize(job, link, attempt)
 
 
 def run_training(
@@ -301,129 +672,74 @@ def run_training(
 
     Raises:
         PreflightError: a check failed; nothing was started.
+        spader.training.workdir.WorkdirBusyError: another trainer holds the work directory.
+        StoppedForResume: verl stopped at a step boundary on request; a rerun resumes.
         TrainingError: verl failed (checkpoints stay in the work directory for the rerun).
     """
-    gpus = int(job.backbone_spec["gpus"])
-    verl_version = static_checks(
-        backbone=job.backbone,
-        model=str(job.backbone_spec.get("model", job.model_dir)),
-        model_dir=job.model_dir,
-        gpus=gpus,
-        available_gpus=available_gpus,
-        device=job.device,
-    )
-    for name, path in (("train", job.train_file), ("val", job.val_file), ("index", job.index_dir)):
-        if not Path(path).exists():
-            raise PreflightError(f"training input {name} {path} does not exist")
-
-    job.workdir.mkdir(parents=True, exist_ok=True)
-    resume_from = latest_checkpoint(job.ckpt_dir)
-    log.info(
-        "%s: %s",
-        job.run_name,
-        f"resuming from step {resume_from.step}" if resume_from else "starting from scratch",
-    )
-    link = RunLink.from_active_run(run, job.tracking_uri)
-    metrics_file = new_metrics_file(job.metrics_dir)
-    plan = plan_launch(job, resume_from=resume_from, metrics_file=metrics_file, link=link)
-    write_plan(plan, job.launch_file)
-    cfg = compose_config(plan)
-    from omegaconf import OmegaConf
-
-    job.resolved_config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-
-    hashes = input_hashes(job.train_file, job.val_file, job.index_dir)
-    earlier = previous_attempts(job.workdir)
-    attempt = 1 + sum(1 for a in earlier if a.get("event") == "start")
-    resume_step = resume_from.step if resume_from else 0
-    link.set_tags(
-        {
-            "backbone": job.backbone,
-            "variant": job.variant,
-            "data_hash": hashes["data_hash"],
-            "index_hash": hashes["index_hash"],
-            "verl_version": verl_version,
-            "training.attempt": attempt,
-            "training.resume_step": resume_step,
-            "training.previous_runs": json.dumps([a["run_id"] for a in earlier if a.get("run_id")]),
-        }
-    )
-    link.log_params(
-        {
-            "backbone": job.backbone,
-            "variant": job.variant,
-            "model_dir": os.path.abspath(job.model_dir),
-            "workdir": os.path.abspath(job.workdir),
-            "resume_step": resume_step,
-            "config_hash": job.params_hash,
-        }
-    )
-    record_attempt(
-        job.workdir, {"event": "start", "attempt": attempt, "run_id": link.run_id, "resume_step": resume_step}
-    )
-
-    from spader.integrations.verl.tool_config import write_tool_config
-
-    start_service = service
-    if start_service is None:
-        from spader.retrieval.service import running_service as start_service
-    outcome: dict[str, Any] = {"event": "end", "attempt": attempt, "status": "failed"}
+    verl_version = preflight(job, available_gpus)
+    lock = claim_workdir(job)
     try:
-        # The service shares the node with verl; an eighth of the job's CPUs serves BM25 + reranking,
-        # and one reranker replica sits on every GPU of the job (equal footprint on each GPU).
-        from spader.retrieval.service import reranker_on_job_gpus
+        resume_from = resume_point(job)
+        link = RunLink.from_active_run(run, job.tracking_uri)
+        stop = StopControl(job.stop_file)
+        with stop.handling_signals(sigterm=False):  # a warning before verl runs is kept for it
+            return _attempt(job, link, stop, resume_from, verl_version, lock, service)
+    finally:
+        lock.release()
 
-        service_settings = reranker_on_job_gpus(job.retrieval, gpus if job.device == "cuda" else 0)
-        with start_service(
-            job.index_dir, service_settings, log_path=job.service_log, threads=max(1, job.threads // 8)
-        ) as url:
-            check_retrieval(url, timeout=float(job.retrieval.get("service", {}).get("request_timeout_s", 30)))
-            write_tool_config(
-                job.tool_config,
-                service_url=url,
-                retrieval=job.retrieval,
-                max_chars=int(job.agent["max_tool_response_chars"]),
-                max_queries_per_call=int(job.agent["max_queries_per_call"]),
-                record_turns=job.baseline.record_turns,
-            )
-            with judge_endpoint(
-                job.baseline,
-                job.judge,
-                model_dir=job.judge_model_dir,
-                training_gpus=job.workers - job.baseline.judge_gpus,
-                environ=os.environ,
-                log_path=job.workdir / "judge_server.log",
-            ) as (judge_overrides, judge_env):
-                argv = [*plan.argv, *judge_overrides]
-                log.info("launching verl: %s", " ".join(argv))
-                rc = run_command(argv, env={**plan.env, **judge_env}, output=log_stream())
-        outcome["returncode"] = rc
-        if rc != 0:
-            latest = latest_checkpoint(job.ckpt_dir)
-            raise TrainingError(
-                f"verl exited with code {rc} (see {job.log_path or 'the log above'}); checkpoints are kept in "
-                f"{job.ckpt_dir} and a rerun resumes from "
-                + (f"step {latest.step}" if latest else "scratch (no complete checkpoint yet)")
-            )
-        final = _finalize(job, link, hashes, verl_version, attempt, resume_step)
+
+def _attempt(
+    job: TrainJob,
+    link: RunLink,
+    stop: StopControl,
+    resume_from: Checkpoint | None,
+    verl_version: str,
+    lock: WorkdirLock,
+    service: Callable | None,
+) -> dict:
+    """One recorded attempt: the launch prepared, its start recorded, verl run, its outcome in
+    ``attempts.jsonl`` (with the error and the newest checkpoint when it did not finish)."""
+    plan = prepare_launch(job, resume_from, link)
+    attempt = record_start(job, link, verl_version, resume_from)
+    outcome: dict[str, Any] = {"event": "end", "attempt": attempt.number, "status": "failed"}
+    try:
+        result = train(job, plan, stop, lock, service)
+        outcome["returncode"] = result.returncode
+        final = conclude(job, link, attempt, result)
         outcome["status"] = "finished"
         return final
     except BaseException as exc:
+        outcome["status"] = _status(exc)
         outcome["error"] = f"{type(exc).__name__}: {exc}"
-        try:  # what the failed attempt did, next to its FAILED run; never hides the error itself
+        latest = latest_checkpoint(job.ckpt_dir)
+        outcome["checkpoint_step"] = latest.step if latest else 0
+        try:  # what the attempt did, next to its run; never hides the error itself
             link.log_artifacts(
                 [job.launch_file, job.resolved_config, *sorted(job.metrics_dir.glob("*.jsonl"))]
             )
         except Exception:
-            log.exception("could not log the failed attempt's files to MLflow")
+            log.exception("could not log the attempt's files to MLflow")
         raise
     finally:
+        stop.clear()
         record_attempt(job.workdir, outcome)
 
 
-def _finalize(
-    job: TrainJob, link: RunLink, hashes: dict, verl_version: str, attempt: int, resume_step: int
-) -> dict:
+def _status(exc: BaseException) -> str:
+    """An attempt's end status in ``attempts.jsonl``: ``stopped`` (at a step boundary, on
+    request), ``interrupted`` (a stop signal, a time limit or a lost workflow ended it at once)
+    or ``failed`` (anything else: what an automatic retry counts, ``lineage.retry_refusal``)."""
+    if isinstance(exc, StoppedForResume):
+        return "stopped"
+    if isinstance(exc, (Terminated, KeyboardInterrupt)):
+        return "interrupted"
+    if isinstance(exc, TrainingError) and "the workflow that started this job" in str(exc):
+        return "interrupted"
+    return "failed"
+
+
+def finalize(job: TrainJob, link: RunLink, attempt: Attempt) -> dict:
+    """Write ``final.json`` of a finished training and log it with the attempt's files."""
     ckpt = latest_checkpoint(job.ckpt_dir)
     if ckpt is None:
         raise TrainingError(
@@ -442,16 +758,17 @@ def _finalize(
         "backbone": job.backbone,
         "variant": job.variant,
         "steps_done": ckpt.step,
-        "checkpoint": os.path.abspath(ckpt.path),
-        "actor_dir": os.path.abspath(ckpt.actor_dir),
-        "base_model": str(job.backbone_spec.get("model", "")),
-        "model_dir": os.path.abspath(job.model_dir),
+        "checkpoint": portable_path(ckpt.path),
+        "actor_dir": portable_path(ckpt.actor_dir),
+        "base_model": str(job.backbone_spec.model),
+        "model_dir": portable_path(job.model_dir),
         "config_hash": job.params_hash,
-        **hashes,
-        "verl_version": verl_version,
+        **attempt.hashes,
+        "verl_version": attempt.verl_version,
         "mlflow_run_id": link.run_id,
-        "attempt": attempt,
-        "resumed_from_step": resume_step,
+        "lineage": attempt.lineage,
+        "attempt": attempt.number,
+        "resumed_from_step": attempt.resume_step,
         "metrics": metrics,
         "val_metrics": val_metrics,
     }

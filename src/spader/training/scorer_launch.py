@@ -4,7 +4,9 @@
 * ``stepsearch``: the evidence artifact (rule ``build_evidence``) and the TF-IDF processes.
 * ``r3rag`` with the LLM judge: the judge's endpoint. With ``judge.url`` the job uses it; without,
   the job serves the judge on the last ``judge.gpus`` GPUs of its node
-  (:func:`spader.scorers.judge_server.running_judge`) and verl trains on the others.
+  (:func:`spader.scorers.judge_server.running_judge`) and verl trains on the others; a job over
+  several nodes serves it on a node of its own (:class:`JudgeNode`, through ``srun``) and verl
+  trains on every GPU of the others.
 
 :func:`baseline_launch` is known when the launch is planned (and checked with it);
 :func:`judge_endpoint` runs around verl and adds the endpoint's URL and the GPU split.
@@ -23,6 +25,7 @@ from spader.integrations.verl.hydra import hydra_value
 __all__ = [
     "OPERATIONAL_JUDGE_KEYS",
     "BaselineLaunch",
+    "JudgeNode",
     "baseline_launch",
     "judge_endpoint",
     "judge_params",
@@ -101,6 +104,23 @@ def baseline_launch(
     return BaselineLaunch(record_turns=True, overrides=overrides, judge_gpus=served)
 
 
+@dataclass(frozen=True)
+class JudgeNode:
+    """A node of the job's allocation that serves the judge alone.
+
+    Attributes:
+        name: its host name (for ``srun --nodelist``).
+        address: its address on the network the nodes share (the server binds it).
+        launcher: the command prefix that starts a process there.
+        gpus: the GPU ids the server uses there (the step's own, ``0..judge.gpus-1``).
+    """
+
+    name: str
+    address: str
+    launcher: tuple[str, ...]
+    gpus: tuple[str, ...]
+
+
 @contextlib.contextmanager
 def judge_endpoint(
     launch: BaselineLaunch,
@@ -111,6 +131,7 @@ def judge_endpoint(
     environ: Mapping[str, str],
     log_path: str | os.PathLike | None = None,
     command=None,
+    node: JudgeNode | None = None,
 ) -> Iterator[tuple[list[str], dict[str, str]]]:
     """Around verl: the judge endpoint's overrides and the environment verl must run with.
 
@@ -122,6 +143,7 @@ def judge_endpoint(
         environ: the job's environment (its ``CUDA_VISIBLE_DEVICES``).
         log_path: the judge server's log.
         command: replaces the sglang command (tests).
+        node: serve the judge there, not on this node's GPUs (verl keeps all of them).
     Yields:
         ``(overrides, env)`` to add to verl's launch; both empty when the variant has no LLM judge.
     """
@@ -135,8 +157,13 @@ def judge_endpoint(
 
     if model_dir is None:
         raise ValueError("the served judge needs its model directory (input 'judge_model')")
-    gpus = visible_gpus(environ, training_gpus + launch.judge_gpus)
-    train, served = split_gpus(gpus, launch.judge_gpus)
+    if node is None:
+        gpus = visible_gpus(environ, training_gpus + launch.judge_gpus)
+        train, served = split_gpus(gpus, launch.judge_gpus)
+        where: dict[str, Any] = {}
+    else:
+        train, served = [], list(node.gpus)
+        where = {"host": node.address, "launcher": node.launcher}
     tp = int(judge.get("tensor_parallel", 1))
     with running_judge(
         model_dir,
@@ -147,8 +174,11 @@ def judge_endpoint(
         tensor_parallel=tp,
         log_path=log_path,
         command=command,
-    ) as url:
-        yield [f"++algorithm.r3rag.judge.url={hydra_value(url)}"], {"CUDA_VISIBLE_DEVICES": ",".join(train)}
+        **where,
+    ) as endpoint:  # the key reaches the client through verl's environment, not its (logged) command line
+        overrides = [f"++algorithm.r3rag.judge.url={hydra_value(endpoint.url)}"]
+        devices = {"CUDA_VISIBLE_DEVICES": ",".join(train)} if train else {}
+        yield overrides, {**devices, **endpoint.env()}
 
 
 def judge_params(variant: Mapping[str, Any], judge: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -10,28 +10,39 @@ The agent loop is verl's ``ToolAgentLoop`` with these additions, all through pub
 
 * one turn, the same as in evaluation (config ``spader_agent``, from config.yaml ``agent``):
   every generation request carries ``stop`` (the closing action tags), ``no_stop_trim`` and
-  ``max_new_tokens`` (the per-turn cap, within the response budget left) in sglang's sampling
-  params; tokens a server returns after the first stop tag are dropped before the turn is
-  recorded (:class:`TurnEndingServer`); and when a turn ended at a stop tag rather than at the
-  model's own end-of-turn token, the chat template's turn-closing tokens are inserted (mask 0,
-  like verl's other boundary tokens), so the conversation is the template's rendering of the
-  same messages evaluation renders;
+  ``max_new_tokens`` (the response budget left, or the per-turn cap when one is set) in sglang's
+  sampling params; tokens a server returns after the first stop tag are dropped before the turn
+  is recorded (:class:`TurnEndingServer`);
+* the observation is a user turn ``<tool_response>\\n...\\n</tool_response>``
+  (:func:`spader.core.prompt.observation_message`) for every backbone, as the authors send it,
+  never a ``tool`` message (Llama-3.1's template JSON-escapes that one in an ``ipython`` turn);
+  before it, the chat template's turn-closing tokens the model did not write are inserted (mask 0,
+  like verl's other boundary tokens; :func:`spader.agent.conversation.missing_closing`), and
+  verl's continuous-token builder tokenizes the turn on its own. Evaluation builds its
+  conversations with the same rules (:class:`spader.agent.conversation.Conversation`), so the two
+  loops hold the same ids turn by turn;
 * the chat template gets no tool schemas (``tools`` absent, not an empty list: Llama-3.1's
   template renders a function-calling preamble for any list): the user prompt
   (``spader.core.prompt``) describes the protocol, and evaluation renders the same prompt;
+* every response ends on a token the model generated: tokens the loop added after the last
+  generated one (the closing tokens of a turn whose observation then overflowed the response
+  budget) are dropped, so the terminal reward verl writes on the last response token sits on a
+  generated token, which GAE reads (it skips ``response_mask == 0`` tokens);
+* optionally (``spader_agent.regenerations``, R3-RAG's original), a malformed turn is sampled
+  again up to that many times before it counts;
 * the search tool receives the row's ground-truth entities in ``create_kwargs["entities"]``
   (from ``reward_model.ground_truth``), so the data export does not have to copy them into
   ``tools_kwargs``;
 * the text of the last assistant turn (the part inside the response budget) is kept in the
   rollout's extra fields (:data:`spader.core.densify.FINAL_TURN_KEY`) for the terminal reward;
 * an episode that raises for any reason is returned as a failed episode (one masked token,
-  :data:`spader.core.densify.FAILURE_KEY` holding the reason) that scores 0 and trains nothing,
-  instead of failing the whole rollout batch.
+  :data:`spader.core.densify.FAILURE_KEY` holding the reason) that scores 0, trains nothing and
+  is no peer in any group (the estimators leave rows without a generated token out).
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import json
 import logging
 from typing import Any
@@ -39,10 +50,14 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
+from spader.agent.conversation import missing_closing, turn_closing_ids, turn_token_count
+from spader.config.model import AgentConfig
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
-from spader.core.parsing import TURN_END_TAGS, parse_turn
+from spader.core.parsing import parse_turn
+from spader.core.prompt import observation_message
 from spader.integrations.verl.reward import gold_entities
 from spader.integrations.verl.tool_config import TOOL_NAME
 
@@ -52,6 +67,8 @@ __all__ = [
     "SpaderToolAgentLoop",
     "SpaderToolParser",
     "TurnEndingServer",
+    "end_on_generated",
+    "malformed_turn",
     "turn_closing_ids",
     "turn_token_count",
 ]
@@ -61,7 +78,6 @@ log = logging.getLogger(__name__)
 PARSER = "spader"
 AGENT_LOOP = "spader_tool_agent"
 _TOOL_CALL_BLOCK = "<tool_call>"
-_MARKER = "SPADERTURNMARKER"
 
 
 def _tool_name(tools) -> str:
@@ -95,45 +111,6 @@ class SpaderToolParser(ToolParser):
         return content, [FunctionCall(name=_tool_name(tools), arguments=json.dumps(args, ensure_ascii=False))]
 
 
-def turn_token_count(tokenizer, token_ids: list[int], stop: tuple[str, ...] | list[str]) -> int:
-    """How many of ``token_ids`` one turn keeps: up to the token that completes the first stop
-    tag (all of them when no tag occurs).
-
-    Whether a prefix's text contains a tag is monotonic in the prefix length, so a binary search
-    over prefix decodes finds the token in O(log n) decodes.
-    """
-    if not stop or not token_ids:
-        return len(token_ids)
-
-    def done(n: int) -> bool:
-        text = tokenizer.decode(token_ids[:n], skip_special_tokens=False)
-        return any(tag in text for tag in stop)
-
-    if not done(len(token_ids)):
-        return len(token_ids)
-    lo, hi = 1, len(token_ids)  # done(hi) holds
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if done(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-@functools.lru_cache(maxsize=8)
-def turn_closing_ids(tokenizer) -> tuple[int, ...]:
-    """The tokens the chat template writes after an assistant message's content (Qwen3:
-    ``<|im_end|>`` and a newline; Llama-3.1: ``<|eot_id|>``)."""
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARKER}],
-        tokenize=False,
-        add_generation_prompt=False,
-    )
-    suffix = text.rsplit(_MARKER, 1)[-1] if _MARKER in text else ""
-    return tuple(tokenizer.encode(suffix, add_special_tokens=False)) if suffix else ()
-
-
 class TurnEndingServer:
     """verl's server manager, with every generation cut after the first stop tag.
 
@@ -162,15 +139,48 @@ class TurnEndingServer:
         return output.model_copy(update=update)
 
 
-def _turn_settings(config) -> tuple[int, tuple[str, ...]]:
-    block = config.get("spader_agent")
-    if block is None or block.get("max_turn_tokens") is None:
-        raise ValueError(
-            "spader_agent.max_turn_tokens is not set: the spader_tool_agent loop needs the per-turn "
-            "token cap (config/verl/base.yaml, config.yaml agent.max_turn_tokens)"
-        )
-    stop = tuple(str(s) for s in (block.get("stop") or TURN_END_TAGS))
-    return int(block["max_turn_tokens"]), stop
+def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int]:
+    """``(max_turn_tokens, stop, regenerations)`` of the ``spader_agent`` block (config.yaml
+    ``agent``, passed at launch); without the block, the defaults of config.yaml's ``agent``."""
+    defaults = AgentConfig()
+    block = config.get("spader_agent") or {}
+    cap = block.get("max_turn_tokens", defaults.max_turn_tokens)
+    stop = tuple(str(s) for s in (block.get("stop") or defaults.stop))
+    regenerations = int(block.get("regenerations", defaults.regenerations) or 0)
+    if cap is not None and int(cap) < 1:
+        raise ValueError(f"spader_agent.max_turn_tokens must be null or >= 1, got {cap!r}")
+    if regenerations < 0:
+        raise ValueError(f"spader_agent.regenerations must be >= 0, got {regenerations!r}")
+    return (None if cap is None else int(cap)), stop, regenerations
+
+
+def malformed_turn(text: str, stop: tuple[str, ...]) -> bool:
+    """A turn R3-RAG's original samples again: neither a well-formed call nor a valid answer."""
+    turn = parse_turn(text, stop)
+    if turn.kind == "search":
+        return turn.tool_call is None or turn.tool_call.error is not None
+    if turn.kind == "answer":
+        return turn.answer is None or not turn.answer.valid
+    return True
+
+
+def end_on_generated(output: AgentLoopOutput) -> AgentLoopOutput:
+    """The episode's output without the tokens after its last generated one.
+
+    verl writes a rollout's scalar reward on the last response token; a token the loop inserted
+    (mask 0) would carry it, and GAE skips such tokens. A response without any generated token
+    (a failed episode) is returned as it is.
+    """
+    mask = list(output.response_mask)
+    keep = len(mask)
+    while keep and not mask[keep - 1]:
+        keep -= 1
+    if keep == 0 or keep == len(mask):
+        return output
+    update: dict[str, Any] = {"response_ids": list(output.response_ids)[:keep], "response_mask": mask[:keep]}
+    if output.response_logprobs is not None:
+        update["response_logprobs"] = list(output.response_logprobs)[:keep]
+    return output.model_copy(update=update)
 
 
 @register(AGENT_LOOP)
@@ -181,13 +191,14 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         # no tool schemas reach the chat template: `tools` absent, as in evaluation
         self.tool_schemas = None
-        self.max_turn_tokens, self.stop = _turn_settings(self.config)
+        self.max_turn_tokens, self.stop, self.regenerations = _turn_settings(self.config)
         self.server_manager = TurnEndingServer(self.server_manager, self.tokenizer, self.stop)
         self.closing_ids = list(turn_closing_ids(self.tokenizer))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
-        """Run one episode; the search tool gets the row's ground truth in its create kwargs. An
-        episode that raises comes back as a failed episode (see the module docstring)."""
+        """Run one episode; the search tool gets the row's ground truth in its create kwargs. The
+        response ends on a generated token (:func:`end_on_generated`). An episode that raises comes
+        back as a failed episode (see the module docstring)."""
         try:
             reward_model = kwargs.get("reward_model") or {}
             entities = gold_entities(reward_model.get("ground_truth"))
@@ -199,7 +210,7 @@ class SpaderToolAgentLoop(ToolAgentLoop):
                 per_tool["create_kwargs"] = create
                 tools_kwargs[name] = per_tool
             kwargs["tools_kwargs"] = tools_kwargs
-            return await super().run(sampling_params, **kwargs)
+            return end_on_generated(await super().run(sampling_params, **kwargs))
         except Exception as exc:  # noqa: BLE001 (one bad episode must not fail the rollout batch)
             return await self._failed_episode(sampling_params, kwargs, exc)
 
@@ -232,13 +243,43 @@ class SpaderToolAgentLoop(ToolAgentLoop):
     async def _handle_generating_state(
         self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
     ) -> AgentState:
+        """One turn; a malformed one is sampled again up to ``regenerations`` times (the state of
+        the episode is restored before each new sample)."""
+        saved = (
+            list(agent_data.prompt_ids),
+            list(agent_data.response_mask),
+            list(agent_data.response_logprobs),
+            agent_data.assistant_turns,
+            len(agent_data.messages),
+        )
+        for attempt in range(self.regenerations + 1):
+            if attempt:
+                agent_data.prompt_ids, agent_data.response_mask = list(saved[0]), list(saved[1])
+                agent_data.response_logprobs, agent_data.assistant_turns = list(saved[2]), saved[3]
+                del agent_data.messages[saved[4] :]
+                agent_data.tool_calls = []
+            state = await self._generate_turn(agent_data, sampling_params, ignore_termination)
+            if attempt == self.regenerations or not malformed_turn(
+                agent_data.extra_fields[FINAL_TURN_KEY], self.stop
+            ):
+                break
+        if attempt:
+            agent_data.extra_fields["spader_regenerations"] = (
+                int(agent_data.extra_fields.get("spader_regenerations", 0)) + attempt
+            )
+        return state
+
+    async def _generate_turn(
+        self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool
+    ) -> AgentState:
         left = self.response_length - len(agent_data.response_mask)
+        budget = left if self.max_turn_tokens is None else min(self.max_turn_tokens, left)
         turn_params = {
             **sampling_params,
             "stop": list(self.stop),
             # keep the tag in the turn: sglang otherwise trims it from the text (ids come back whole)
             "no_stop_trim": True,
-            "max_new_tokens": max(1, min(self.max_turn_tokens, left)),
+            "max_new_tokens": max(1, budget),
         }
         state = await super()._handle_generating_state(agent_data, turn_params, ignore_termination)
         turn_ids = list(agent_data.response_ids)
@@ -252,13 +293,42 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         return state
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        """Run the turn's call and append its observation as a user turn (see the module
+        docstring); the episode ends when the observation does not fit in the response budget."""
         agent_data._active_tool_schemas = None
         # A turn that stopped at its tag lacks the template's closing tokens; the model did not
         # write them, so they carry no loss (mask 0, log-prob 0) like verl's boundary tokens.
-        if self.closing_ids and agent_data.prompt_ids[-1:] != self.closing_ids[:1]:
-            n = len(self.closing_ids)
-            agent_data.prompt_ids = [*agent_data.prompt_ids, *self.closing_ids]
-            agent_data.response_mask = [*agent_data.response_mask, *([0] * n)]
+        closing = missing_closing(agent_data.prompt_ids, self.closing_ids)
+        if closing:
+            agent_data.prompt_ids = [*agent_data.prompt_ids, *closing]
+            agent_data.response_mask = [*agent_data.response_mask, *([0] * len(closing))]
             if agent_data.response_logprobs:
-                agent_data.response_logprobs = [*agent_data.response_logprobs, *([0.0] * n)]
-        return await super()._handle_processing_tools_state(agent_data)
+                agent_data.response_logprobs = [*agent_data.response_logprobs, *([0.0] * len(closing))]
+        calls = agent_data.tool_calls[: self.max_parallel_calls]
+        with simple_timer("tool_calls", agent_data.metrics):
+            responses = await asyncio.gather(
+                *(self._call_tool(call, agent_data.tools_kwargs, agent_data) for call in calls)
+            )
+        for _, reward, _ in responses:
+            if reward is not None:
+                agent_data.tool_rewards.append(reward)
+        # the spader parser makes one call per turn; several would share one observation turn
+        text = "\n\n".join(response.text or "" for response, _, _ in responses)
+        previous = list(agent_data.messages)
+        agent_data.messages.append(observation_message(text))
+        merged, mask, logprobs = await self.ct_merge_context_msg(
+            previous,
+            agent_data.messages,
+            agent_data.prompt_ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs if agent_data.response_logprobs else None,
+            tools=None,
+        )
+        if len(mask) >= self.response_length:
+            return AgentState.TERMINATED
+        agent_data.prompt_ids = merged.token_ids
+        agent_data.response_mask = mask
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = logprobs or []
+        agent_data.user_turns += 1
+        return AgentState.GENERATING

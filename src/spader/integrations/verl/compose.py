@@ -5,19 +5,37 @@ The project YAMLs inherit verl's own ``ppo_trainer`` through ``hydra.searchpath:
 ``validate_config`` (the same call as ``verl.trainer.main_ppo.main``) plus the checks verl cannot
 make about our plug-ins (every named estimator, trainer mode, tool parser and agent loop must be
 registered, the SPADER reward settings must be well formed).
+
+Composition reads verl's ``ppo_trainer`` from the installed wheel's files (``file://``) rather than
+through ``pkg://verl.trainer.config``, which would import verl (and with it torch and Ray, tens of
+seconds) in processes that only compose, such as the workflow's DAG build.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from spader.config import verl_config_dir
 
-__all__ = ["GPU_PATH_KEYS", "compose", "gpu_path_settings", "spader_settings", "validate"]
+__all__ = [
+    "GPU_PATH_KEYS",
+    "VERL_CONFIG_PACKAGE",
+    "compose",
+    "gpu_path_settings",
+    "spader_settings",
+    "validate",
+    "verl_trainer_config_dir",
+]
+
+#: The Hydra search path entry of verl's own trainer configs, as the project YAMLs name it.
+VERL_CONFIG_PACKAGE = "pkg://verl.trainer.config"
 
 #: Settings of a composed config that decide whether and how the models load and one turn runs on
 #: the GPU path (printed by the smoke test's dry run; tests/verl check them for every variant).
@@ -31,17 +49,56 @@ GPU_PATH_KEYS = (
     "critic.model.override_config.attn_implementation",
     "critic.model.use_remove_padding",
     "actor_rollout_ref.rollout.skip_tokenizer_init",
+    "actor_rollout_ref.rollout.name",
+    "actor_rollout_ref.model.use_fused_kernels",
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend",
+    "actor_rollout_ref.actor.entropy_checkpointing",
+    "critic.fsdp.param_offload",
+    "critic.fsdp.optimizer_offload",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.engine_kwargs.sglang.random_seed",
     "spader_agent.max_turn_tokens",
     "spader_agent.stop",
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
     "actor_rollout_ref.rollout.multi_turn.max_tool_response_length",
     "trainer.max_actor_ckpt_to_keep",
     "trainer.max_critic_ckpt_to_keep",
+    "trainer.device",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "data.seed",
     "actor_rollout_ref.actor.data_loader_seed",
 )
 
 _VERL_BUILTIN_ESTIMATORS = ("gae", "grpo")
+
+
+@cache
+def verl_trainer_config_dir() -> Path:
+    """The directory of verl's trainer YAMLs in the installed wheel, found without importing verl.
+
+    Raises:
+        ModuleNotFoundError: verl is not installed.
+    """
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("verl is not installed; composing a variant needs its ppo_trainer config")
+    path = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+    if not (path / "ppo_trainer.yaml").is_file():
+        raise FileNotFoundError(f"verl's ppo_trainer.yaml is not in {path}")
+    return path
+
+
+def _searchpath_override(path: Path) -> list[str]:
+    """``hydra.searchpath`` of the primary YAML with verl's package entry read from its files."""
+    with open(path, encoding="utf-8") as f:
+        doc = yaml.safe_load(f) or {}
+    entries = list(((doc.get("hydra") or {}).get("searchpath")) or [])
+    if VERL_CONFIG_PACKAGE not in entries:
+        return []
+    entries = [f"file://{verl_trainer_config_dir()}" if e == VERL_CONFIG_PACKAGE else e for e in entries]
+    return [f"hydra.searchpath=[{','.join(entries)}]"]
 
 
 def compose(
@@ -69,7 +126,7 @@ def compose(
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        return hydra_compose(config_name=variant_config, overrides=list(overrides))
+        return hydra_compose(config_name=variant_config, overrides=[*_searchpath_override(path), *overrides])
 
 
 def gpu_path_settings(cfg: DictConfig) -> dict:
@@ -128,9 +185,10 @@ def validate(cfg: DictConfig) -> None:
         and not resolved.actor_rollout_ref.rollout.agent.agent_loop_config_path
     ):
         raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop: unknown agent loop '{agent}'")
+    from spader.integrations.verl.overrides import ESTIMATORS
     from spader.integrations.verl.scorer_rewards import check_baseline_config, step_reward_kind
 
     if trainer_mode == "spader_sync" and step_reward_kind(resolved) != "spader":
         check_baseline_config(resolved)  # StepSearch / R3-RAG step rewards
-    elif trainer_mode == "spader_sync" or str(estimator).startswith("spader_"):
-        spader_settings(resolved)
+    elif trainer_mode == "spader_sync" or estimator in (ESTIMATORS["spa"], ESTIMATORS["grpo_return"]):
+        spader_settings(resolved)  # the estimators of SPADER's step rewards read algorithm.spader

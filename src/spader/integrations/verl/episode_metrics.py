@@ -8,6 +8,9 @@ reads what the rollouts left in TransferQueue and adds, under ``episode/``:
   function's own verdict, ``reward_extra_info.format_valid``);
 * ``f1`` - mean answer F1 of the batch (0 for invalid answers);
 * ``searches`` - search steps per trajectory (the search tool's step records);
+* ``entities`` - distinct gold entities the search steps of a trajectory surfaced;
+* ``failed`` - trajectories whose episode failed for an infrastructure reason (scored 0, no peer
+  in any group: the estimators leave them out of their groups' statistics);
 * ``advantage_std`` - spread of the token advantages over the trained (assistant) tokens;
 * ``seconds/generate``, ``seconds/search``, ``seconds/reward`` - time the batch's episodes spent
   waiting for generation, for the search tool and for the reward (verl's per-episode timers,
@@ -37,6 +40,11 @@ def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values)) if values else math.nan
 
 
+def _entities(steps) -> int:
+    """Distinct gold entities the search steps of one trajectory surfaced (their ``hits``)."""
+    return len({h for step in steps or [] for h in (step or {}).get("hits") or []})
+
+
 def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[str, float]:
     """Episode-level metrics of one training batch read from TransferQueue.
 
@@ -46,7 +54,7 @@ def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[st
     Returns:
         ``{prefix + name: value}`` (see the module docstring); NaN where a field is missing.
     """
-    from spader.core.densify import STEPS_KEY
+    from spader.core.densify import FAILURE_KEY, STEPS_KEY
 
     data = kv_batch_get(
         keys=batch.keys,
@@ -65,6 +73,8 @@ def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[st
         "format_valid": _mean([float(i["format_valid"]) for i in info if "format_valid" in i]),
         "f1": _mean([float(i["f1"]) for i in info if "f1" in i]),
         "searches": _mean([float(len((e or {}).get(STEPS_KEY) or [])) for e in extra]),
+        "failed": float(sum(bool((e or {}).get(FAILURE_KEY)) for e in extra)),
+        "entities": _mean([float(_entities((e or {}).get(STEPS_KEY))) for e in extra]),
     }
     timers = [t or {} for t in rows("metrics")]
     for name, key in (

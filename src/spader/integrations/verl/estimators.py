@@ -1,5 +1,11 @@
-"""verl advantage estimators ``spader_spa`` (step-wise peer advantage) and ``spader_traj``
-(trajectory-level GRPO on the summed step rewards, the ``no_spa`` ablation).
+"""verl advantage estimators ``spader_spa`` (step-wise peer advantage), ``spader_traj``
+(trajectory-level GRPO on the summed step rewards, the ``no_spa`` ablation) and ``spader_grpo``
+(verl's GRPO on the terminal reward, the ``grpo`` baseline).
+
+A trajectory without any generated token (an episode that failed for an infrastructure reason,
+:data:`spader.core.densify.FAILURE_KEY`, or a padding row) is no peer: it gets its own group,
+so it neither lowers the baseline nor widens the spread of its prompt's group, and its advantage
+is 0 (:func:`peer_groups`). Each estimator logs how many it left out.
 
 verl calls a registered estimator as ``fn(token_level_rewards=, response_mask=, config=, index=)``
 (``verl.trainer.ppo.ray_trainer.compute_advantage``): no ``gamma`` argument (read from
@@ -11,9 +17,11 @@ token of its assistant run.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import register_adv_est
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from spader.core.advantage import (
     discounted_returns,
@@ -24,10 +32,22 @@ from spader.core.advantage import (
     trajectory_peer_advantage,
 )
 
-__all__ = ["SPA", "TRAJ", "spader_spa_advantage", "spader_traj_advantage", "uid_groups"]
+__all__ = [
+    "GRPO",
+    "SPA",
+    "TRAJ",
+    "peer_groups",
+    "spader_grpo_advantage",
+    "spader_spa_advantage",
+    "spader_traj_advantage",
+    "uid_groups",
+]
+
+log = logging.getLogger(__name__)
 
 SPA = "spader_spa"
 TRAJ = "spader_traj"
+GRPO = "spader_grpo"
 
 
 def uid_groups(index, batch_size: int, device: torch.device) -> torch.Tensor:
@@ -42,6 +62,39 @@ def uid_groups(index, batch_size: int, device: torch.device) -> torch.Tensor:
         raise ValueError(f"index has {len(index)} uids for a batch of {batch_size}")
     _, inverse = np.unique(np.asarray([str(u) for u in index]), return_inverse=True)
     return torch.as_tensor(inverse, dtype=torch.int64, device=device)
+
+
+def peer_groups(index, response_mask: torch.Tensor, estimator: str) -> tuple[torch.Tensor, np.ndarray]:
+    """Group ids with every trajectory that has no generated token in a group of its own.
+
+    Args:
+        index: verl's ``index`` (prompt uids).
+        response_mask: (B, L) 1 on generated tokens.
+        estimator: the estimator's name (for the log line).
+    Returns:
+        ``(groups (B,) int64 tensor, uids (B,) object array)``: both put such a trajectory alone.
+    """
+    b = response_mask.size(0)
+    groups = uid_groups(index, b, response_mask.device)
+    empty = (response_mask.sum(dim=1) == 0).cpu().numpy()
+    uids = np.asarray([str(u) for u in index], dtype=object)
+    n = int(empty.sum())
+    if n:
+        log.warning(
+            "%s: %d of %d trajectories have no generated token (failed episodes) and are left out of "
+            "their groups' statistics",
+            estimator,
+            n,
+            b,
+        )
+        rows = np.flatnonzero(empty)
+        groups = groups.clone()
+        groups[torch.as_tensor(rows, device=groups.device)] = torch.arange(
+            int(groups.max()) + 1, int(groups.max()) + 1 + n, device=groups.device
+        )
+        for k, row in enumerate(rows):
+            uids[row] = f"{uids[row]}\x1fno-peer-{k}"
+    return groups, uids
 
 
 def _eps_placement(config) -> str:
@@ -74,7 +127,7 @@ def spader_spa_advantage(token_level_rewards, response_mask, index=None, config=
     steps = segment_steps(response_mask)
     step_r = step_rewards_from_tokens(token_level_rewards.float(), steps)
     mask = steps.mask.to(step_r.device)
-    groups = uid_groups(index, token_level_rewards.size(0), token_level_rewards.device)
+    groups, _ = peer_groups(index, response_mask, SPA)
     gamma = _gamma(config)
     adv = step_peer_advantage(step_r, mask, groups, gamma=gamma, eps_placement=_eps_placement(config))
     returns = discounted_returns(step_r, mask, gamma)
@@ -89,7 +142,25 @@ def spader_traj_advantage(token_level_rewards, response_mask, index=None, config
     steps = segment_steps(response_mask)
     step_r = step_rewards_from_tokens(token_level_rewards.float(), steps)
     mask = steps.mask.to(step_r.device)
-    groups = uid_groups(index, token_level_rewards.size(0), token_level_rewards.device)
+    groups, _ = peer_groups(index, response_mask, TRAJ)
     adv = trajectory_peer_advantage(step_r, mask, groups, eps_placement=_eps_placement(config))
     total = (step_r * mask).sum(dim=1, keepdim=True) * mask
     return steps_to_tokens(adv, steps), steps_to_tokens(total, steps)
+
+
+@register_adv_est(GRPO)
+def spader_grpo_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """verl's GRPO outcome advantage (``compute_grpo_outcome_advantage``, unchanged, with
+    ``algorithm.norm_adv_by_std_in_grpo``) over groups without the trajectories that have no
+    generated token (:func:`peer_groups`)."""
+    if index is None:
+        raise ValueError("spader_grpo needs the prompt uid of each trajectory (non_tensor_batch['uid'])")
+    _, uids = peer_groups(index, response_mask, GRPO)
+    norm = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
+    return compute_grpo_outcome_advantage(
+        token_level_rewards=token_level_rewards,
+        response_mask=response_mask,
+        index=uids,
+        norm_adv_by_std_in_grpo=norm,
+        config=config,
+    )

@@ -1,31 +1,29 @@
-"""Hydra overrides that set a variant's method from config/config.yaml.
+"""Hydra overrides that carry config/config.yaml into a variant's verl config.
 
-``config.yaml`` is the single source of the numbers at launch; ``config/verl/<variant>.yaml``
-carries the structure and the paper's values so that it composes on its own. The training
-launcher composes ``variants.<v>.verl_config`` with :func:`method_overrides` (this module) plus
-its own overrides (data, model, batch sizes, rollout, GPUs, logger, checkpoints, tool config) and
-:func:`agent_overrides` (the turn settings training shares with evaluation, ``agent.*``).
+``config.yaml`` is the single source of every number: ``config/verl/<variant>.yaml`` carries only
+the structure verl needs beyond it (estimator, trainer mode, critic on or off, strategies,
+attention, memory settings, constants of the baselines without a config key). The training
+launcher composes ``variants.<v>.verl_config`` with :func:`config_overrides` (this module: the
+method's keys, ``training.*`` and ``agent.*``) plus its own overrides (data, model, GPUs, device,
+logger, checkpoints, tool config); every value is rendered by
+:func:`spader.integrations.verl.hydra.hydra_value`.
 
 :data:`TRAINING_KEYS` and :data:`AGENT_KEYS` map ``training.<key>`` / ``agent.<key>`` of
-config.yaml to the verl key the project YAMLs carry for it (tests/verl check that the two agree,
-so they never drift apart).
+config.yaml to the verl key that receives it.
 
-:func:`training_identity` names what a variant trains: two variants whose method settings and
-project YAMLs resolve to the same config (``no_np`` and ``beta_0``, ``spader`` and ``beta_4``) are
+:func:`training_identity` names what a variant trains by composing it with Hydra: two variants
+whose configs compose to the same result (``no_np`` and ``beta_0``, ``spader`` and ``beta_4``) are
 one training run, which the workflow trains once (:func:`shared_training_runs`).
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from spader.integrations.verl.hydra import hydra_value
 
@@ -35,24 +33,26 @@ __all__ = [
     "ESTIMATORS",
     "TRAINING_KEYS",
     "agent_overrides",
+    "config_overrides",
     "method_overrides",
     "method_settings",
     "shared_training_runs",
     "training_identity",
+    "training_overrides",
 ]
 
 #: config.yaml ``variants.<v>.advantage`` -> verl ``algorithm.adv_estimator``.
 ESTIMATORS = {
     "spa": "spader_spa",
     "grpo_return": "spader_traj",
-    "grpo": "grpo",
+    "grpo": "spader_grpo",  # verl's GRPO without failed episodes as peers (.estimators)
     "gae": "gae",
     "turn_gae": "r3rag_turn_gae",  # R3-RAG's per-turn GAE (spader.integrations.verl.turn_gae)
 }
 #: config.yaml ``variants.<v>.reward`` of the step-level baselines -> the advantage each is defined with.
 BASELINE_REWARDS = {"stepsearch": "gae", "r3rag": "turn_gae"}
 
-#: config.yaml ``training.<key>`` -> the verl key holding it (values carried by config/verl/base.yaml).
+#: config.yaml ``training.<key>`` -> the verl key that receives it (every one exists in verl's ppo_trainer).
 TRAINING_KEYS = {
     "epochs": "trainer.total_epochs",
     "train_batch_size": "data.train_batch_size",
@@ -72,10 +72,22 @@ TRAINING_KEYS = {
     "test_freq": "trainer.test_freq",
     "max_actor_ckpt_to_keep": "trainer.max_actor_ckpt_to_keep",
     "max_critic_ckpt_to_keep": "trainer.max_critic_ckpt_to_keep",
-    # base.yaml points data.seed (prompt order), the critic's mini-batch seed and the rollout
-    # engine's seed at this key, so the one value seeds them all
+    # base.yaml points data.seed (prompt order), the critic's mini-batch seed, verl's rollout seed
+    # and sglang's random_seed at this key, so the one value seeds them all
     "seed": "actor_rollout_ref.actor.data_loader_seed",
 }
+
+#: Keys of the project's own blocks, which verl's ppo_trainer does not define: their overrides are
+#: written ``++key=value`` (set, or add when missing), so they compose over any project YAML.
+_PROJECT_KEYS = (
+    "algorithm.gamma",
+    "algorithm.spader.",
+    "algorithm.step_reward",
+    "algorithm.stepsearch.",
+    "algorithm.r3rag.",
+    "reward.custom_reward_function.reward_kwargs.",
+    "spader_agent.",
+)
 
 #: config.yaml ``agent.<key>`` -> verl key: what one turn is, the same as in evaluation. The
 #: ``spader_agent`` block is read by the ``spader_tool_agent`` loop; ``max_queries_per_call``
@@ -85,13 +97,15 @@ AGENT_KEYS = {
     "max_tool_response_chars": "actor_rollout_ref.rollout.multi_turn.max_tool_response_length",
     "max_turn_tokens": "spader_agent.max_turn_tokens",
     "stop": "spader_agent.stop",
+    "regenerations": "spader_agent.regenerations",
 }
 
 
 #: config.yaml's ``agent`` defaults (the schema's), for jobs built without a workflow config.
 AGENT_DEFAULTS = {
     "max_turns": 16,
-    "max_turn_tokens": 1024,
+    "max_turn_tokens": None,
+    "regenerations": 0,
     "max_tool_response_chars": 11000,
     "max_queries_per_call": 10,
     "stop": ["</tool_call>", "</answer>"],
@@ -178,26 +192,19 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
     """Hydra overrides that set the method of one config.yaml variant (:func:`method_settings`).
 
     Returns:
-        Overrides for :func:`spader.integrations.verl.compose.compose`. Keys that only SPADER
-        YAMLs define are written ``++key=value`` (set, or add when missing) so the list also
-        composes over a YAML that lacks them.
+        Overrides for :func:`spader.integrations.verl.compose.compose`. Keys of the project's own
+        blocks are written ``++key=value`` (set, or add when missing): no YAML carries them.
 
     >>> grpo = {"advantage": "grpo", "reward": "terminal", "alpha": 0, "beta": 0, "cost": 0}
     >>> for o in method_overrides(grpo, {"gamma": 0.9, "divergences": {"invalid_format_reward": -1.0}}):
     ...     print(o)
     algorithm.adv_estimator=grpo
-    reward.custom_reward_function.reward_kwargs.invalid_format_reward=-1.0
+    ++reward.custom_reward_function.reward_kwargs.invalid_format_reward=-1.0
     trainer.v1.trainer_mode=sync
     """
     out = []
     for key, value in method_settings(variant, training).items():
-        prefix = (
-            "++"
-            if key.startswith(
-                ("algorithm.spader.", "algorithm.step_reward", "algorithm.stepsearch.", "algorithm.r3rag.")
-            )
-            else ""
-        )
+        prefix = "++" if key.startswith(_PROJECT_KEYS) else ""
         out.append(f"{prefix}{key}={hydra_value(value)}")
     return out
 
@@ -213,53 +220,101 @@ def agent_overrides(agent: Mapping[str, Any]) -> list[str]:
         if name not in agent:
             raise KeyError(f"config key 'agent.{name}' is missing (verl's {key})")
         value = agent[name]
-        out.append(f"{key}={hydra_value(list(value) if name == 'stop' else value)}")
+        prefix = "++" if key.startswith(_PROJECT_KEYS) else ""
+        out.append(f"{prefix}{key}={hydra_value(list(value) if name == 'stop' else value)}")
     return out
 
 
-def _project_yaml(name: str, config_dir: Path, seen: tuple[str, ...] = ()) -> dict:
-    """The project YAML ``name`` merged over the project YAMLs it inherits from, as Hydra merges
-    them (parents in ``defaults`` order, then the file itself); verl's own ``ppo_trainer`` is
-    common to every variant and left out, as are the ``defaults`` and ``hydra`` keys."""
-    path = config_dir / f"{name}.yaml"
-    if name in seen:
-        raise ValueError(f"verl config {path}: inheritance cycle {' -> '.join((*seen, name))}")
-    with open(path, encoding="utf-8") as f:
-        doc = yaml.safe_load(f) or {}
-    merged: dict = {}
-    for entry in doc.get("defaults", []) or []:
-        if isinstance(entry, str) and entry != "_self_" and (config_dir / f"{entry}.yaml").is_file():
-            _merge(merged, _project_yaml(entry, config_dir, (*seen, name)))
-    _merge(merged, {k: v for k, v in doc.items() if k not in ("defaults", "hydra")})
-    return merged
+def training_overrides(training: Mapping[str, Any]) -> list[str]:
+    """``config["training"]`` as verl overrides, through :data:`TRAINING_KEYS`.
+
+    Raises:
+        KeyError: a mapped training key is missing (the message names ``training.<key>``).
+    """
+    out = []
+    for name, key in TRAINING_KEYS.items():
+        if name not in training:
+            raise KeyError(f"config key 'training.{name}' is missing (verl's {key})")
+        out.append(f"{key}={hydra_value(training[name])}")
+    return out
 
 
-def _merge(base: dict, overlay: Mapping) -> None:
-    for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
+def config_overrides(
+    variant: Mapping[str, Any], training: Mapping[str, Any], agent: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Everything config.yaml gives one variant's verl config: :func:`method_overrides`,
+    :func:`training_overrides` and :func:`agent_overrides` (``AGENT_DEFAULTS`` without ``agent``).
+
+    The project YAMLs carry structure only, so a variant YAML composed without these overrides has
+    verl's defaults (batch 1024, one rollout, ...) rather than the paper's setup; the training
+    launcher adds its job's overrides (paths, GPUs, device) after them.
+    """
+    return [
+        *method_overrides(variant, training),
+        *training_overrides(training),
+        *agent_overrides(agent if agent is not None else AGENT_DEFAULTS),
+    ]
+
+
+def _chain_fingerprint(name: str, config_dir: Path) -> str:
+    """sha256 over the bytes of the project YAMLs ``name`` composes from (a cache key)."""
+    from spader.config import verl_config_chain
+
+    digest = hashlib.sha256()
+    for path in verl_config_chain(name, config_dir):
+        digest.update(path.encode() + b"\0" + Path(path).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _chain_documents(name: str, config_dir: Path) -> str:
+    """The parsed YAML documents of ``name``'s project chain, in order, as canonical JSON: two
+    chains with equal documents compose to the same config."""
+    import yaml
+
+    from spader.config import verl_config_chain
+
+    chain = verl_config_chain(name, config_dir)
+    if not chain:
+        raise ValueError(f"verl config {name!r} is not in {config_dir}")
+    docs = []
+    for path in chain:
+        with open(path, encoding="utf-8") as f:
+            docs.append(yaml.safe_load(f) or {})
+    return json.dumps(docs, sort_keys=True, default=str)
+
+
+#: :func:`training_identity` results of this process, keyed by the YAML files' bytes and the overrides.
+_IDENTITIES: dict[tuple[str, ...], str] = {}
 
 
 def training_identity(
     variant: Mapping[str, Any], training: Mapping[str, Any], config_dir: str | os.PathLike
 ) -> str:
-    """Hash of what a variant trains: its project YAML chain merged and overlaid with
-    :func:`method_settings` (the backbone, ``training`` and ``agent`` sections are shared by every
-    variant of a backbone and compared by the workflow's params instead).
+    """Hash of what a variant trains: its verl YAML composed by Hydra
+    (:func:`spader.integrations.verl.compose.compose`, verl's ``ppo_trainer`` included) with its
+    :func:`method_overrides`, resolved. The backbone, ``training`` and ``agent`` sections are shared
+    by every variant of a backbone and compared by the workflow's params instead.
+
+    A composition takes about a second, so results are kept for the life of the process, keyed by
+    the bytes of the YAML chain and the overrides (an edited YAML composes again).
 
     Returns:
         A sha256 hex digest; equal digests mean the same composed training config.
     """
-    merged = _project_yaml(str(variant["verl_config"]), Path(config_dir))
-    for key, value in method_settings(variant, training).items():
-        node = merged
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return hashlib.sha256(json.dumps(merged, sort_keys=True, default=str).encode()).hexdigest()
+    config_dir = Path(config_dir).resolve()
+    name = str(variant["verl_config"])
+    overrides = method_overrides(variant, training)
+    key = (str(config_dir), name, _chain_fingerprint(name, config_dir), *overrides)
+    if key not in _IDENTITIES:
+        from omegaconf import OmegaConf
+
+        from spader.integrations.verl.compose import compose
+
+        resolved = OmegaConf.to_container(compose(name, overrides, config_dir=config_dir), resolve=True)
+        _IDENTITIES[key] = hashlib.sha256(
+            json.dumps(resolved, sort_keys=True, default=str).encode()
+        ).hexdigest()
+    return _IDENTITIES[key]
 
 
 def shared_training_runs(
@@ -269,7 +324,9 @@ def shared_training_runs(
     config_dir: str | os.PathLike,
 ) -> dict[str, str]:
     """The training run of each variant of one backbone: the first variant (in ``variants``
-    order) with the same :func:`training_identity`.
+    order) whose config composes to the same result (:func:`training_identity`; Hydra composes only
+    variants whose method settings are equal and whose YAML chains differ, so the paper config's
+    DAG build composes nothing).
 
     Args:
         variants: the backbone's variants (``backbones.<b>.variants``).
@@ -281,14 +338,38 @@ def shared_training_runs(
 
     With the paper config, ``beta_4`` maps to ``spader`` and ``beta_0`` to ``no_np``.
     """
-    first: dict[str, str] = {}
-    out = {}
+    # Variants whose method settings differ cannot compose to the same config (the overrides set
+    # those keys last): only variants with equal settings are compared. Among those, YAML chains
+    # that parse to the same documents compose to the same config (the variant's own file name is
+    # no input of the composition); the others are composed by Hydra and compared.
+    settings: dict[str, str] = {}
     for name in variants:
         try:
-            identity = training_identity(specs[name], training, config_dir)
-        except (ValueError, KeyError, OSError):
-            # a variant whose method this mapping cannot resolve is never merged with another;
-            # its own launch reports the problem
-            identity = f"unresolved:{name}"
-        out[name] = first.setdefault(identity, name)
-    return out
+            settings[name] = json.dumps(method_settings(specs[name], training), sort_keys=True, default=str)
+        except (ValueError, KeyError):
+            settings[name] = f"unresolved:{name}"
+    groups: dict[str, list[str]] = {}
+    for name in variants:
+        groups.setdefault(settings[name], []).append(name)
+    identities: dict[str, str] = {}
+    for key, members in groups.items():
+        if len(members) < 2 or key.startswith("unresolved:"):
+            identities.update({m: f"alone:{m}" for m in members})
+            continue
+        try:
+            docs = {m: _chain_documents(str(specs[m]["verl_config"]), Path(config_dir)) for m in members}
+        except (OSError, ValueError, KeyError):
+            identities.update({m: f"unresolved:{m}" for m in members})
+            continue
+        if len(set(docs.values())) == 1:
+            identities.update({m: f"{key}\n{docs[m]}" for m in members})
+            continue
+        for m in members:
+            try:
+                identities[m] = training_identity(specs[m], training, config_dir)
+            except Exception:  # noqa: BLE001  (Hydra and OmegaConf raise their own types)
+                # a variant whose config cannot be composed is never merged with another; its own
+                # launch reports the problem
+                identities[m] = f"unresolved:{m}"
+    first: dict[str, str] = {}
+    return {name: first.setdefault(identities[name], name) for name in variants}

@@ -7,12 +7,14 @@ start instead of later as "Unknown advantage estimator". Nothing here catches ex
 
 Registers:
 
-* advantage estimators ``spader_spa`` and ``spader_traj`` (:mod:`.estimators`) and R3-RAG's
-  ``r3rag_turn_gae`` (:mod:`.turn_gae`);
+* advantage estimators ``spader_spa``, ``spader_traj`` and ``spader_grpo`` (:mod:`.estimators`)
+  and R3-RAG's ``r3rag_turn_gae`` (:mod:`.turn_gae`);
 * v1 trainer mode ``spader_sync`` (:mod:`.trainer`);
 * tool parser ``spader`` and agent loop ``spader_tool_agent`` (:mod:`.agent_loop`);
 * the critic's value-model loader honours the configured attention implementation
   (:mod:`.attention`: verl 0.9.1 hard-codes flash-attention 2 there);
+* verl's fused log-prob kernel runs through the ``lm_head`` module, so it works under FSDP2 for
+  untied backbones (:mod:`.fused_logprobs`);
 * the CPU platform ``cpu``, verl's FSDP engines for the ``cpu`` device and the rollout backend
   ``transformers`` (:mod:`.cpu`), inactive unless a run selects them. They are registered first:
   importing verl's trainer modules already asks for the platform.
@@ -40,8 +42,13 @@ from spader.integrations.verl import agent_loop, attention, estimators, trainer,
 # the critic's value model loads with critic.model.override_config.attn_implementation (.attention)
 attention.install()
 
+from spader.integrations.verl import fused_logprobs  # noqa: E402
+
+# verl's fused log-probs (use_fused_kernels) through the lm_head's FSDP2 unit (.fused_logprobs)
+fused_logprobs.install()
+
 REGISTERED = {
-    "adv_estimators": (estimators.SPA, estimators.TRAJ, turn_gae.TURN_GAE),
+    "adv_estimators": (estimators.SPA, estimators.TRAJ, estimators.GRPO, turn_gae.TURN_GAE),
     "trainer_modes": (trainer.MODE,),
     "tool_parsers": (agent_loop.PARSER,),
     "agent_loops": (agent_loop.AGENT_LOOP,),

@@ -31,6 +31,7 @@ from tensordict import TensorDict
 from verl.workers.utils.padding import response_to_nested
 
 from spader.core.densify import FINAL_TURN_KEY
+from spader.core.parsing import final_answer
 from spader.core.r3rag import classify_final_turn, judge_messages, reranker_relevance, turn_reasoning
 from spader.core.scorer_densify import (
     TurnDetails,
@@ -108,7 +109,7 @@ class JudgeSettings:
     timeout_s: float = 120.0
     retries: int = 3
     concurrency: int = 64
-    max_tokens: int = 256
+    max_tokens: int = 4096
     temperature: float = 0.0
 
     def __post_init__(self):
@@ -215,6 +216,9 @@ class StepSearchRewards(_BatchRewards):
                 f"{len(missing)} training questions have no entry in {self.settings.evidence_path} "
                 f"(e.g. {missing[:3]}): rebuild the evidence for this training mix"
             )
+        # as StepSearch's code: an invalid final answer earns no step rewards (read as the
+        # terminal reward reads it, so the two always agree)
+        valid = [final_answer(str((e or {}).get(FINAL_TURN_KEY) or "")).valid for e in extra]
         return stepsearch_dense_rewards(
             response_mask,
             terminal,
@@ -222,6 +226,7 @@ class StepSearchRewards(_BatchRewards):
             keys,
             self.evidence,
             lambda_s=self.settings.lambda_s,
+            valid=valid,
             skip=skip,
             pool=self.pool,
         )

@@ -10,8 +10,9 @@ writes back dense ``rm_scores`` (each step's reward on the last token of its ass
 :func:`spader.core.densify.densify_rewards`) and hands over to verl's own ``_compute_advantage``, which
 dispatches to the registered estimator. Selected with ``trainer.v1.trainer_mode=spader_sync``.
 
-The mode also saves each checkpoint after its step's metrics are logged (verl saves first): see
-:class:`SpaderTrainerSync`.
+The mode also saves each checkpoint after its step's metrics are logged (verl saves first), and
+ends training after the step during which the job asked it to stop (:func:`spader.infra.procs.stop_requested`),
+saving that step first: see :class:`SpaderTrainerSync`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
 from spader.core.densify import N_GOLD_KEY, densify_rewards, parse_step_records
+from spader.infra.procs import acknowledge_stop, stop_requested
 from spader.integrations.verl.episode_metrics import episode_metrics
 from spader.integrations.verl.scorer_rewards import make_step_rewards
 from spader.integrations.verl.settings import SpaderSettings
 from spader.integrations.verl.turn_gae import critic_values
 
-__all__ = ["SpaderTrainerSync", "densify_tq_batch"]
+__all__ = ["PLAIN_MODE", "PlainTrainerSync", "SpaderTrainerSync", "densify_tq_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,10 @@ class SpaderTrainerSync(PPOTrainerSync):
     def _save_due_checkpoint(self, logged_step: int) -> float | None:
         """Save the checkpoint due, if any, after ``logged_step``'s metrics; returns its seconds."""
         due, self._checkpoint_due = self._checkpoint_due, None
+        # the job asked to stop (a time limit ahead, SIGTERM): save this step and end after it
+        stop = stop_requested()
+        if stop and due is None:
+            due = logged_step
         if due is None:
             return None
         if due != logged_step or due != self.global_steps:
@@ -164,6 +170,12 @@ class SpaderTrainerSync(PPOTrainerSync):
             )
         started = time.perf_counter()
         super()._save_checkpoint()
+        if stop:
+            early = self.global_steps < self.total_training_steps
+            acknowledge_stop(due, early=early)  # the job tells a stop from the end of training
+            if early:
+                log.warning("stop requested: checkpoint of step %d saved; training ends here", due)
+                self.total_training_steps = self.global_steps  # verl's loop ends after this step
         return time.perf_counter() - started
 
     def _compute_advantage(self, batch, metrics: dict):
@@ -179,4 +191,37 @@ class SpaderTrainerSync(PPOTrainerSync):
             metrics.update(
                 episode_metrics(batch, tq.kv_batch_get)
             )  # valid-format rate, searches, advantage spread
+        return result
+
+
+PLAIN_MODE = "spader_plain_sync"
+
+
+@register_trainer(PLAIN_MODE)
+class PlainTrainerSync(SpaderTrainerSync):
+    """verl's synchronous trainer with verl's own advantage (the terminal-reward variants: ``grpo``,
+    ``ppo``) and the checkpoint timing of :class:`SpaderTrainerSync`: a checkpoint follows its
+    step's metrics, and a stop request ends training after a saved step. The training launcher
+    selects it where a variant names verl's ``sync`` mode (``spader.training.launch``)."""
+
+    def __init__(self, config):
+        self.step_rewards = None
+        self.spader = None
+        PPOTrainerSync.__init__(self, config)  # nothing of SPADER's reward settings is read
+
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        if value != PLAIN_MODE:
+            raise ValueError(
+                f"{type(self).__name__} is selected by trainer.v1.trainer_mode={PLAIN_MODE}, got {value!r}"
+            )
+
+    def _compute_advantage(self, batch, metrics: dict):
+        result = PPOTrainerSync._compute_advantage(self, batch, metrics)
+        with torch.no_grad():  # the same episode metrics as SPADER's runs (the learning curves)
+            metrics.update(episode_metrics(batch, tq.kv_batch_get))
         return result

@@ -1,0 +1,184 @@
+"""One conversation as token ids: what training's verl agent loop builds, built the same way for
+evaluation (docs/method.md, "One turn").
+
+A conversation is never re-rendered through the chat template after its first prompt. It is the
+prompt's ids, extended turn by turn with
+
+* the ids the model generated (up to and including the token that completes the first stop tag,
+  :func:`turn_token_count`),
+* the template's turn-closing tokens the model did not write itself (:func:`missing_closing`:
+  Qwen3's ``<|im_end|>`` and newline after a turn that stopped at ``</tool_call>``, only the
+  newline after a turn that ended with ``<|im_end|>``; nothing after Llama-3.1's ``<|eot_id|>``),
+* the observation as a user turn ``<tool_response>\\n...\\n</tool_response>``
+  (:func:`spader.core.prompt.observation_message`), tokenized on its own as the difference
+  between a two-message conversation with and without it, the assistant header of the next turn
+  included (:func:`observation_ids`). This is how verl's continuous-token builder appends a
+  non-tool message in training, so the two loops hold the same ids turn by turn (a test checks it
+  with the real Qwen3 and Llama-3.1 templates).
+
+No tool schemas reach the chat template (``tools`` absent: Llama-3.1 renders a function-calling
+preamble for any list, an empty one included) and no message is ever rendered with the ``tool``
+role (Llama-3.1's template JSON-escapes such a message's content in an ``ipython`` turn).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from spader.core.prompt import observation_message
+
+__all__ = [
+    "Conversation",
+    "missing_closing",
+    "observation_ids",
+    "render_ids",
+    "turn_closing_ids",
+    "turn_token_count",
+]
+
+_MARKER = "SPADERTURNMARKER"
+# The fixed context an observation turn is rendered after (its own ids are the difference).
+_PREFIX = ({"role": "system", "content": "system"}, {"role": "user", "content": "user"})
+
+
+def _ids(tokenized: Any) -> list[int]:
+    """Token ids of ``apply_chat_template(tokenize=True)`` in any transformers version (a list, a
+    ``BatchEncoding`` or a nested list)."""
+    ids = tokenized
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"] if isinstance(ids, dict) else ids.input_ids
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    ids = list(ids)
+    if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
+        ids = list(ids[0])
+    return [int(i) for i in ids]
+
+
+def render_ids(tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` rendered by the model's chat template (no tool schemas), as the
+    training loop renders the first prompt."""
+    return _ids(
+        tokenizer.apply_chat_template(
+            list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        )
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def turn_closing_ids(tokenizer) -> tuple[int, ...]:
+    """The tokens the chat template writes after an assistant message's content (Qwen3:
+    ``<|im_end|>`` and a newline; Llama-3.1: ``<|eot_id|>``)."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARKER}],
+        tokenize=False,
+        add_generation_prompt=False,
+    )
+    suffix = text.rsplit(_MARKER, 1)[-1] if _MARKER in text else ""
+    return tuple(tokenizer.encode(suffix, add_special_tokens=False)) if suffix else ()
+
+
+def missing_closing(ids: Sequence[int], closing: Sequence[int]) -> list[int]:
+    """The part of ``closing`` a turn ending with ``ids`` still lacks: everything after the longest
+    start of ``closing`` the turn already ends with.
+
+    >>> missing_closing([5, 7], [7, 9]), missing_closing([5, 7, 9], [7, 9]), missing_closing([5], [7, 9])
+    ([9], [], [7, 9])
+    """
+    closing = list(closing)
+    for k in range(len(closing), 0, -1):
+        if len(ids) >= k and list(ids[len(ids) - k :]) == closing[:k]:
+            return closing[k:]
+    return closing
+
+
+@functools.lru_cache(maxsize=8)
+def _prefix_ids(tokenizer) -> tuple[int, ...]:
+    return tuple(render_ids(tokenizer, _PREFIX, add_generation_prompt=False))
+
+
+def observation_ids(tokenizer, text: str) -> list[int]:
+    """Ids of one observation turn and of the next assistant header: the user message
+    ``<tool_response>\\n{text}\\n</tool_response>`` rendered after a fixed two-message context,
+    minus that context.
+
+    Raises:
+        ValueError: the template renders the context differently once a message follows it.
+    """
+    prefix = list(_prefix_ids(tokenizer))
+    full = render_ids(tokenizer, [*_PREFIX, observation_message(text)], add_generation_prompt=True)
+    if full[: len(prefix)] != prefix:
+        raise ValueError("the chat template does not render an observation turn as an append-only suffix")
+    return full[len(prefix) :]
+
+
+def turn_token_count(tokenizer, token_ids: Sequence[int], stop: Sequence[str]) -> int:
+    """How many of ``token_ids`` one turn keeps: up to the token that completes the first stop
+    tag (all of them when no tag occurs).
+
+    Whether a prefix's text contains a tag is monotonic in the prefix length, so a binary search
+    over prefix decodes finds the token in O(log n) decodes.
+    """
+    token_ids = list(token_ids)
+    if not stop or not token_ids:
+        return len(token_ids)
+
+    def done(n: int) -> bool:
+        text = tokenizer.decode(token_ids[:n], skip_special_tokens=False)
+        return any(tag in text for tag in stop)
+
+    if not done(len(token_ids)):
+        return len(token_ids)
+    lo, hi = 1, len(token_ids)  # done(hi) holds
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if done(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class Conversation:
+    """One episode's ids: the prompt, then generated turns, closings and observations.
+
+    Attributes:
+        ids: the whole conversation so far (what the next turn is generated from).
+        prompt_tokens: length of the first prompt (what follows is the response, as in training).
+        generated: one flag per id after the prompt, True for ids the model generated.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int]):
+        self.tokenizer = tokenizer
+        self.ids = [int(i) for i in prompt_ids]
+        self.prompt_tokens = len(self.ids)
+        self.generated: list[bool] = []
+
+    @property
+    def response_tokens(self) -> int:
+        """Ids after the first prompt (generated and observation tokens), training's response."""
+        return len(self.ids) - self.prompt_tokens
+
+    def _extend(self, ids: Sequence[int], generated: bool) -> None:
+        self.ids.extend(int(i) for i in ids)
+        self.generated.extend([generated] * len(ids))
+
+    def add_turn(self, ids: Sequence[int]) -> None:
+        """Ids the model generated for one turn (already cut after the first stop tag)."""
+        self._extend(ids, True)
+
+    def close_turn(self) -> list[int]:
+        """Append the template's closing tokens the last turn lacks; returns them."""
+        tail = missing_closing(self.ids, turn_closing_ids(self.tokenizer))
+        self._extend(tail, False)
+        return tail
+
+    def observation(self, text: str) -> list[int]:
+        """The ids :meth:`add_observation` would append for ``text`` (to check the budget first)."""
+        return observation_ids(self.tokenizer, text)
+
+    def add_observation(self, ids: Sequence[int]) -> None:
+        """Append an observation turn's ids (:meth:`observation`), next assistant header included."""
+        self._extend(ids, False)

@@ -1,0 +1,369 @@
+"""Where verl's Ray runs, and who may talk to it.
+
+Ray has no access control of its own beyond a shared token: whoever reaches its ports can run
+code as the job's user (GCS, raylet and every worker speak gRPC; the dashboard agent on each node
+serves Ray's job API over HTTP). So a training job keeps Ray's ports where they must be and turns
+Ray's token authentication on (``RAY_AUTH_MODE=token``, Ray >= 2.52; a fresh random token per
+job, never written to ``~/.ray``).
+
+**One node** (every job with ``training.nodes: 1``): verl's ``ray.init`` starts a private instance
+(``address=local``) bound to loopback. Ray 2.60 cannot be asked for that through ``ray.init``: a
+loopback ``_node_ip_address`` is rewritten to the machine's routable address
+(``ray._private.services.resolve_ip_for_localhost``), and its gRPC servers then listen on every
+interface (``0.0.0.0``/``::``, seen here). What keeps it on loopback is Ray's switch for machines
+that never join a cluster, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (its name notwithstanding,
+``get_node_ip_address`` then answers ``127.0.0.1`` on Linux too): GCS, raylet, workers, the
+dashboard and runtime-env agents and verl's TransferQueue then bind ``127.0.0.1``
+(tests/cpu_training/test_job_guards.py lists the sockets). The dashboard itself is off
+(``include_dashboard=false``, :func:`spader.training.launch.job_overrides`).
+
+**Several nodes** (``training.nodes`` > 1, inside a SLURM allocation): the job starts a Ray
+cluster itself (:func:`slurm_ray_cluster`): the head on its own node (the allocation's first),
+one worker node per other node through ``srun``, each under the process supervisor so that it
+stops with the job. The head's address is the one of the interface that routes to the other
+nodes (the network the nodes share); workers find theirs the same way. Ray 2.60's gRPC servers
+bind every interface whenever the node address is not loopback (``GrpcServer::Run`` listens on
+``0.0.0.0`` unless it listens to localhost only) and no setting narrows that, so on several nodes
+the token is what keeps others out: it is written to ``<workdir>/ray_auth_token`` (mode 0600, the
+shared file system carries it to the other nodes) and named in ``RAY_AUTH_TOKEN_PATH``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from spader.infra.procs import supervised_argv
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "LOOPBACK_ENV",
+    "auth_env",
+    "interface_of",
+    "judge_node",
+    "loopback_env",
+    "node_address",
+    "ray_for_job",
+    "route_address",
+    "slurm_nodes",
+    "slurm_ray_cluster",
+    "srun_on",
+    "wait_for_nodes",
+]
+
+#: Keeps a private Ray instance on 127.0.0.1 (see the module docstring).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def auth_env(*, token: str | None = None, token_file: str | os.PathLike | None = None) -> dict[str, str]:
+    """Ray's token authentication for the processes of one job (and no usage reporting)."""
+    env = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    if token_file is not None:
+        env["RAY_AUTH_TOKEN_PATH"] = os.path.abspath(token_file)
+    else:
+        env["RAY_AUTH_TOKEN"] = token or secrets.token_hex(32)
+    return env
+
+
+def loopback_env(rendezvous: str | os.PathLike) -> dict[str, str]:
+    """Environment of a job whose verl starts a private Ray instance on one node.
+
+    Besides Ray on loopback with a fresh token: torch.distributed's rendezvous through a file
+    (``DIST_INIT_METHOD``, which verl and the CPU platform pass to ``init_process_group``; a TCP
+    rendezvous store listens on every interface whatever ``MASTER_ADDR`` says), and gloo's and
+    NCCL's own sockets on the loopback interface.
+
+    Args:
+        rendezvous: a file that does not exist yet (one per attempt), for torch's ``FileStore``.
+    """
+    return {
+        **LOOPBACK_ENV,
+        **auth_env(),
+        "DIST_INIT_METHOD": f"file://{os.path.abspath(rendezvous)}",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "NCCL_SOCKET_IFNAME": "lo",
+    }
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface that holds ``address`` (None when none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == address for a in addrs):
+            return name
+    return None
+
+
+def _ray_executable() -> list[str]:
+    cli = Path(sys.executable).with_name("ray")
+    return [str(cli)] if cli.exists() else [shutil.which("ray") or "ray"]
+
+
+def slurm_nodes(environ=None) -> list[str]:
+    """Host names of the SLURM allocation this job runs in, first node first."""
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise RuntimeError("not inside a SLURM allocation (no SLURM_JOB_NODELIST)")
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=60
+    )
+    return out.stdout.split()
+
+
+def srun_on(node: str, *, gpus: int = 0) -> list[str]:
+    """The prefix that runs a command as a step of this allocation on ``node`` alone (sharing the
+    node's resources with the job's other steps; the step ends when the job does)."""
+    return [
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        *([f"--gres=gpu:{gpus}"] if gpus > 0 else []),
+    ]
+
+
+def node_address(node: str) -> str:
+    """The address other nodes reach ``node`` at: SLURM's ``NodeAddr`` for it (its name when SLURM
+    does not say), resolved."""
+    addr = node
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=60
+        ).stdout
+        for field in out.split():
+            if field.startswith("NodeAddr="):
+                addr = field.split("=", 1)[1] or node
+    return socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
+
+
+def judge_node(job):
+    """The allocation's node that serves ``job``'s judge (the one after verl's), as
+    :func:`spader.training.scorer_launch.judge_endpoint` takes it; None when the judge is not on a
+    node of its own."""
+    if not job.judge_node:
+        return None
+    from spader.training.scorer_launch import JudgeNode
+
+    nodes = slurm_nodes()
+    if len(nodes) <= job.train_nodes:
+        raise RuntimeError(
+            f"training.nodes is {job.training.nodes} but the allocation has {len(nodes)} node(s): {nodes}"
+        )
+    name = nodes[job.train_nodes]
+    gpus = job.baseline.judge_gpus
+    return JudgeNode(
+        name=name,
+        address=node_address(name),
+        launcher=tuple(srun_on(name, gpus=gpus)),
+        gpus=tuple(str(i) for i in range(gpus)),
+    )
+
+
+def route_address(peer: str) -> str:
+    """This machine's address on the network that reaches ``peer`` (the interface the nodes share).
+    No packet is sent: connecting a UDP socket only picks the route."""
+    family, _, _, _, addr = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        return s.getsockname()[0]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_nodes(address: str, count: int, env: dict[str, str], timeout_s: float, procs) -> None:
+    """Until ``count`` nodes are alive in the cluster at ``address`` (``ray status`` lists them)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(
+                    f"a Ray node process exited with code {p.returncode} while the cluster started"
+                )
+        res = subprocess.run(
+            [*_ray_executable(), "status", f"--address={address}"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=120,
+        )
+        last = res.stdout + res.stderr
+        if res.returncode == 0:
+            alive = sum(1 for line in res.stdout.splitlines() if line.strip().startswith("1 node_"))
+            if alive >= count:
+                return
+        time.sleep(3)
+    raise RuntimeError(
+        f"the Ray cluster at {address} did not reach {count} nodes in {timeout_s:.0f} s:\n{last[-2000:]}"
+    )
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
+    import signal
+
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s + 15
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
+
+
+@contextlib.contextmanager
+def slurm_ray_cluster(
+    *,
+    nodes: Sequence[str],
+    cpus: int,
+    gpus: int,
+    token_file: str | os.PathLike,
+    log_dir: str | os.PathLike,
+    start_timeout_s: float = 600.0,
+    grace_s: float = 30.0,
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """A Ray cluster over the allocation's ``nodes``: the head here (``nodes[0]``), a worker node on
+    each other one (``srun``), all stopped on exit.
+
+    Args:
+        nodes: the allocation's host names, this one first.
+        cpus, gpus: what each node declares (CPUs: enough for verl's placement,
+            :func:`spader.training.launch.ray_cpu_slots`).
+        token_file: where the cluster's token is written (shared by all nodes).
+        log_dir: the nodes' ``ray start`` output.
+    Yields:
+        ``(address, env)``: the head's ``host:port`` and the environment a driver needs.
+    """
+    if len(nodes) < 2:
+        raise ValueError(f"a Ray cluster over nodes needs two or more, got {list(nodes)}")
+    head_ip = route_address(nodes[1])
+    port = _free_port(head_ip)
+    address = f"{head_ip}:{port}"
+    token_file = Path(token_file)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    env = auth_env(token_file=token_file)
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    common = ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block"]
+    head = [
+        *_ray_executable(),
+        "start",
+        "--head",
+        f"--node-ip-address={head_ip}",
+        f"--port={port}",
+        "--include-dashboard=false",
+        *common,
+    ]
+    procs: list[subprocess.Popen] = []
+    try:
+        with open(log_dir / "ray_head.log", "ab") as out:
+            procs.append(
+                subprocess.Popen(
+                    supervised_argv(head, grace_s=grace_s),
+                    env={**os.environ, **env},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        log.info("Ray head on %s at %s (log %s)", nodes[0], address, log_dir / "ray_head.log")
+        for node in nodes[1:]:
+            worker = [*_ray_executable(), "start", f"--address={address}", *common]
+            srun = srun_on(node)
+            with open(log_dir / f"ray_{node}.log", "ab") as out:
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            *srun,
+                            sys.executable,
+                            "-m",
+                            "spader.infra.procs",
+                            "--grace",
+                            str(grace_s),
+                            "--",
+                            *worker,
+                        ],
+                        env={**os.environ, **env},
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            log.info("Ray worker node on %s (log %s)", node, log_dir / f"ray_{node}.log")
+        wait_for_nodes(address, len(nodes), env, start_timeout_s, procs)
+        log.info("Ray cluster of %d nodes up at %s", len(nodes), address)
+        yield address, env
+    finally:
+        _stop(procs, grace_s)
+        with contextlib.suppress(FileNotFoundError):
+            token_file.unlink()
+        log.info("Ray cluster at %s stopped", address)
+
+
+@contextlib.contextmanager
+def ray_for_job(job) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """Ray's place for one training job (:class:`spader.training.run.TrainJob`).
+
+    Yields:
+        ``(overrides, env)`` for verl's launch: a private loopback instance (single node), the
+        job's own cluster over its SLURM nodes (``training.nodes`` > 1), or the running cluster
+        named by ``job.ray_address`` (its token comes from the job's environment).
+    """
+    if job.ray_address is not None:
+        yield [], {"RAY_USAGE_STATS_ENABLED": "0"}
+        return
+    if job.train_nodes <= 1:
+        rendezvous = job.workdir / f"torch_rendezvous_{secrets.token_hex(8)}"
+        try:
+            yield [], loopback_env(rendezvous)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                rendezvous.unlink()
+        return
+    from spader.training.launch import ray_cpu_slots
+
+    nodes = slurm_nodes()[: job.train_nodes]
+    host = socket.gethostname().split(".")[0]
+    if nodes[0].split(".")[0] != host:
+        raise RuntimeError(f"the job runs on {host}, not on the allocation's first node {nodes[0]}")
+    cpus = ray_cpu_slots(
+        workers=job.workers, storage_units=1 if job.device == "cpu" else 8, threads=job.threads
+    )
+    gpus = job.workers
+    with slurm_ray_cluster(
+        nodes=nodes,
+        cpus=cpus,
+        gpus=gpus,
+        token_file=job.workdir / "ray_auth_token",
+        log_dir=job.workdir / "ray",
+    ) as (address, env):
+        # gloo and NCCL talk over the interface the nodes share, not over every interface
+        iface = interface_of(address.rsplit(":", 1)[0])
+        if iface:
+            env = {**env, "GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
+        yield [f"ray_kwargs.ray_init.address={address}"], env

@@ -1,0 +1,214 @@
+"""Bootstrap intervals and paired tests (spader.evaluation.stats) against slow pure-Python
+references drawing the same random numbers, exact enumerations, and their statistical behaviour
+on simulated scores (coverage of the intervals, level and power of the test)."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+
+from spader.evaluation import stats
+from spader.evaluation.stats import (
+    bootstrap_means,
+    holm,
+    paired_permutation_test,
+    percentile_interval,
+    seed_spread,
+    stratified_mean,
+)
+
+
+def test_doctests():
+    result = doctest.testmod(stats)
+    assert result.attempted >= 6 and result.failed == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# slow references: one random number at a time, in the order the module documents
+# ---------------------------------------------------------------------------------------------
+def reference_bootstrap(strata: list[list[list[float]]], samples: int, seed: int) -> list[list[float]]:
+    """Per resample and quantity, the mean over strata of the mean of the drawn questions; the
+    questions of stratum s are drawn for all resamples before those of stratum s + 1."""
+    rng = np.random.default_rng(seed)
+    k = len(strata[0])
+    out = [[0.0] * k for _ in range(samples)]
+    for stratum in strata:
+        n = len(stratum[0])
+        for j in range(samples):
+            drawn = [int(rng.integers(0, n)) for _ in range(n)]
+            for q in range(k):
+                out[j][q] += sum(stratum[q][i] for i in drawn) / n / len(strata)
+    return out
+
+
+def reference_percentile(values: list[float], level: float) -> tuple[float, float]:
+    """Linear interpolation between order statistics (numpy's default definition)."""
+    v = sorted(values)
+
+    def at(p: float) -> float:
+        pos = p / 100 * (len(v) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+    tail = (1 - level) / 2 * 100
+    return at(tail), at(100 - tail)
+
+
+def reference_statistic(a: list[list[float]], b: list[list[float]], signs: list[int]) -> float:
+    """Stratified mean of the sign-flipped differences (signs over the concatenated questions)."""
+    total, at = 0.0, 0
+    for sa, sb in zip(a, b, strict=True):
+        n = len(sa)
+        total += sum(signs[at + i] * (sa[i] - sb[i]) for i in range(n)) / n / len(a)
+        at += n
+    return total
+
+
+def reference_exact_p(a: list[list[float]], b: list[list[float]]) -> float:
+    n = sum(len(s) for s in a)
+    observed = abs(reference_statistic(a, b, [1] * n))
+    if observed < 1e-12:
+        return 1.0
+    hits = sum(
+        abs(reference_statistic(a, b, list(signs))) >= observed - 1e-12
+        for signs in itertools.product([1, -1], repeat=n)
+    )
+    return hits / 2**n
+
+
+def reference_random_p(a: list[list[float]], b: list[list[float]], samples: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    n = sum(len(s) for s in a)
+    observed = abs(reference_statistic(a, b, [1] * n))
+    if observed < 1e-12:
+        return 1.0
+    hits = 0
+    for _ in range(samples):
+        signs = [1 - 2 * int(rng.integers(0, 2)) for _ in range(n)]
+        hits += abs(reference_statistic(a, b, signs)) >= observed - 1e-12
+    return (hits + 1) / (samples + 1)
+
+
+def reference_holm(p: list[float]) -> list[float]:
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    adjusted = {}
+    for rank, i in enumerate(order):
+        adjusted[i] = max(min(1.0, (m - r) * p[order[r]]) for r in range(rank + 1))
+    return [adjusted[i] for i in range(m)]
+
+
+def _scores(rng: random.Random, k: int, n: int) -> list[list[float]]:
+    return [[rng.choice([0.0, 0.25, 0.5, 1.0, rng.random()]) for _ in range(n)] for _ in range(k)]
+
+
+# ---------------------------------------------------------------------------------------------
+# equality with the references
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sizes", [[7], [5, 9, 3]])
+def test_bootstrap_equals_the_slow_reference(sizes):
+    rng = random.Random(1)
+    strata = [_scores(rng, 3, n) for n in sizes]
+    samples = 600  # more than one chunk of resamples
+    fast = bootstrap_means([np.array(s) for s in strata], samples, seed=11)
+    slow = reference_bootstrap(strata, samples, seed=11)
+    assert fast.shape == (samples, 3)
+    assert fast == pytest.approx(np.array(slow), abs=1e-12)
+    # the statistic itself: the unweighted mean over strata of each stratum's mean
+    expected = [sum(sum(s[q]) / len(s[q]) for s in strata) / len(strata) for q in range(3)]
+    assert stratified_mean([np.array(s) for s in strata]) == pytest.approx(expected)
+
+
+def test_bootstrap_is_seeded_and_pairs_the_quantities():
+    x = np.array([[0.0, 1.0, 0.5, 0.25, 1.0], [1.0, 1.0, 0.0, 0.0, 0.5]])
+    a, b = bootstrap_means(x, 300, seed=3), bootstrap_means(x, 300, seed=3)
+    assert np.array_equal(a, b) and not np.array_equal(a, bootstrap_means(x, 300, seed=4))
+    # a quantity's resamples do not depend on what else is resampled with it
+    assert np.array_equal(bootstrap_means(x[:1], 300, seed=3)[:, 0], a[:, 0])
+    # the same question draws for both rows: a row and its copy shifted by 0.1 differ by 0.1 always
+    shifted = bootstrap_means(np.stack([x[0], x[0] + 0.1]), 300, seed=3)
+    assert shifted[:, 1] - shifted[:, 0] == pytest.approx(np.full(300, 0.1))
+
+
+def test_percentile_interval_equals_the_reference():
+    values = [random.Random(2).random() for _ in range(257)]
+    for level in (0.9, 0.95, 0.99):
+        lo, hi = percentile_interval(np.array(values), level)
+        assert (float(lo), float(hi)) == pytest.approx(reference_percentile(values, level))
+    lo, hi = percentile_interval(np.array([values, values[::-1]]).T, 0.95)
+    assert lo.shape == (2,) and lo[0] == pytest.approx(lo[1])
+
+
+@pytest.mark.parametrize("sizes", [[8], [3, 4, 2]])
+def test_exact_permutation_test_equals_full_enumeration(sizes):
+    rng = random.Random(5)
+    a = [_scores(rng, 1, n)[0] for n in sizes]
+    b = [_scores(rng, 1, n)[0] for n in sizes]
+    p = paired_permutation_test([np.array(s) for s in a], [np.array(s) for s in b], samples=10_000, seed=0)
+    assert float(p[0]) == pytest.approx(reference_exact_p(a, b))
+
+
+def test_random_permutation_test_equals_the_slow_reference():
+    rng = random.Random(6)
+    a = [_scores(rng, 1, n)[0] for n in (20, 15)]
+    b = [[min(1.0, x + rng.choice([0.0, 0.0, 0.25])) for x in s] for s in a]
+    p = paired_permutation_test([np.array(s) for s in a], [np.array(s) for s in b], samples=700, seed=9)
+    assert float(p[0]) == pytest.approx(reference_random_p(a, b, 700, seed=9))
+
+
+def test_permutation_test_edge_cases():
+    same = np.array([0.5, 0.0, 1.0])
+    assert paired_permutation_test(same, same, 100, 0).tolist() == [1.0]
+    # one question better by 1 out of 3: half of the 8 patterns are as extreme
+    assert float(paired_permutation_test(np.array([1.0, 0, 0]), np.zeros(3), 100, 0)[0]) == 1.0
+    # several quantities at once, each tested on its own row
+    a = np.stack([np.ones(10), np.zeros(10)])
+    p = paired_permutation_test(a, np.zeros((2, 10)), 5000, 0)
+    assert p[0] == pytest.approx(2 / 1024) and p[1] == 1.0
+    with pytest.raises(ValueError, match="differ in shape"):
+        paired_permutation_test(np.ones(3), np.ones(4), 10, 0)
+    with pytest.raises(ValueError, match="finite"):
+        bootstrap_means(np.array([0.5, float("nan")]), 10, 0)
+
+
+def test_holm_equals_the_reference_and_seed_spread():
+    rng = random.Random(7)
+    for _ in range(20):
+        p = [rng.random() ** 2 for _ in range(rng.randint(1, 9))]
+        assert holm(p) == pytest.approx(reference_holm(p))
+    mean, sd = seed_spread([0.2, 0.4, 0.9])
+    assert mean == pytest.approx(0.5) and sd == pytest.approx(np.std([0.2, 0.4, 0.9], ddof=1))
+    assert seed_spread([0.3]) == (0.3, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# statistical behaviour on simulated scores
+# ---------------------------------------------------------------------------------------------
+def test_bootstrap_intervals_cover_the_true_mean_about_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    truth, covered, trials = 0.3, 0, 300
+    for t in range(trials):
+        x = (rng.random(120) < truth).astype(float)  # a method that answers 30% of questions right
+        lo, hi = percentile_interval(bootstrap_means(x, 1000, seed=t)[:, 0], 0.95)
+        covered += float(lo) <= truth <= float(hi)
+    assert 0.90 <= covered / trials <= 0.99, covered / trials
+
+
+def test_permutation_test_keeps_its_level_and_finds_a_real_difference():
+    rng = np.random.default_rng(1)
+    trials, rejected, found = 200, 0, 0
+    for t in range(trials):
+        base = rng.random(80)
+        a = np.clip(base + rng.normal(0, 0.2, 80), 0, 1)
+        b = np.clip(base + rng.normal(0, 0.2, 80), 0, 1)  # same method twice: null is true
+        rejected += float(paired_permutation_test(a, b, 500, seed=t)[0]) < 0.05
+        better = np.clip(base + 0.1 + rng.normal(0, 0.2, 80), 0, 1)  # 10 points better
+        found += float(paired_permutation_test(better, b, 500, seed=t)[0]) < 0.05
+    assert rejected / trials <= 0.09, rejected / trials
+    assert found / trials >= 0.8, found / trials

@@ -1,0 +1,64 @@
+# Helpers of the training rules (train.smk): the resources a training job asks a scheduler for,
+# and the check that a multi-node training has a cluster executor (docs/cluster.md).
+
+from spader.config.model import OPERATIONAL_TRAINING_KEYS
+from spader.training.stop import slurm_signal_option
+
+TRAINING = CONFIG.training
+
+
+def profile_max_runtime(rule):
+    """The `max_runtime` (minutes) that the profile's set-resources gives `rule` (the partition's
+    time limit; None without one). Read from Snakemake's resource settings: a profile cannot set
+    config values without taking `--config` away from the command line."""
+    resources = workflow.resource_settings.overwrite_resources.get(rule) or {}
+    limit = resources.get("max_runtime")
+    value = getattr(limit, "value", limit)
+    return None if value is None or callable(value) else int(value)
+
+
+def training_runtime(wildcards):
+    """The variant's wall-time estimate, capped by the partition limit the profile states."""
+    estimate = TRAINING.time_limit.estimate_minutes(wildcards.variant)
+    cap = profile_max_runtime("train_policy")
+    return estimate if cap is None else min(estimate, cap)
+
+
+def check_training_executor():
+    """Refuse training.nodes > 1 when this run executes its jobs on this machine: only a cluster
+    executor (the SLURM profile) gives a job several nodes. Called by the onstart hook (which
+    runs before any job, never in dry runs or inside cluster jobs); the job itself refuses too
+    outside an allocation (spader.training.run.preflight)."""
+    plugin = workflow.executor_plugin
+    if TRAINING.nodes > 1 and plugin is not None and plugin.common_settings.local_exec:
+        raise WorkflowError(
+            f"config key 'training.nodes' is {TRAINING.nodes}, but this run executes jobs on this "
+            "machine; a multi-node training job needs a cluster executor (snakemake --profile slurm), "
+            "see docs/cluster.md"
+        )
+
+
+def training_gpus(wildcards):
+    """GPUs of a single-node job (--gpus); a multi-node job asks per node (training_gres)."""
+    return 0 if TRAINING.nodes > 1 else config["backbones"][wildcards.backbone]["gpus"]
+
+
+def training_gres(wildcards):
+    """`gpu:<n>` per node for a multi-node job (--gres; --gpus would count the whole job), else
+    empty."""
+    gpus = config["backbones"][wildcards.backbone]["gpus"]
+    return f"gpu:{gpus}" if TRAINING.nodes > 1 and gpus > 0 else ""
+
+
+def training_params():
+    """The `training` section without the operational keys (time limits, search error rate):
+    editing those retrains nothing."""
+    return {k: v for k, v in config["training"].items() if k not in OPERATIONAL_TRAINING_KEYS}
+
+
+def training_retries():
+    """training.time_limit.retries for the Snakemake process that schedules jobs; none inside a
+    cluster job. Snakemake applies a rule's `retries` in the process that runs the job inside the
+    allocation too, which would restart a job stopped for its time limit in the allocation that is
+    about to end; the retry belongs in a new allocation, submitted by the main process."""
+    return 0 if workflow.remote_exec else TRAINING.time_limit.retries
