@@ -3,6 +3,7 @@
 import pytest
 
 from spader.core.prompt import (
+    DEFAULT_TEMPLATE_NAME,
     DEFAULT_TEMPLATE_PATH,
     PROMPT_TEMPLATE,
     PROMPT_VERSION,
@@ -32,7 +33,9 @@ def test_default_template_carries_the_instructions_and_nothing_that_steers_searc
 
 def test_template_is_the_file_and_its_hash_is_the_version():
     template = load_template()
-    assert template.source == str(DEFAULT_TEMPLATE_PATH) and DEFAULT_TEMPLATE_PATH.suffix == ".txt"
+    # named by its place in the package (relocatable), not by where it is installed
+    assert template.source == DEFAULT_TEMPLATE_NAME and DEFAULT_TEMPLATE_PATH.suffix == ".txt"
+    assert DEFAULT_TEMPLATE_PATH.as_posix().endswith("/" + DEFAULT_TEMPLATE_NAME)
     assert template.text == DEFAULT_TEMPLATE_PATH.read_text(encoding="utf-8").rstrip("\n")
     assert template.version == PROMPT_VERSION and len(PROMPT_VERSION) == 12
 

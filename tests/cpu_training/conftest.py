@@ -21,4 +21,6 @@ def world(tmp_path_factory):
     from cpu_world import build_world
 
     root = os.environ.get("SPADER_CPU_WORLD")
-    return build_world(Path(root) if root else tmp_path_factory.mktemp("cpu_world"))
+    # one directory per session, shared with tests/slurm's `cpu_world` (a second build reuses the
+    # index and the warm-started model)
+    return build_world(Path(root) if root else tmp_path_factory.getbasetemp() / "cpu_world")

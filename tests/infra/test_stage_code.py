@@ -184,3 +184,23 @@ def test_jobs_tag_the_code_they_run():
     tags = code_tags(smk)
     expected = stage_fingerprints(repo / "workflow" / "scripts")["aggregate_results"]
     assert tags == {"code.fingerprint": expected, "code.param": "0123456789abcdef"}
+
+
+def test_cached_facts_give_the_same_fingerprints_and_follow_every_edit(tmp_path):
+    """A workflow start reads each file's parsed facts from the cache, keyed on its bytes: the
+    fingerprints are those of a fresh parse, an edited file is parsed again (never a stale entry),
+    and a damaged cache entry is only a slower start."""
+    package, scripts = _write(tmp_path)
+    cache = tmp_path / "cache"
+    fresh = stage_fingerprints(scripts, package)
+    assert stage_fingerprints(scripts, package, cache_dir=cache) == fresh
+    entries = sorted(cache.glob("*.json"))
+    assert len(entries) >= len(FILES) - 1  # identical files share one entry
+    assert stage_fingerprints(scripts, package, cache_dir=cache) == fresh  # from the cache
+    for entry in entries:
+        entry.write_text("{not json")
+    assert stage_fingerprints(scripts, package, cache_dir=cache) == fresh
+    (package / "core" / "text.py").write_text("def norm():\n    return 1\n")
+    edited = stage_fingerprints(scripts, package, cache_dir=cache)
+    assert edited == stage_fingerprints(scripts, package)
+    assert edited["mix_stage"] != fresh["mix_stage"] and edited["client_stage"] != fresh["client_stage"]

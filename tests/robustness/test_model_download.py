@@ -48,7 +48,7 @@ def test_a_gated_model_is_not_fetched_without_a_hub_token(tmp_path, monkeypatch)
     the cache when no hub token is configured, and says where the token goes."""
     import pytest
 
-    from spader.models.hub import HubTokenError
+    from spader.models.gated import HubTokenError
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_TOKEN_PATH", raising=False)

@@ -182,6 +182,7 @@ def test_doc_examples():
     import importlib
 
     for name in (
+        "spader.core.parsing",  # malformed_turn: the turns R3-RAG's original samples again
         "spader.core.r3rag",
         "spader.core.stepsearch",
         "spader.scorers.evidence",

@@ -210,7 +210,9 @@ def cpu_world(tmp_path_factory):
     from cpu_world import build_world
 
     root = os.environ.get("SPADER_CPU_WORLD")
-    return build_world(Path(root) if root else tmp_path_factory.mktemp("cpu_world"))
+    # the session's shared directory: tests/cpu_training's `world` builds the same one, and the
+    # second build reuses the index and the warm-started model (the costly parts)
+    return build_world(Path(root) if root else tmp_path_factory.getbasetemp() / "cpu_world")
 
 
 def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, tmp_path):

@@ -16,7 +16,7 @@ from spader.config import (
 from spader.core.prompt import load_template
 from spader.infra.glue import without_operational
 from spader.integrations.verl.overrides import shared_training_runs
-from spader.infra.stage_code import planned_code, stage_fingerprints, stage_group
+from spader.infra.stage_code import code_cache_dir, planned_code, stage_fingerprints, stage_group
 from spader.training.scorer_launch import judge_params
 
 # The repository that holds this workflow. Files shipped with the workflow (default config, verl
@@ -67,9 +67,10 @@ TRAINING_RUN = {
 # ---------------------------------------------------------------------------------------------
 # Code fingerprints: a param of every rule that computes something, so that editing the package
 # reruns exactly the stages whose scripts can execute the edited module (spader.infra.stage_code).
-# Downloads have none: their outputs are fixed by their source.
+# Downloads have none: their outputs are fixed by their source. What the fingerprints read of each
+# source file is cached on its bytes in the user's cache directory, so a start parses only what changed.
 # ---------------------------------------------------------------------------------------------
-CODE = stage_fingerprints(Path(workflow.basedir) / "scripts")
+CODE = stage_fingerprints(Path(workflow.basedir) / "scripts", cache_dir=code_cache_dir())
 
 
 def code_of(name):

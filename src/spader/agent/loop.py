@@ -51,7 +51,7 @@ from spader.agent.generation import Engine, Generation, Sampling
 from spader.config.model import AgentConfig, EvaluationConfig, TrainingConfig
 from spader.core.matching import passage_hits
 from spader.core.metrics import unique_gold
-from spader.core.parsing import TURN_END_TAGS, AnswerParse, parse_turn
+from spader.core.parsing import TURN_END_TAGS, AnswerParse, malformed_turn, parse_turn
 from spader.core.prompt import PromptTemplate, build_messages, fit_observation, format_observation
 
 log = logging.getLogger(__name__)
@@ -407,16 +407,6 @@ def _apply_turn(ep: Episode, step: Step, last_turn: bool, full: bool, settings: 
     return True
 
 
-def _malformed(text: str, stop: tuple[str, ...]) -> bool:
-    """A turn R3-RAG's original would sample again: neither a well-formed call nor a valid answer."""
-    turn = parse_turn(text, stop)
-    if turn.kind == "search":
-        return turn.tool_call is None or turn.tool_call.error is not None
-    if turn.kind == "answer":
-        return turn.answer is None or not turn.answer.valid
-    return True
-
-
 @dataclass
 class _Request:
     ep: Episode
@@ -530,7 +520,7 @@ def run_episodes(
             again = [
                 i
                 for i, (req, gen) in enumerate(zip(requests, gens, strict=True))
-                if gen.error is None and _malformed(_decode(gen, tokenizer, settings), settings.stop)
+                if gen.error is None and malformed_turn(_decode(gen, tokenizer, settings), settings.stop)
             ]
             if not again:
                 break

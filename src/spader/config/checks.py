@@ -29,6 +29,9 @@ from spader.config.schema import json_schema
 
 __all__ = ["ConfigError", "check_config", "hub_slug", "load_config", "verl_config_chain", "verl_config_dir"]
 
+# libyaml's safe loader where PyYAML was built with it (the workflow reads these YAMLs at every start)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
@@ -138,7 +141,7 @@ def load_config(*paths: str | os.PathLike, verl_config_dir: str | os.PathLike | 
     merged: dict = {}
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            _deep_update(merged, yaml.safe_load(f) or {})
+            _deep_update(merged, yaml.load(f, Loader=_LOADER) or {})
     return check_config(merged, verl_config_dir)
 
 
@@ -178,7 +181,7 @@ def verl_config_chain(name: str, config_dir: str | os.PathLike) -> list[str]:
             continue
         chain.append(str(path))
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
+            doc = yaml.load(f, Loader=_LOADER) or {}
         for entry in doc.get("defaults", []) or []:
             if isinstance(entry, str) and entry != "_self_":
                 todo.append(entry)

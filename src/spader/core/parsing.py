@@ -30,6 +30,7 @@ __all__ = [
     "Turn",
     "end_of_turn",
     "final_answer",
+    "malformed_turn",
     "parse_answer",
     "parse_tool_call",
     "parse_turn",
@@ -204,3 +205,20 @@ def final_answer(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS) -
     if turn.kind == "search":
         return AnswerParse(False, reason="no_answer")
     return turn.answer if turn.answer is not None else AnswerParse(False, reason="no_answer")
+
+
+def malformed_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS) -> bool:
+    """True for a turn R3-RAG's original samples again: neither a well-formed search call nor a
+    valid answer.
+
+    >>> malformed_turn('<tool_call>["films of Ilse Varga"]</tool_call>')
+    False
+    >>> malformed_turn("I am not sure.")
+    True
+    """
+    turn = parse_turn(text, stop)
+    if turn.kind == "search":
+        return turn.tool_call is None or turn.tool_call.error is not None
+    if turn.kind == "answer":
+        return turn.answer is None or not turn.answer.valid
+    return True

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_TEMPLATE_NAME",
     "DEFAULT_TEMPLATE_PATH",
     "PLACEHOLDER",
     "PROMPT_TEMPLATE",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 DEFAULT_TEMPLATE_PATH = Path(__file__).resolve().with_name("prompts") / "default.txt"
+#: How summaries name the default template: its place in the package.
+DEFAULT_TEMPLATE_NAME = "spader/core/prompts/default.txt"
 PLACEHOLDER = "{question}"
 
 
@@ -78,12 +81,15 @@ def load_template(path: str | os.PathLike | None = None) -> PromptTemplate:
         ValueError: the file is not UTF-8 text or lacks a single ``{question}`` (message names it).
         FileNotFoundError: no such file.
     """
+    # the package's own template is named by its place in the package, not by where this machine
+    # installed it (the name reaches the evaluation summaries, which stay relocatable)
+    source = str(path) if path is not None else DEFAULT_TEMPLATE_NAME
     path = Path(path) if path is not None else DEFAULT_TEMPLATE_PATH
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"prompt template {path}: not UTF-8 text ({exc})") from exc
-    return PromptTemplate(text.rstrip("\n"), source=str(path))
+        raise ValueError(f"prompt template {source}: not UTF-8 text ({exc})") from exc
+    return PromptTemplate(text.rstrip("\n"), source=source)
 
 
 def checked_template(prompt: Mapping[str, Any] | None) -> PromptTemplate:

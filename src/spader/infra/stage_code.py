@@ -23,18 +23,23 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 __all__ = [
     "RESULT_NEUTRAL",
     "STAGE_GROUPS",
+    "ModuleFacts",
     "PackageGraph",
     "affected_rules",
+    "code_cache_dir",
+    "module_facts",
     "planned_code",
     "recorded_code",
     "stage_fingerprints",
@@ -46,7 +51,8 @@ PACKAGE = "spader"
 #: Modules whose edits rerun nothing: job glue and MLflow tracking (run records only), the retry
 #: policy (when to try again, not what is computed), the downloader and its transfers (bytes are
 #: checked against their source), integrity records (they check files, never change them), the
-#: process supervisor (how a job's children are stopped) and this module.
+#: process supervisor (how a job's children are stopped), the gated-model token check (a
+#: precondition) and this module.
 RESULT_NEUTRAL = frozenset(
     {
         "spader.infra.glue",
@@ -56,6 +62,7 @@ RESULT_NEUTRAL = frozenset(
         "spader.infra.transfer",
         "spader.infra.integrity",
         "spader.infra.procs",
+        "spader.models.gated",
         "spader.infra.stage_code",
     }
 )
@@ -98,14 +105,125 @@ def code_hash(source: str | ast.AST, filename: str = "<source>") -> str:
     return hashlib.sha256(ast.dump(_strip_docstrings(tree), annotate_fields=False).encode()).hexdigest()
 
 
+#: Bump when what :func:`module_facts` extracts or how it hashes changes (cached facts are keyed on it).
+FACTS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What the fingerprints need of one source file, read in one pass over its syntax tree.
+
+    Attributes:
+        code_hash: :func:`code_hash` of the file.
+        imports: names of ``import x`` statements, anywhere in the file.
+        from_imports: ``(module, level, ((name, asname), ...), top_level)`` of every ``from``
+            import, in source order (top-level ones first, as the module body lists them).
+        strings: string literals that look like a dotted package module name.
+    """
+
+    code_hash: str
+    imports: tuple[str, ...]
+    from_imports: tuple[tuple[str | None, int, tuple[tuple[str, str | None], ...], bool], ...]
+    strings: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "code_hash": self.code_hash,
+            "imports": list(self.imports),
+            "from_imports": [
+                [m, lv, [list(n) for n in names], top] for m, lv, names, top in self.from_imports
+            ],
+            "strings": list(self.strings),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModuleFacts:
+        return cls(
+            data["code_hash"],
+            tuple(data["imports"]),
+            tuple(
+                (m, lv, tuple((n, a) for n, a in names), top) for m, lv, names, top in data["from_imports"]
+            ),
+            tuple(data["strings"]),
+        )
+
+
+def module_facts(source: str, filename: str = "<source>") -> ModuleFacts:
+    """The imports, module-naming strings and code hash of one file (docstrings count as strings
+    for the imports, as the module's text names what it starts; the hash leaves them out)."""
+    tree = ast.parse(source, filename=filename)
+    top = {id(node) for node in tree.body}
+    imports, from_imports, strings = [], [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = tuple((alias.name, alias.asname) for alias in node.names)
+            from_imports.append((node.module, node.level, names, id(node) in top))
+        elif (
+            isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_NAME.match(node.value)
+        ):
+            strings.append(node.value)
+    return ModuleFacts(code_hash(tree), tuple(imports), tuple(from_imports), tuple(strings))
+
+
+def code_cache_dir() -> Path:
+    """Where parsed facts of source files are cached, keyed on the files' bytes (the user's cache
+    directory, as Snakemake keeps its own caches): a workflow start reads them instead of parsing
+    the package again."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "spader" / f"code-facts-v{FACTS_VERSION}-py{sys.version_info[0]}{sys.version_info[1]}"
+
+
+class _FactsStore:
+    """:func:`module_facts` per file, memoised on the file's bytes (in memory, and in ``cache_dir``
+    when one is given; an unreadable or unwritable cache is only a slower start)."""
+
+    def __init__(self, cache_dir: str | os.PathLike | None):
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._memory: dict[str, ModuleFacts] = {}
+
+    def of(self, path: Path) -> ModuleFacts:
+        data = path.read_bytes()
+        key = hashlib.sha256(data).hexdigest()
+        if key in self._memory:
+            return self._memory[key]
+        cached = self.cache_dir / f"{key}.json" if self.cache_dir is not None else None
+        facts = None
+        if cached is not None and cached.is_file():
+            try:
+                facts = ModuleFacts.from_json(json.loads(cached.read_text(encoding="utf-8")))
+            except (OSError, ValueError, KeyError, TypeError):
+                facts = None
+        if facts is None:
+            facts = module_facts(data.decode("utf-8"), str(path))
+            if cached is not None:
+                try:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+                    tmp.write_text(json.dumps(facts.to_json()), encoding="utf-8")
+                    os.replace(tmp, cached)
+                except OSError:
+                    pass
+        self._memory[key] = facts
+        return facts
+
+
 class PackageGraph:
     """The static import graph of the ``spader`` package found in ``package_dir``."""
 
-    def __init__(self, package_dir: str | os.PathLike | None = None, neutral: Iterable[str] = RESULT_NEUTRAL):
+    def __init__(
+        self,
+        package_dir: str | os.PathLike | None = None,
+        neutral: Iterable[str] = RESULT_NEUTRAL,
+        cache_dir: str | os.PathLike | None = None,
+    ):
         """Args:
         package_dir: directory of the ``spader`` package (default: the one Python imports,
             i.e. the code the jobs run).
         neutral: module names left out of every fingerprint and not followed.
+        cache_dir: where parsed facts of files are kept between processes (default: none,
+            every file is parsed once per graph); see :func:`code_cache_dir`.
         """
         if package_dir is None:
             spec = importlib.util.find_spec(PACKAGE)
@@ -114,9 +232,8 @@ class PackageGraph:
             package_dir = next(iter(spec.submodule_search_locations))
         self.package_dir = Path(package_dir)
         self.neutral = frozenset(neutral)
-        self._trees: dict[str, ast.Module] = {}
+        self._facts = _FactsStore(cache_dir)
         self._deps: dict[str, frozenset[str]] = {}
-        self._hashes: dict[str, str] = {}  # module -> code_hash, computed once for all stages
 
     @cached_property
     def modules(self) -> dict[str, Path]:
@@ -134,10 +251,12 @@ class PackageGraph:
         return name in self.modules and self.modules[name].name == "__init__.py"
 
     def _tree(self, name: str) -> ast.Module:
-        if name not in self._trees:
-            path = self.modules[name]
-            self._trees[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        return self._trees[name]
+        path = self.modules[name]
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+    def facts(self, name: str) -> ModuleFacts:
+        """:class:`ModuleFacts` of module ``name``."""
+        return self._facts.of(self.modules[name])
 
     def _absolute(self, importer: str, module: str | None, level: int) -> str | None:
         """The absolute module name of a (possibly relative) ``from`` import in ``importer``."""
@@ -158,12 +277,13 @@ class PackageGraph:
             return {f"{module}.{name}"}
         if module not in self.modules or module in seen:
             return {module} if module in self.modules else set()
-        for node in self._tree(module).body:
-            if isinstance(node, ast.ImportFrom):
-                source = self._absolute(module, node.module, node.level)
-                for alias in node.names:
-                    if (alias.asname or alias.name) == name and source:
-                        return self._provider(source, alias.name, seen | {module})
+        for source_name, level, names, top_level in self.facts(module).from_imports:
+            if not top_level:
+                continue
+            source = self._absolute(module, source_name, level)
+            for imported, asname in names:
+                if (asname or imported) == name and source:
+                    return self._provider(source, imported, seen | {module})
         return {module}
 
     def _string_target(self, text: str) -> str | None:
@@ -188,28 +308,27 @@ class PackageGraph:
         Returns:
             Dotted module names within the package.
         """
-        found: set[str] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name in self.modules:
-                        found.add(alias.name)
-            elif isinstance(node, ast.ImportFrom):
-                source = self._absolute(importer, node.module, node.level)
-                if source and (source == PACKAGE or source.startswith(PACKAGE + ".")):
-                    for alias in node.names:
-                        found |= self._provider(source, alias.name)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                target = self._string_target(node.value)
-                if target:
-                    found.add(target)
+        return self.imports_of(module_facts(ast.unparse(tree)), importer)
+
+    def imports_of(self, facts: ModuleFacts, importer: str) -> set[str]:
+        """Package modules a file imports or names (neutral ones included), from its facts."""
+        found = {name for name in facts.imports if name in self.modules}
+        for module, level, names, _ in facts.from_imports:
+            source = self._absolute(importer, module, level)
+            if source and (source == PACKAGE or source.startswith(PACKAGE + ".")):
+                for imported, _asname in names:
+                    found |= self._provider(source, imported)
+        for text in facts.strings:
+            target = self._string_target(text)
+            if target:
+                found.add(target)
         found.discard(importer)
         return found
 
     def deps(self, name: str) -> frozenset[str]:
         """Direct package dependencies of module ``name``."""
         if name not in self._deps:
-            self._deps[name] = frozenset(self.imports_of_tree(self._tree(name), name))
+            self._deps[name] = frozenset(self.imports_of(self.facts(name), name))
         return self._deps[name]
 
     def closure(self, roots: Iterable[str]) -> set[str]:
@@ -226,34 +345,32 @@ class PackageGraph:
 
     def script_modules(self, script: str | os.PathLike) -> set[str]:
         """Package modules a workflow script runs (its import closure)."""
-        path = Path(script)
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        return self.closure(self.imports_of_tree(tree, "__main__"))
+        return self.closure(self.imports_of(self._facts.of(Path(script)), "__main__"))
 
     def fingerprint(self, script: str | os.PathLike) -> str:
         """Hash of the script's code and of every module it runs (16 hex digits)."""
         path = Path(script)
-        h = hashlib.sha256(code_hash(path.read_text(encoding="utf-8"), str(path)).encode())
+        h = hashlib.sha256(self._facts.of(path).code_hash.encode())
         for name in sorted(self.script_modules(path)):
-            if name not in self._hashes:
-                self.deps(name)  # the imports are read first: hashing strips docstrings in place
-                self._hashes[name] = code_hash(self._tree(name))
-            h.update(f"\0{name}\0{self._hashes[name]}".encode())
+            h.update(f"\0{name}\0{self.facts(name).code_hash}".encode())
         return h.hexdigest()[:16]
 
 
 def stage_fingerprints(
-    scripts_dir: str | os.PathLike, package_dir: str | os.PathLike | None = None
+    scripts_dir: str | os.PathLike,
+    package_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> dict[str, str]:
     """Code fingerprint of every stage script in ``scripts_dir``.
 
     Args:
         scripts_dir: ``workflow/scripts`` (one ``<rule>.py`` per rule).
         package_dir: the ``spader`` package directory (default: the imported one).
+        cache_dir: where parsed facts of files are kept between runs (:func:`code_cache_dir`).
     Returns:
         {rule name (script file stem): fingerprint}.
     """
-    graph = PackageGraph(package_dir)
+    graph = PackageGraph(package_dir, cache_dir=cache_dir)
     return {p.stem: graph.fingerprint(p) for p in sorted(Path(scripts_dir).glob("*.py"))}
 
 

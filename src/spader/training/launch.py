@@ -174,21 +174,15 @@ def job_overrides(
 
 
 def training_overrides(training: TrainingConfig | Mapping[str, Any]) -> list[str]:
-    """``config["training"]`` as verl overrides, through the mapping
-    (:data:`spader.integrations.verl.overrides.TRAINING_KEYS`).
+    """``config["training"]`` (typed or as the rule's param) as verl overrides, through the mapping
+    :data:`spader.integrations.verl.overrides.TRAINING_KEYS`.
 
     Raises:
         KeyError: a mapped training key is missing (the message names ``training.<key>``).
     """
-    from spader.integrations.verl.overrides import TRAINING_KEYS
+    from spader.integrations.verl.overrides import training_overrides as mapped
 
-    training = _section(training)
-    out = []
-    for name, key in TRAINING_KEYS.items():
-        if name not in training:
-            raise KeyError(f"config key 'training.{name}' is missing (verl's {key})")
-        out.append(f"{key}={hydra_value(training[name])}")
-    return out
+    return mapped(_section(training))
 
 
 def check_device(training: TrainingConfig | Mapping[str, Any]) -> tuple[str, str]:

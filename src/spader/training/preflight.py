@@ -27,8 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from spader.models import hub
-from spader.models.hub import GATED_MODELS, hub_token_configured
+from spader.models import gated
+from spader.models.gated import GATED_MODELS, hub_token_configured
 from spader.training import VERL_VERSION
 
 log = logging.getLogger(__name__)
@@ -213,14 +213,14 @@ def check_driver(version: str | None = None, *, minimum: int = MIN_DRIVER) -> st
 def check_hub_token(
     model: str, model_dir: str | os.PathLike | None = None, *, environ: Mapping[str, str] | None = None
 ) -> None:
-    """:func:`spader.models.hub.check_hub_token` (the download rule runs it too) as a preflight check.
+    """:func:`spader.models.gated.check_hub_token` (the download rule runs it too) as a preflight check.
 
     Raises:
         PreflightError: naming the model, its licence page and where the token goes.
     """
     try:
-        hub.check_hub_token(model, model_dir, environ=environ)
-    except hub.HubTokenError as exc:
+        gated.check_hub_token(model, model_dir, environ=environ)
+    except gated.HubTokenError as exc:
         raise PreflightError(str(exc)) from None
 
 

@@ -56,7 +56,7 @@ from verl.utils.ray_utils import get_event_loop
 from spader.agent.conversation import missing_closing, turn_closing_ids, turn_token_count
 from spader.config.model import AgentConfig
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
-from spader.core.parsing import parse_turn
+from spader.core.parsing import malformed_turn, parse_turn
 from spader.core.prompt import observation_message
 from spader.integrations.verl.reward import gold_entities
 from spader.integrations.verl.tool_config import TOOL_NAME
@@ -68,7 +68,6 @@ __all__ = [
     "SpaderToolParser",
     "TurnEndingServer",
     "end_on_generated",
-    "malformed_turn",
     "turn_closing_ids",
     "turn_token_count",
 ]
@@ -152,16 +151,6 @@ def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int]:
     if regenerations < 0:
         raise ValueError(f"spader_agent.regenerations must be >= 0, got {regenerations!r}")
     return (None if cap is None else int(cap)), stop, regenerations
-
-
-def malformed_turn(text: str, stop: tuple[str, ...]) -> bool:
-    """A turn R3-RAG's original samples again: neither a well-formed call nor a valid answer."""
-    turn = parse_turn(text, stop)
-    if turn.kind == "search":
-        return turn.tool_call is None or turn.tool_call.error is not None
-    if turn.kind == "answer":
-        return turn.answer is None or not turn.answer.valid
-    return True
 
 
 def end_on_generated(output: AgentLoopOutput) -> AgentLoopOutput:

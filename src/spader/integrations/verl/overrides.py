@@ -279,7 +279,7 @@ def _chain_documents(name: str, config_dir: Path) -> str:
     docs = []
     for path in chain:
         with open(path, encoding="utf-8") as f:
-            docs.append(yaml.safe_load(f) or {})
+            docs.append(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {})
     return json.dumps(docs, sort_keys=True, default=str)
 
 

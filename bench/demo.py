@@ -1,0 +1,165 @@
+"""What the CPU demo costs, stage by stage, and what it scores.
+
+Runs the README's demo (``snakemake --cores 2 --configfile config/demo.yaml``) in a fresh working
+directory (``-d``, the workflow and its bundled files stay in this checkout), or reads a finished
+run's directory (``--workdir``), then reads the ``benchmark:`` files Snakemake wrote for the costly
+rules (``results/benchmarks/<rule>/...tsv``: wall seconds, peak RSS, CPU seconds per job) and the
+demo's ``f1.tsv``, and writes a record (``bench/records/``, see ``bench/records.py``):
+
+- the demo's wall time against its 15-minute budget on 2 cores (only when this script ran it);
+- a table per stage (jobs, wall seconds in all and of the longest job, peak RSS), which the README's
+  compute budget quotes beside the paper's estimates;
+- the demo's F1 per method (average over the four datasets), which the README quotes.
+
+Usage: .venv/bin/python bench/demo.py [--workdir DIR] [--cores 2] [--records DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from records import REPO, write_record  # bench/records.py (the script's own directory is on sys.path)
+
+BUDGET_S = 15 * 60
+# rule -> the stage of the README's compute budget it stands for
+STAGES = {
+    "build_bm25_index": "build the BM25 index",
+    "build_evidence": "StepSearch evidence",
+    "warmstart_policy": "warm start (demo only)",
+    "train_policy": "train one variant",
+    "export_checkpoint": "export one variant",
+    "evaluate_policy": "evaluate one method on one dataset",
+}
+
+
+def run_demo(workdir: Path, cores: int) -> float:
+    """Run the demo into ``workdir``; its wall time in seconds."""
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "-s",
+        str(REPO / "workflow" / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--cores",
+        str(cores),
+        "--configfile",
+        str(REPO / "config" / "demo.yaml"),
+    ]
+    start = time.monotonic()
+    subprocess.run(cmd, check=True)
+    return time.monotonic() - start
+
+
+def stage_costs(workdir: Path) -> dict[str, dict[str, float]]:
+    """Per rule: jobs, total and longest wall seconds, CPU seconds, peak RSS (MiB)."""
+    out: dict[str, dict[str, float]] = {}
+    for rule in STAGES:
+        files = sorted((workdir / "results" / "benchmarks" / rule).rglob("*.tsv"))
+        rows = []
+        for path in files:
+            with open(path, newline="") as f:
+                rows += list(csv.DictReader(f, delimiter="\t"))
+        if not rows:
+            continue
+        seconds = [float(r["s"]) for r in rows]
+        out[rule] = {
+            "jobs": len(rows),
+            "total_s": sum(seconds),
+            "max_s": max(seconds),
+            "cpu_s": sum(float(r.get("cpu_time") or 0) for r in rows),
+            "max_rss_mib": max(float(r["max_rss"]) for r in rows),
+        }
+    return out
+
+
+def demo_scores(workdir: Path) -> dict[str, float]:
+    """Average F1 per method of the demo's ``f1.tsv``."""
+    with open(workdir / "results" / "demo" / "f1.tsv", newline="") as f:
+        return {row["method"]: float(row["avg"]) for row in csv.DictReader(f, delimiter="\t")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="a finished demo run to read (default: run it)"
+    )
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
+    args = parser.parse_args()
+
+    rows = []
+    if args.workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="spader-demo-"))
+        wall = run_demo(workdir, args.cores)
+        print(f"demo: {wall:.0f} s on {args.cores} cores (budget {BUDGET_S} s) in {workdir}")
+        rows.append(
+            {
+                "id": "wall",
+                "what": f"the CPU demo end to end (`snakemake --cores {args.cores} --configfile config/demo.yaml`)",
+                "result": f"**{wall / 60:.1f} minutes** ({wall:.0f} s)",
+                "target": "< 15 minutes on 2 cores",
+                "verdict": "met" if wall < BUDGET_S else "not met",
+                "numbers": {"wall_s": round(wall, 1), "cores": args.cores},
+            }
+        )
+    else:
+        workdir = args.workdir
+    costs = stage_costs(workdir)
+    table_rows = []
+    for rule, c in costs.items():
+        table_rows.append(
+            [
+                STAGES[rule],
+                f"`{rule}`",
+                str(int(c["jobs"])),
+                f"{c['total_s']:.0f} s (longest {c['max_s']:.0f} s)",
+                f"{c['max_rss_mib']:,.0f} MiB",
+            ]
+        )
+        print(
+            f"{rule:<20} {int(c['jobs']):>3} jobs {c['total_s']:>8.0f} s  peak RSS {c['max_rss_mib']:,.0f} MiB"
+        )
+    scores = demo_scores(workdir)
+    listed = ", ".join(f"{m} {v:.3f}" for m, v in scores.items())
+    print(f"F1 (average over the datasets): {listed}")
+    rows.append(
+        {
+            "id": "f1",
+            "what": "the demo's F1 per method, averaged over its four datasets (tiny models; greedy decoding)",
+            "result": listed,
+            "target": None,
+            "verdict": None,
+            "numbers": scores,
+        }
+    )
+    tables = {
+        "stages": {
+            "title": "the demo's costly jobs, from their benchmark files",
+            "columns": ["stage", "rule", "jobs", "wall time", "peak RSS"],
+            "rows": table_rows,
+        }
+    }
+    numbers = {rule: {k: round(v, 2) for k, v in c.items()} for rule, c in costs.items()}
+    rows.append(
+        {
+            "id": "stages",
+            "what": "the demo's costly jobs (benchmark files of each rule)",
+            "result": "; ".join(f"{rule} {c['total_s']:.0f} s" for rule, c in costs.items()),
+            "target": None,
+            "verdict": None,
+            "numbers": numbers,
+        }
+    )
+    print(
+        f"record: {write_record('bench/demo.py', rows, argv=sys.argv[1:], tables=tables, directory=args.records)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
