@@ -37,7 +37,7 @@ sys.path.insert(0, str(SUPPORT))
 from cpu_world import cpu_training, train_job  # noqa: E402
 from spread_world import build_world  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STEPS = 3
 SIZES = {

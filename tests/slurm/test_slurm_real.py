@@ -215,6 +215,7 @@ def cpu_world(tmp_path_factory):
     return build_world(Path(root) if root else tmp_path_factory.getbasetemp() / "cpu_world")
 
 
+@pytest.mark.long
 def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, tmp_path):
     """A CPU training job of 2 steps under an 8-minute limit, warned 7 minutes before it (so within
     its first minute: SLURM checks the warning times about once a minute): each allocation trains

@@ -180,6 +180,12 @@ def test_failed_attempt_then_resumed_rerun(workflow_job, fsdp_actor, monkeypatch
     # relocatable: paths relative to the working directory
     assert final["checkpoint"] == str(work / "checkpoints" / "global_step_4")
     assert final["actor_dir"] == str(work / "checkpoints" / "global_step_4" / "actor")
+    # the launch records name the job's files relative to it too (verl itself got absolute paths)
+    for record in ("launch.json", "resolved_config.yaml"):
+        text = (work / record).read_text()
+        assert str(
+            Path.cwd().resolve()
+        ) not in text and "=results/demo/data/verl/train.parquet" in text.replace(": ", "="), record
     assert final["metrics"]["actor/pg_loss"] == 0.25
     assert final["val_metrics"] == {"val-core/qampari/f1@1": 0.4, "step": 4}
     assert final["verl_version"] == "0.9.1" and final["mlflow_run_id"] == run_id

@@ -36,6 +36,7 @@ __all__ = [
     "latest_checkpoint",
     "new_metrics_file",
     "portable_path",
+    "portable_text",
     "prune_checkpoints",
     "read_step_metrics",
     "resume_overrides",
@@ -215,6 +216,21 @@ def portable_path(path: str | os.PathLike) -> str:
         return str(absolute.relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(absolute)
+
+
+def portable_text(text: str) -> str:
+    """``text`` (a launch record: verl's argv, its resolved config) with every absolute path inside
+    the working directory written relative to it, as :func:`portable_path` writes one path. The
+    launch itself keeps the absolute paths verl needs; the records a user reads move with the tree.
+
+    >>> import os
+    >>> portable_text(f"data.train_files={os.getcwd()}/results/train.parquet")
+    'data.train_files=results/train.parquet'
+
+    """
+    for root in dict.fromkeys([str(Path.cwd().resolve()), os.path.abspath(os.getcwd())]):
+        text = text.replace(root + os.sep, "")
+    return text
 
 
 def new_metrics_file(metrics_dir: str | os.PathLike) -> Path:

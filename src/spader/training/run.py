@@ -57,6 +57,7 @@ from spader.training.checkpoints import (
     latest_checkpoint,
     new_metrics_file,
     portable_path,
+    portable_text,
     prune_checkpoints,
     read_step_metrics,
     resume_overrides,
@@ -487,9 +488,10 @@ def prepare_launch(job: TrainJob, resume_from: Checkpoint | None, link: RunLink)
             plan, cfg = resized, compose_config(resized)
     check_job_memory(job, cfg)  # the memory plan of this launch; refuses one that does not fit
     write_plan(plan, job.launch_file)
+    job.launch_file.write_text(portable_text(job.launch_file.read_text()))
     from omegaconf import OmegaConf
 
-    job.resolved_config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    job.resolved_config.write_text(portable_text(OmegaConf.to_yaml(cfg, resolve=True)))
     return plan
 
 
