@@ -142,12 +142,7 @@ def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
     Returns:
         The matplotlib figure (open; the caller saves and closes it).
     """
-    plt = _pyplot()
-    methods = list(dict.fromkeys(table["method"].to_list()))
-    datasets = list(dict.fromkeys(table["dataset"].to_list()))
-    styles = method_styles(methods)
-    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.22 * len(datasets) * max(1, len(methods)))), 4.2))
-    width = 0.8 / max(1, len(methods))
+    methods, datasets, styles, fig, ax, width = _grouped_axes(table)
     handles = []
     for i, m in enumerate(methods):
         style = styles[m]
@@ -256,12 +251,7 @@ def f1_figure(table: pl.DataFrame, *, reference: str = "", title: str = "", note
     Returns:
         The matplotlib figure (open; the caller saves and closes it).
     """
-    plt = _pyplot()
-    methods = list(dict.fromkeys(table["method"].to_list()))
-    datasets = list(dict.fromkeys(table["dataset"].to_list()))
-    styles = method_styles(methods)
-    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.22 * len(datasets) * max(1, len(methods)))), 4.2))
-    width = 0.8 / max(1, len(methods))
+    methods, datasets, styles, fig, ax, width = _grouped_axes(table)
     handles = []
     for i, m in enumerate(methods):
         style = styles[m]
@@ -360,3 +350,13 @@ def curves_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
         _legend(fig, list(handles.values()), list(handles))
     _title(fig, title or "Learning curves", note)
     return fig
+
+
+def _grouped_axes(table: pl.DataFrame):
+    """A figure with one group per dataset and one slot per method in each group: the methods and
+    datasets in table order, their styles, the figure, its axes and a slot's width."""
+    plt = _pyplot()
+    methods = list(dict.fromkeys(table["method"].to_list()))
+    datasets = list(dict.fromkeys(table["dataset"].to_list()))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.22 * len(datasets) * max(1, len(methods)))), 4.2))
+    return methods, datasets, method_styles(methods), fig, ax, 0.8 / max(1, len(methods))
