@@ -38,5 +38,5 @@ def test_readme_order():
 
 def test_demo_command_uses_the_demo_config():
     readme = (REPO / "README.md").read_text()
-    demo = _section_command(readme, "CPU demo (no network, 2 cores, under 15 minutes)")
+    demo = _section_command(readme, "CPU demo (no network, 2 cores)")
     assert "--configfile config/demo.yaml" in demo
