@@ -131,7 +131,10 @@ def test_one_step_changes_the_weights_and_the_loss_is_finite(spader_run, world):
     step1 = read_step_metrics(job.metrics_dir)[1]
     assert math.isfinite(step1["actor/pg_loss"]) and math.isfinite(step1["actor/kl_loss"])
     assert step1["actor/grad_norm"] > 0
-    shard = next((job.ckpt_dir / "global_step_1" / "actor").glob("model_world_size_1_rank_0.pt"))
+    # the earliest checkpoint retention kept (training.max_actor_ckpt_to_keep prunes older ones)
+    kept = sorted(job.ckpt_dir.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    assert kept, f"no checkpoint in {job.ckpt_dir}"
+    shard = next((kept[0] / "actor").glob("model_world_size_1_rank_0.pt"))
     trained = torch.load(shard, map_location="cpu", weights_only=False)
     base = AutoModelForCausalLM.from_pretrained(world.model).state_dict()
     changed = 0
