@@ -61,16 +61,18 @@ def demo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def episodes(demo):
     """react and rag episodes of the warm-started policy on every demo evaluation question."""
-    import yaml
-
     from spader.agent.generation import TransformersEngine
     from spader.agent.loop import AgentSettings, run_episodes
+    from spader.config import load_config
     from spader.evaluation.episodes import load_eval_set
     from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 
-    config = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    config = load_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml")
     retrieval = {
-        "reranker": {**config["retrieval"]["reranker"], "path": str(demo / "results/models/tiny/reranker")}
+        "reranker": {
+            **config.retrieval.reranker.model_dump(),
+            "path": str(demo / "results/models/tiny/reranker"),
+        }
     }
     backend = Bm25RerankBackend(
         demo / "results/demo/index/bm25", SearchSettings.from_config(retrieval), threads=2
@@ -80,7 +82,8 @@ def episodes(demo):
         return [[p.to_dict() for p in ps] for ps in backend.search(list(queries), topk=5, initial_k=50)]
 
     items = [item for d in DATASETS for item in load_eval_set(demo / f"results/demo/data/eval/{d}.jsonl")]
-    settings = AgentSettings.from_config(config["evaluation"], config["agent"])
+    evaluation = config.evaluation.model_copy(update={"max_context_tokens": config.evaluation_context_tokens})
+    settings = AgentSettings.from_config(evaluation, config.agent)
     engine = TransformersEngine(demo / WARM / "model", device="cpu", batch_size=8, threads=2)
     try:
         return {
