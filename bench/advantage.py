@@ -30,6 +30,7 @@ from spader.core.advantage import (
     steps_to_tokens,
 )
 from spader.core.densify import StepRecord, densify_rewards
+from spader.core.rewards import StepRewardWeights
 
 # the slow per-token loop version lives with the tests, which check the vectorised code against it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
@@ -69,7 +70,7 @@ def make_batch(prompts: int, rollouts: int, length: int, max_steps: int, seed: i
 
 def vectorised(mask, terminal, uids, records, n_gold):
     """Reward densification + SPA token advantages, as the trainer mode and estimator run them."""
-    dense, _ = densify_rewards(mask, terminal, uids, records, n_gold, **SETTINGS)
+    dense, _ = densify_rewards(mask, terminal, uids, records, n_gold, StepRewardWeights(**SETTINGS))
     steps = segment_steps(mask)
     step_r = step_rewards_from_tokens(dense, steps)
     _, groups = torch.unique(torch.tensor([hash(u) for u in uids]), return_inverse=True)

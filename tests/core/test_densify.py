@@ -7,8 +7,9 @@ import torch
 from loop_reference import reference_dense_rewards
 
 from spader.core.densify import StepRecord, densify_rewards, parse_step_records
+from spader.core.rewards import StepRewardWeights
 
-KW = dict(alpha=1.0, beta=4.0, cost=0.01)
+WEIGHTS = StepRewardWeights(alpha=1.0, beta=4.0, cost=0.01)
 
 
 def test_hand_computed_group():
@@ -20,7 +21,7 @@ def test_hand_computed_group():
         [StepRecord(turn=1, queries=2, hits=(0,))],
         [StepRecord(turn=1, queries=1, hits=(0, 1)), StepRecord(turn=2, queries=1, hits=(1,))],
     ]
-    dense, stats = densify_rewards(mask, torch.tensor([0.5, -1.0]), ["u", "u"], records, [2, 2], **KW)
+    dense, stats = densify_rewards(mask, torch.tensor([0.5, -1.0]), ["u", "u"], records, [2, 2], WEIGHTS)
     r_e0 = 1 + 4 / 2  # found by both trajectories
     r_e1 = 1 + 4 / 1  # found by t1 only
     expected = [
@@ -37,7 +38,7 @@ def test_groups_are_independent():
     mask = torch.tensor([[1, 0, 1], [1, 0, 1]])
     records = [[StepRecord(1, 1, (0,))], [StepRecord(1, 1, (0,))]]
     dense, _ = densify_rewards(
-        mask, torch.zeros(2), ["a", "b"], records, [1, 1], alpha=0.0, beta=1.0, cost=0.0
+        mask, torch.zeros(2), ["a", "b"], records, [1, 1], StepRewardWeights(alpha=0.0, beta=1.0, cost=0.0)
     )
     assert dense[:, 0].tolist() == [1.0, 1.0]  # unique finds in their own groups
 
@@ -47,7 +48,7 @@ def test_cut_off_episode_drops_the_record_of_its_last_turn():
     # gets the terminal reward only; its record has no search step to sit on
     mask = torch.tensor([[1, 0, 1, 0, 0]])
     records = [[StepRecord(1, 1, (0,)), StepRecord(2, 1, (1,))]]
-    dense, stats = densify_rewards(mask, torch.tensor([-1.0]), ["u"], records, [2], **KW)
+    dense, stats = densify_rewards(mask, torch.tensor([-1.0]), ["u"], records, [2], WEIGHTS)
     assert dense.tolist() == [[pytest.approx((5 - 0.01) / 2), 0, -1.0, 0, 0]]
     assert stats.dropped_records == 1
 
@@ -55,7 +56,7 @@ def test_cut_off_episode_drops_the_record_of_its_last_turn():
 def test_search_turn_without_a_record_finds_nothing_and_is_counted():
     mask = torch.tensor([[1, 0, 1, 0, 1]])
     records = [[StepRecord(2, 1, (0,))]]  # turn 1's tool call failed before recording
-    dense, stats = densify_rewards(mask, torch.tensor([1.0]), ["u"], records, [1], **KW)
+    dense, stats = densify_rewards(mask, torch.tensor([1.0]), ["u"], records, [1], WEIGHTS)
     assert dense.tolist() == [[0.0, 0, pytest.approx(5 - 0.01), 0, 1.0]]
     assert stats.missing_records == 1
 
@@ -69,8 +70,8 @@ def test_padding_rows_and_empty_responses_stay_zero():
         ["p", "u", "v"],
         records,
         [1, 1, 1],
+        WEIGHTS,
         skip=[True, False, False],
-        **KW,
     )
     assert dense.tolist() == [[0, 0], [pytest.approx(0.7), 0], [0, 0]]
     assert stats.empty_responses == 1
@@ -80,11 +81,11 @@ def test_inconsistent_inputs_raise():
     mask = torch.tensor([[1, 0, 1], [1, 0, 1]])
     records = [[StepRecord(1, 1, (0,))], [StepRecord(1, 1, (0,))]]
     with pytest.raises(ValueError, match="disagree on the number of gold entities"):
-        densify_rewards(mask, torch.zeros(2), ["u", "u"], records, [1, 2], **KW)
+        densify_rewards(mask, torch.zeros(2), ["u", "u"], records, [1, 2], WEIGHTS)
     with pytest.raises(ValueError, match="no trajectory recorded spader_n_gold"):
-        densify_rewards(mask, torch.zeros(2), ["u", "u"], records, [None, None], **KW)
+        densify_rewards(mask, torch.zeros(2), ["u", "u"], records, [None, None], WEIGHTS)
     with pytest.raises(ValueError, match="2 responses but 1 group ids"):
-        densify_rewards(mask, torch.zeros(2), ["u"], records, [1, 1], **KW)
+        densify_rewards(mask, torch.zeros(2), ["u"], records, [1, 1], WEIGHTS)
 
 
 def test_parse_step_records_names_the_bad_record():
@@ -122,6 +123,8 @@ def test_densify_equals_the_loop_reference(seed, novelty):
         records.append([StepRecord(t, q, tuple(h for h in hs if h < gold_of[g])) for t, q, hs in recs])
     terminal = [rnd.choice([-1.0, 0.0, 0.25, 1.0]) for _ in range(b)]
     kw = dict(alpha=1.0, beta=4.0, cost=0.05, novelty=novelty, cost_scale=0.5)
-    dense, _ = densify_rewards(torch.tensor(masks), torch.tensor(terminal), groups, records, n_gold, **kw)
+    dense, _ = densify_rewards(
+        torch.tensor(masks), torch.tensor(terminal), groups, records, n_gold, StepRewardWeights(**kw)
+    )
     expected = reference_dense_rewards(masks, terminal, groups, records, n_gold, **kw)
     assert torch.allclose(dense, torch.tensor(expected, dtype=torch.float32), atol=1e-6)

@@ -161,30 +161,19 @@ def test_an_empty_eval_set_is_an_error(tmp_path):
 # --------------------------------------------------------------------------------------------
 # An evaluation whose engine dies fails instead of writing its records
 # --------------------------------------------------------------------------------------------
-class StandInService:
-    """Stand-in for the retrieval service and its client (the real ones need a Lucene index and
-    run in tests/evaluation/test_rules.py): two passages per query."""
+class StandInClient:
+    """Stand-in for a client of the retrieval service (the real service needs a Lucene index and
+    runs in tests/evaluation/test_rules.py): two passages per query."""
 
     @staticmethod
     @contextlib.contextmanager
-    def running(index_dir, retrieval, log_path=None, threads=None):
-        yield "http://127.0.0.1:1"
+    def connected(index_dir, search, log_path=None, threads=None):
+        yield StandInClient()
 
-    class Client:
-        def __init__(self, base_url, timeout=None, retries=None):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def retrieve(self, queries, topk=None):
-            return [
-                [{"id": f"p{i}", "title": "Lyon", "text": f"{q} is in Lyon."} for i in range(2)]
-                for q in queries
-            ]
+    def retrieve(self, queries, topk=None):
+        return [
+            [{"id": f"p{i}", "title": "Lyon", "text": f"{q} is in Lyon."} for i in range(2)] for q in queries
+        ]
 
 
 class DyingSglang:
@@ -242,10 +231,9 @@ def test_an_evaluation_whose_engine_dies_fails_and_writes_nothing(
 ):
     import spader.evaluation.evaluate as evaluate
     from spader.config import AgentConfig, EvaluationConfig
+    from spader.retrieval.backend import SearchSettings
 
-    monkeypatch.setattr(
-        evaluate, "_service_and_client", lambda: (StandInService.running, StandInService.Client)
-    )
+    monkeypatch.setattr(evaluate, "connected_client", StandInClient.connected)
     monkeypatch.setattr(evaluate, "build_engine", lambda engine, model_dir, **kw: build(model_dir))
     rows = [
         {"id": f"q{i}", "question_text": f"Which cities, part {i}?", "ground_truth": [["Lyon"]]}
@@ -263,7 +251,7 @@ def test_an_evaluation_whose_engine_dies_fails_and_writes_nothing(
             out / "qampari.json",
             method="react",
             evaluation=EvaluationConfig(engine=name, max_context_tokens=2048, temperature=0.0, gpus=0),
-            retrieval={"topk": 2, "service": {}},
+            retrieval=SearchSettings(topk=2),
             agent=AgentConfig(max_turns=3, max_turn_tokens=16),
             job_log=job_log,
         )

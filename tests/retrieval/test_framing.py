@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from spader.retrieval.backend import SearchSettings
 from spader.retrieval.service import running_service
 
 HEADER_TIMEOUT_S = 1.0
@@ -36,7 +37,7 @@ def service(bm25_index, tmp_path_factory):
         },
     }
     log = tmp_path_factory.mktemp("framing") / "service.log"
-    with running_service(bm25_index, settings, log_path=log) as url:
+    with running_service(bm25_index, SearchSettings.from_config(settings), log_path=log) as url:
         host, port = url.removeprefix("http://").rsplit(":", 1)
         yield host, int(port), log
 

@@ -167,7 +167,7 @@ def test_concurrent_requests_are_merged_into_few_searches(backend, monkeypatch):
 def test_http_round_trip_through_running_service(bm25_index, settings, backend, tmp_path, caplog):
     caplog.set_level("INFO", logger="spader.retrieval.service")
     log = tmp_path / "service.log"
-    with running_service(bm25_index, settings, log_path=log, threads=2) as url:
+    with running_service(bm25_index, SearchSettings.from_config(settings), log_path=log, threads=2) as url:
         assert url.startswith("http://127.0.0.1:")
         with RetrievalClient(url, timeout=30, retries=1) as c:
             assert c.health()["documents"] == 11
@@ -196,7 +196,7 @@ def test_service_refuses_to_start_on_a_missing_index(settings, tmp_path):
     with pytest.raises(
         ServiceError, match=f"index {missing} exited with code 2(.|\n)*{missing} does not exist"
     ):
-        with running_service(missing, settings):
+        with running_service(missing, SearchSettings.from_config(settings)):
             pass
     assert time.monotonic() - started < 60
 
@@ -206,7 +206,7 @@ def test_service_is_stopped_when_the_job_fails(bm25_index, settings):
         settings, reranker=dict(settings["reranker"], model=None, path=None)
     )  # BM25 only: quick start
     with pytest.raises(RuntimeError, match="job failed"):
-        with running_service(bm25_index, settings) as url:
+        with running_service(bm25_index, SearchSettings.from_config(settings)) as url:
             port = int(url.rsplit(":", 1)[1])
             raise RuntimeError("job failed")
     with pytest.raises(OSError):
@@ -398,8 +398,9 @@ def test_client_retries_through_the_project_retry_policy(flaky, monkeypatch):
 
 _PARENT = """
 import json, sys, time
+from spader.retrieval.backend import SearchSettings
 from spader.retrieval.service import running_service
-with running_service(sys.argv[1], json.loads(sys.argv[2])) as url:
+with running_service(sys.argv[1], SearchSettings.from_config(json.loads(sys.argv[2]))) as url:
     print(url, flush=True)
     time.sleep(600)
 """

@@ -83,17 +83,14 @@ def retrieval_settings(reranker):
 
 @pytest.mark.slow
 def test_evidence_with_the_real_search(bm25_index, tiny_reranker, tmp_path):
-    from spader.retrieval.client import RetrievalClient
-    from spader.retrieval.service import running_service
+    from spader.retrieval.backend import SearchSettings
+    from spader.retrieval.service import connected_client
 
     mix = write_mix(tmp_path / "train.jsonl")
     settings = EvidenceSettings(depth=20, queries_per_request=2, concurrency=2)
     out, cov = tmp_path / "evidence.jsonl", tmp_path / "coverage.json"
-    retrieval = retrieval_settings(tiny_reranker)
-    with (
-        running_service(bm25_index, retrieval, threads=1) as url,
-        RetrievalClient(url, timeout=60, retries=1) as client,
-    ):
+    retrieval = SearchSettings.from_config(retrieval_settings(tiny_reranker))
+    with connected_client(bm25_index, retrieval, threads=1) as client:
         coverage = build_evidence(mix, out, cov, client=client, settings=settings)
         lines = [json.loads(x) for x in out.read_text().splitlines()]
         assert [x["id"] for x in lines] == ["qampari:q1", "mintaka:m1"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from spader.core.densify import STEPS_KEY, StepRecord, densify_rewards
+from spader.core.rewards import StepRewardWeights
 from spader.integrations.verl.episode_metrics import episode_metrics
 
 
@@ -22,15 +23,21 @@ def test_search_reward_range_of_a_batch():
         [StepRecord(turn=1, queries=1, hits=(0, 1)), StepRecord(turn=2, queries=1, hits=(1,))],
     ]
     _, stats = densify_rewards(
-        mask, torch.tensor([0.5, -1.0]), ["u", "u"], records, [2, 2], alpha=1.0, beta=4.0, cost=0.01
+        mask,
+        torch.tensor([0.5, -1.0]),
+        ["u", "u"],
+        records,
+        [2, 2],
+        StepRewardWeights(alpha=1.0, beta=4.0, cost=0.01),
     )
     metrics = stats.metrics()
     r_e0, r_e1 = 1 + 4 / 2, 1 + 4 / 1
     assert metrics["spader/search_reward/max"] == pytest.approx((r_e0 + r_e1 - 0.01) / 2)
     assert metrics["spader/search_reward/min"] == pytest.approx(-0.01 / 2)  # the repeat finds nothing new
     # no search step at all: the range is 0, not an infinity
-    _, none = densify_rewards(torch.tensor([[1, 1]]), torch.tensor([1.0]), ["v"], [[]], [None], alpha=1.0,
-                              beta=4.0, cost=0.01)  # fmt: skip
+    _, none = densify_rewards(
+        torch.tensor([[1, 1]]), torch.tensor([1.0]), ["v"], [[]], [None], StepRewardWeights(1.0, 4.0, 0.01)
+    )
     assert none.metrics()["spader/search_reward/min"] == none.metrics()["spader/search_reward/max"] == 0.0
 
 

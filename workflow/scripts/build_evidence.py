@@ -1,13 +1,14 @@
 """Glue for rule build_evidence. Logic: spader.scorers.evidence."""
 
 from spader.infra.glue import job, retrieval_settings
+from spader.retrieval.backend import SearchSettings
 from spader.scorers.evidence import EvidenceSettings, build_evidence_with_service, coverage_metrics
 
 with job(snakemake) as run:
     coverage = build_evidence_with_service(
         snakemake.input.train,
         snakemake.input.index,
-        retrieval_settings(snakemake.params.retrieval, snakemake.config),
+        SearchSettings.from_config(retrieval_settings(snakemake.params.retrieval, snakemake.config)),
         snakemake.output.evidence,
         snakemake.output.coverage,
         settings=EvidenceSettings.from_config(snakemake.params.evidence),

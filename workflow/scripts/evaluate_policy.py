@@ -3,6 +3,7 @@
 from spader.config import AgentConfig, EvaluationConfig
 from spader.evaluation import evaluate_policy
 from spader.infra.glue import job, retrieval_settings
+from spader.retrieval.backend import SearchSettings
 
 # sglang's engine starts worker processes that import the main module again: run only as __main__.
 if __name__ == "__main__":
@@ -17,7 +18,9 @@ if __name__ == "__main__":
             evaluation=EvaluationConfig.model_validate(snakemake.params.evaluation),
             agent=AgentConfig.model_validate(snakemake.params.agent),
             prompt=snakemake.params.prompt,
-            retrieval=retrieval_settings(snakemake.params.retrieval, snakemake.config),
+            retrieval=SearchSettings.from_config(
+                retrieval_settings(snakemake.params.retrieval, snakemake.config)
+            ),
             threads=snakemake.threads,
             service_log=snakemake.log.service,
             job_log=snakemake.log.job,

@@ -1,7 +1,9 @@
 """Glue for rule warmstart_policy. Logic: spader.demo.warmstart (tests/models/)."""
 
-from spader.demo.warmstart import warmstart_policy
+from spader.config import AgentConfig
+from spader.demo.warmstart import WarmstartSettings, warmstart_policy
 from spader.infra.glue import job, retrieval_settings
+from spader.retrieval.backend import SearchSettings
 
 with job(snakemake) as run:
     summary = warmstart_policy(
@@ -12,10 +14,12 @@ with job(snakemake) as run:
         snakemake.output.model,
         snakemake.output.trajectories,
         snakemake.output.summary,
-        warmstart=snakemake.params.warmstart,
-        agent=snakemake.params.agent,
+        warmstart=WarmstartSettings.from_config(snakemake.params.warmstart),
+        agent=AgentConfig.model_validate(snakemake.params.agent),
         prompt=snakemake.params.prompt,
-        retrieval=retrieval_settings(snakemake.params.retrieval, snakemake.config),
+        retrieval=SearchSettings.from_config(
+            retrieval_settings(snakemake.params.retrieval, snakemake.config)
+        ),
         threads=snakemake.threads,
         service_log=snakemake.log.service,
     )

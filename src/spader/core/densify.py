@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from spader.core.advantage import place_step_rewards, segment_steps
-from spader.core.rewards import NOVELTY, _search_rewards
+from spader.core.rewards import StepRewardWeights, _search_rewards
 
 __all__ = [
     "FAILURE_KEY",
@@ -188,12 +188,8 @@ def densify_rewards(
     group_ids: Sequence[Any],
     records: Sequence[Sequence[StepRecord]],
     n_gold: Sequence[int | None],
+    weights: StepRewardWeights,
     *,
-    alpha: float,
-    beta: float,
-    cost: float,
-    novelty: str = "inverse",
-    cost_scale: float = 1.0,
     skip: Sequence[bool] | None = None,
 ) -> tuple[Tensor, DensifyStats]:
     """Token-level rewards of a batch: search-step rewards and the terminal reward on step ends.
@@ -204,7 +200,7 @@ def densify_rewards(
         group_ids: (B,) prompt group (uid) of each trajectory, any hashable.
         records: per trajectory, the tool's :class:`StepRecord` list.
         n_gold: per trajectory, ``|E_GT|`` of its question (None when it never searched).
-        alpha, beta, cost, novelty, cost_scale: see :func:`spader.core.rewards.search_step_rewards`.
+        weights: the search-step reward's hyperparameters at this training step.
         skip: optional (B,) True for rows to leave at 0 (verl's synthetic padding rows).
     Returns:
         ``(dense (B, L) float32, stats)``.
@@ -228,10 +224,7 @@ def densify_rewards(
             stats.empty_responses += 1
             continue
         groups[group_ids[i]].append(i)
-    if novelty not in NOVELTY:
-        raise ValueError(f"novelty must be one of {NOVELTY}, got {novelty!r}")
     terminal_values = terminal.tolist()
-    step_cost = cost * cost_scale
     for uid, members in groups.items():
         hits, queries, n_gt_values = [], [], set()
         for i in members:
@@ -252,9 +245,7 @@ def densify_rewards(
                 raise ValueError(
                     f"group {uid!r} has search steps but no trajectory recorded {N_GOLD_KEY} >= 1"
                 )
-            rewards, new_counts = _search_rewards(
-                hits, queries, n_gt_values.pop(), alpha, beta, step_cost, novelty
-            )
+            rewards, new_counts = _search_rewards(hits, queries, n_gt_values.pop(), weights)
         else:
             rewards, new_counts = [[] for _ in members], [0] * len(members)
         for i, r, n_new in zip(members, rewards, new_counts, strict=False):

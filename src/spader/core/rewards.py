@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from spader.core.matching import find_hits, passage_hits  # re-exported: the rewards' hit definition
 
 __all__ = [
     "NOVELTY",
+    "StepRewardWeights",
     "cost_warmup_scale",
     "find_hits",
     "group_step_rewards",
@@ -39,6 +41,35 @@ __all__ = [
 #: Novelty premium shapes: ``inverse`` is the paper's ``1 / N``, ``exp_decay`` the authors' code
 #: ``exp(-(N - 1))``.
 NOVELTY = ("inverse", "exp_decay")
+
+
+@dataclass(frozen=True)
+class StepRewardWeights:
+    """The search-step reward's hyperparameters at one training step.
+
+    Attributes:
+        alpha: reward of a new entity; beta: weight of its novelty premium; cost: ``c``, the cost
+            of one query; novelty: ``"inverse"`` (paper) or ``"exp_decay"`` (authors' code);
+            cost_scale: the tool-cost warm-up's multiplier of ``cost`` (:func:`cost_warmup_scale`).
+
+    >>> StepRewardWeights(alpha=1.0, beta=4.0, cost=0.01, cost_scale=0.5).step_cost
+    0.005
+    """
+
+    alpha: float
+    beta: float
+    cost: float
+    novelty: str = "inverse"
+    cost_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.novelty not in NOVELTY:
+            raise ValueError(f"novelty must be one of {NOVELTY}, got {self.novelty!r}")
+
+    @property
+    def step_cost(self) -> float:
+        """The cost of one query at this step, ``cost_scale * cost``."""
+        return self.cost * self.cost_scale
 
 
 def novelty_premium(n_found: int, *, novelty: str = "inverse") -> float:
@@ -137,7 +168,9 @@ def search_step_rewards(
     [[1.5], [4.0]]
     """
     _check_shapes(hits, queries, n_gt)
-    rewards, _ = _search_rewards(hits, queries, n_gt, alpha, beta, cost * cost_scale, novelty)
+    rewards, _ = _search_rewards(
+        hits, queries, n_gt, StepRewardWeights(alpha, beta, cost, novelty, cost_scale)
+    )
     return rewards
 
 
@@ -145,10 +178,7 @@ def _search_rewards(
     hits: Sequence[Sequence[Iterable[int]]],
     queries: Sequence[Sequence[int]],
     n_gt: int,
-    alpha: float,
-    beta: float,
-    step_cost: float,
-    novelty: str,
+    weights: StepRewardWeights,
 ) -> tuple[list[list[float]], list[int]]:
     """:func:`search_step_rewards` after the shape checks; also returns the number of new entities
     per trajectory (the trainer logs it). Runs once per training batch on every search step, so
@@ -168,7 +198,8 @@ def _search_rewards(
         new_per_step.append(new_steps)
         for e in seen:
             found_by[e] = found_by.get(e, 0) + 1
-    value = {e: alpha + beta * novelty_premium(n, novelty=novelty) for e, n in found_by.items()}
+    alpha, beta, step_cost = weights.alpha, weights.beta, weights.step_cost
+    value = {e: alpha + beta * novelty_premium(n, novelty=weights.novelty) for e, n in found_by.items()}
     get = value.__getitem__
     rewards = [
         [(sum(map(get, new)) - step_cost * q) / n_gt for new, q in zip(new_steps, traj_queries, strict=False)]

@@ -18,9 +18,13 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spader.demo.sft import WarmstartSettings, encode_conversation, train_warmstart
+
+if TYPE_CHECKING:
+    from spader.config import AgentConfig
+    from spader.retrieval.backend import SearchSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +57,7 @@ def _questions(mix_path, eval_paths, settings: WarmstartSettings) -> list:
     return questions
 
 
-def _generated(eval_paths, settings: WarmstartSettings, agent, service, template, fits) -> list:
+def _generated(eval_paths, settings: WarmstartSettings, scripting: Mapping[str, Any]) -> list:
     """Episodes of ``settings.generated_worlds`` worlds generated with the seeds after the demo's,
     each searched over its own passages (:class:`spader.demo.trajectories.WorldSearch`)."""
     if not settings.generated_worlds:
@@ -66,15 +70,7 @@ def _generated(eval_paths, settings: WarmstartSettings, agent, service, template
     seeds = [SEED + k for k in range(1, settings.generated_worlds + 1)]
     out = []
     for questions, search in generated_questions(seeds, excluded):
-        out += script_trajectories(
-            questions,
-            search,
-            max_tool_response_chars=int(agent.get("max_tool_response_chars", 11000)),
-            max_query_chars=int(service.get("max_query_chars", 1000)),
-            max_searches=settings.max_searches,
-            template=template,
-            fits=fits,
-        )
+        out += script_trajectories(questions, search, **scripting)
     return out
 
 
@@ -125,9 +121,9 @@ def warmstart_policy(
     out_trajectories: str | os.PathLike,
     out_summary: str | os.PathLike,
     *,
-    warmstart: Mapping[str, Any],
-    agent: Mapping[str, Any],
-    retrieval: Mapping[str, Any],
+    warmstart: WarmstartSettings,
+    agent: AgentConfig,
+    retrieval: SearchSettings,
     prompt: Mapping[str, Any] | None = None,
     threads: int | None = None,
     service_log: str | os.PathLike | None = None,
@@ -143,9 +139,9 @@ def warmstart_policy(
         out_model: the warm-started model directory.
         out_trajectories: the scripted episodes (JSON Lines, kept or not).
         out_summary: settings, counts, losses and times (JSON).
-        warmstart: ``backbones.<name>.warmstart``; agent: ``config["agent"]`` (observation
-            budget); retrieval: retrieval settings with the service block; prompt: the rule's
-            prompt-template param.
+        warmstart: the settings of ``backbones.<name>.warmstart``; agent: the ``agent`` section
+            (observation and turn budgets); retrieval: the search and service settings; prompt:
+            the rule's prompt-template param.
         threads: the job's CPU threads (shared with the service while scripting).
         service_log: the retrieval service's log file.
     Returns:
@@ -153,12 +149,10 @@ def warmstart_policy(
     Raises:
         ValueError: the model is not a tiny one, or no scripted episode shows a gold entity.
     """
-    from spader.agent.search import RetrievalSearch
     from spader.core.prompt import checked_template
     from spader.demo.trajectories import script_trajectories
+    from spader.evaluation.evaluate import service_search
     from spader.models.local import is_tiny
-    from spader.retrieval.client import RetrievalClient
-    from spader.retrieval.service import running_service
 
     if not is_tiny(model_dir):
         raise ValueError(
@@ -166,34 +160,19 @@ def warmstart_policy(
         )
     from transformers import AutoTokenizer
 
-    settings = WarmstartSettings.from_config(warmstart)
     template = checked_template(prompt)
-    fits = turn_fits(AutoTokenizer.from_pretrained(str(model_dir)), agent.get("max_turn_tokens"))
-    questions = _questions(mix_path, eval_paths, settings)
-    service = dict(retrieval.get("service") or {})
+    scripting = {
+        "max_tool_response_chars": agent.max_tool_response_chars,
+        "max_query_chars": retrieval.max_query_chars,
+        "max_searches": warmstart.max_searches,
+        "template": template,
+        "fits": turn_fits(AutoTokenizer.from_pretrained(str(model_dir)), agent.max_turn_tokens),
+    }
+    questions = _questions(mix_path, eval_paths, warmstart)
     started = time.monotonic()
-    with (
-        running_service(index_dir, dict(retrieval), log_path=service_log, threads=threads) as url,
-        RetrievalClient(
-            url, timeout=service.get("request_timeout_s", 120), retries=service.get("retries", 3)
-        ) as client,
-    ):
-        search = RetrievalSearch(
-            client,
-            topk=int(retrieval.get("topk", 5)),
-            max_query_chars=int(service.get("max_query_chars", 1000)),
-            max_queries_per_request=int(service.get("max_queries_per_request", 512)),
-        )
-        trajectories = script_trajectories(
-            questions,
-            search,
-            max_tool_response_chars=int(agent.get("max_tool_response_chars", 11000)),
-            max_query_chars=int(service.get("max_query_chars", 1000)),
-            max_searches=settings.max_searches,
-            template=template,
-            fits=fits,
-        )
-    trajectories += _generated(eval_paths, settings, agent, service, template, fits)
+    with service_search(index_dir, retrieval, log_path=service_log, threads=threads) as search:
+        trajectories = script_trajectories(questions, search, **scripting)
+    trajectories += _generated(eval_paths, warmstart, scripting)
     script_seconds = time.monotonic() - started
     kept = [t for t in trajectories if t.kept]
     if not kept:
@@ -203,7 +182,7 @@ def warmstart_policy(
     with open(out_trajectories, "w", encoding="utf-8") as f:
         for t in trajectories:
             f.write(json.dumps(t.to_json(), ensure_ascii=False) + "\n")
-    metrics = train_warmstart(model_dir, [t.messages for t in kept], out_model, settings, threads=threads)
+    metrics = train_warmstart(model_dir, [t.messages for t in kept], out_model, warmstart, threads=threads)
     summary = {
         **metrics,
         "questions": len(questions),

@@ -12,13 +12,14 @@ share and the job's log): scores computed over the episodes left would look like
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from spader.core.prompt import PromptTemplate, checked_template
 from spader.evaluation.backends import build_engine
 from spader.evaluation.episodes import episode_record, load_eval_set, summarize, write_jsonl
 from spader.models.local import is_tiny
+from spader.retrieval.backend import SearchSettings
+from spader.retrieval.service import connected_client
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,7 @@ __all__ = [
     "evaluate_method",
     "evaluate_policy",
     "evaluate_seeds",
+    "service_search",
 ]
 
 TINY_NOTE = (
@@ -125,18 +129,24 @@ def evaluate_seeds(
     return records
 
 
-def _service_and_client():
-    """The retrieval service API. Imported here so the agent and the scoring code do
-    not depend on pyserini/FlagEmbedding."""
-    try:
-        from spader.retrieval.client import RetrievalClient
-        from spader.retrieval.service import running_service
-    except ImportError as exc:
-        raise RuntimeError(
-            "rule evaluate_policy needs the retrieval service (spader.retrieval.service.running_service and "
-            f"spader.retrieval.client.RetrievalClient), which cannot be imported: {exc}"
-        ) from exc
-    return running_service, RetrievalClient
+@contextlib.contextmanager
+def service_search(
+    index_dir: str | os.PathLike,
+    search: SearchSettings,
+    *,
+    log_path: str | os.PathLike | None = None,
+    threads: int | None = None,
+) -> Iterator[RetrievalSearch]:
+    """The agent's search tool (:class:`RetrievalSearch`) against a retrieval service started for
+    the block, queries cut and batched as the service accepts them (training's search tool does
+    the same)."""
+    with connected_client(index_dir, search, log_path=log_path, threads=threads) as client:
+        yield RetrievalSearch(
+            client,
+            topk=search.topk,
+            max_query_chars=search.max_query_chars,
+            max_queries_per_request=search.max_queries_per_request,
+        )
 
 
 def evaluate_policy(
@@ -148,7 +158,7 @@ def evaluate_policy(
     *,
     method: str,
     evaluation: EvaluationConfig,
-    retrieval: Mapping[str, Any],
+    retrieval: SearchSettings,
     agent: AgentConfig | None = None,
     prompt: Mapping[str, Any] | None = None,
     threads: int | None = None,
@@ -164,8 +174,8 @@ def evaluate_policy(
             trained variant).
         out_records, out_summary: per-instance JSONL and summary JSON to write.
         evaluation: the ``evaluation`` section, its context budget resolved
-            (:meth:`spader.config.Config.evaluation_params`); retrieval: ``config["retrieval"]``
-            (reranker resolved to a local ``path``).
+            (:meth:`spader.config.Config.evaluation_params`); retrieval: the search and service
+            settings (reranker resolved to a local directory).
         agent: the ``agent`` section, the turn settings shared with training.
         prompt: ``{"path": template file or None, "version": its hash}`` (the rule's param); the
             file's hash must still be ``version`` (an edit after the DAG was built fails here).
@@ -179,11 +189,9 @@ def evaluate_policy(
             the episodes (nothing is written).
     """
     agent = agent or AgentConfig()
-    service = dict(retrieval.get("service", {}))
     # queries are cut to what the service accepts, as training's search tool does
     settings = dataclasses.replace(
-        AgentSettings.from_config(evaluation, agent),
-        max_query_chars=int(service.get("max_query_chars", 1000)),
+        AgentSettings.from_config(evaluation, agent), max_query_chars=retrieval.max_query_chars
     )
     template = checked_template(prompt)
     items = load_eval_set(records_path)
@@ -266,7 +274,7 @@ class _EngineLoad:
 
 
 def _episodes_beside_the_service(
-    items, engine_load: _EngineLoad, index_dir, retrieval: Mapping[str, Any], settings: AgentSettings,
+    items, engine_load: _EngineLoad, index_dir, retrieval: SearchSettings, settings: AgentSettings,
     *, method: str, template: PromptTemplate, seeds, threads, service_log, log_path,
 ) -> tuple[list[dict], int]:  # fmt: skip
     """Start the job's retrieval service, run every episode against it, stop it.
@@ -276,21 +284,8 @@ def _episodes_beside_the_service(
     Raises:
         EvaluationFailed: the engine failed in a way that leaves no usable record.
     """
-    running_service, RetrievalClient = _service_and_client()
-    service = dict(retrieval.get("service", {}))
-    with (
-        running_service(index_dir, dict(retrieval), log_path=service_log, threads=threads) as base_url,
-        RetrievalClient(
-            base_url, timeout=service.get("request_timeout_s", 120), retries=service.get("retries", 3)
-        ) as client,
-    ):
+    with service_search(index_dir, retrieval, log_path=service_log, threads=threads) as search:
         engine = engine_load.get()
-        search = RetrievalSearch(
-            client,
-            topk=int(retrieval.get("topk", 5)),
-            max_query_chars=int(service.get("max_query_chars", 1000)),
-            max_queries_per_request=int(service.get("max_queries_per_request", 512)),
-        )
         try:
             records = evaluate_seeds(
                 items, engine, search, settings, method=method, template=template, seeds=seeds

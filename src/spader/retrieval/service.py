@@ -25,11 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from spader.retrieval.backend import SearchSettings
+from spader.retrieval.client import RetrievalClient
 from spader.retrieval.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["exit_with_parent", "reranker_on_job_gpus", "running_service", "serve", "serve_command"]
+__all__ = [
+    "connected_client",
+    "exit_with_parent",
+    "reranker_on_job_gpus",
+    "running_service",
+    "serve",
+    "serve_command",
+]
 
 _STOP_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -328,7 +336,7 @@ def _stop(proc: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def running_service(
     index_dir: str | os.PathLike,
-    settings: Mapping[str, Any],
+    search: SearchSettings,
     *,
     log_path: str | os.PathLike | None = None,
     threads: int | None = None,
@@ -337,8 +345,8 @@ def running_service(
 
     Args:
         index_dir: Lucene index with raw documents (a prebuilt one is checked the same way).
-        settings: ``config["retrieval"]`` as the rules pass it (``params.retrieval``), with
-            ``settings["reranker"]["path"]`` the resolved local model directory.
+        search: the search and service settings (:meth:`SearchSettings.from_config` of the job's
+            retrieval settings, the reranker resolved to a local directory).
         log_path: file the service's output is appended to (default: a temporary file, shown
             in the error when the start fails).
         threads: search and CPU reranking threads (default 1).
@@ -352,10 +360,9 @@ def running_service(
 
     Raises:
         ServiceError: the service exited or was not healthy within
-            ``settings["service"]["startup_timeout_s"]``; the message names the index and shows
+            ``search.startup_timeout_s``; the message names the index and shows
             the end of the service log.
     """
-    search = SearchSettings.from_config(settings)
     connect_host = "127.0.0.1" if search.host in ("0.0.0.0", "") else search.host
     if ":" in connect_host:
         connect_host = "::1" if connect_host == "::" else connect_host
@@ -382,6 +389,23 @@ def running_service(
                 _log_stats(url)
             _stop(proc)
             log.info("retrieval service for %s stopped", index_dir)
+
+
+@contextlib.contextmanager
+def connected_client(
+    index_dir: str | os.PathLike,
+    search: SearchSettings,
+    *,
+    log_path: str | os.PathLike | None = None,
+    threads: int | None = None,
+) -> Iterator[RetrievalClient]:
+    """A client of a service started for the block (:func:`running_service`), with the settings'
+    request timeout and retries; both are closed when the block is left."""
+    with (
+        running_service(index_dir, search, log_path=log_path, threads=threads) as url,
+        RetrievalClient(url, timeout=search.request_timeout_s, retries=search.retries) as client,
+    ):
+        yield client
 
 
 def _wait_ready(proc, port_file: Path, host: str, index_dir, log_file: Path, timeout: float) -> str:

@@ -30,12 +30,15 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spader.core.matching import find_hits
 from spader.core.text import normalize
 from spader.data.readers import iter_jsonl, open_release
 from spader.data.records import MIX_SCHEMA, DataFormatError, read_records
+
+if TYPE_CHECKING:
+    from spader.retrieval.backend import SearchSettings
 
 __all__ = [
     "EvidenceSettings",
@@ -290,7 +293,7 @@ def read_evidence(path: str | os.PathLike) -> dict[str, list[str]]:
 def build_evidence_with_service(
     mix_train: str | os.PathLike,
     index_dir: str | os.PathLike,
-    retrieval: Mapping[str, Any],
+    retrieval: SearchSettings,
     out_evidence: str | os.PathLike,
     out_coverage: str | os.PathLike,
     *,
@@ -306,33 +309,27 @@ def build_evidence_with_service(
         mix_train, out_evidence, out_coverage, settings, qampari_release, qampari_member: see
             :func:`build_evidence`.
         index_dir: the Lucene index.
-        retrieval: the job's full retrieval settings (reranker path, service block).
+        retrieval: the job's search and service settings (reranker resolved to a local directory).
         threads: search and CPU reranking threads of the service.
         service_log: the service's log file.
     Returns:
         The coverage dict.
     """
-    from spader.retrieval.client import RetrievalClient
-    from spader.retrieval.service import running_service
+    from spader.retrieval.service import connected_client
 
-    service = retrieval.get("service") or {}
-    limit = int(service.get("max_queries_per_request", settings.queries_per_request))
+    limit = retrieval.max_queries_per_request
     if settings.queries_per_request > limit:
         raise ValueError(
             f"stepsearch.evidence.queries_per_request ({settings.queries_per_request}) exceeds "
             f"retrieval.service.max_queries_per_request ({limit})"
         )
-    with running_service(index_dir, retrieval, log_path=service_log, threads=threads) as url:
-        client = RetrievalClient(
-            url, timeout=float(service.get("request_timeout_s", 120)), retries=int(service.get("retries", 3))
+    with connected_client(index_dir, retrieval, log_path=service_log, threads=threads) as client:
+        return build_evidence(
+            mix_train,
+            out_evidence,
+            out_coverage,
+            client=client,
+            settings=settings,
+            qampari_release=qampari_release,
+            qampari_member=qampari_member,
         )
-        with client:
-            return build_evidence(
-                mix_train,
-                out_evidence,
-                out_coverage,
-                client=client,
-                settings=settings,
-                qampari_release=qampari_release,
-                qampari_member=qampari_member,
-            )

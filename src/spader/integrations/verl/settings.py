@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spader.core.advantage import EPS_PLACEMENTS
-from spader.core.rewards import NOVELTY, cost_warmup_scale
+from spader.core.rewards import NOVELTY, StepRewardWeights, cost_warmup_scale
 
 __all__ = ["SpaderSettings"]
 
@@ -80,3 +80,7 @@ class SpaderSettings:
         if self.free_steps is None:
             return 1.0
         return cost_warmup_scale(global_step, free_steps=self.free_steps, ramp_steps=self.ramp_steps)
+
+    def step_weights(self, global_step: int) -> StepRewardWeights:
+        """The search-step reward's hyperparameters at training step ``global_step``."""
+        return StepRewardWeights(self.alpha, self.beta, self.cost, self.novelty, self.cost_scale(global_step))

@@ -68,21 +68,16 @@ def densify_tq_batch(batch, settings: SpaderSettings, global_step: int) -> dict[
     ]
     n_gold = [(e or {}).get(N_GOLD_KEY) for e in extra]
     skip = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-    scale = settings.cost_scale(global_step)
     dense, stats = densify_rewards(
         response_mask,
         terminal,
         uids,
         records,
         n_gold,
-        alpha=settings.alpha,
-        beta=settings.beta,
-        cost=settings.cost,
-        novelty=settings.novelty,
-        cost_scale=scale,
+        settings.step_weights(global_step),
         skip=skip,
     )
-    stats.extra["cost_scale"] = scale
+    stats.extra["cost_scale"] = settings.cost_scale(global_step)
     # TransferQueue hands back a regular tensor when every sample has the same length
     rm_scores = response_to_nested(dense, stored_mask) if stored_mask.is_nested else dense
     out = TensorDict({"rm_scores": rm_scores}, batch_size=len(batch))
