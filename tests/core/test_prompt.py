@@ -8,6 +8,7 @@ from spader.core.prompt import (
     PROMPT_TEMPLATE,
     PROMPT_VERSION,
     build_messages,
+    checked_template,
     load_template,
 )
 
@@ -57,3 +58,16 @@ def test_a_replacement_template_from_config(tmp_path):
     path.write_bytes(b"\xff\xfe Question: {question}")
     with pytest.raises(ValueError, match="authors.txt: not UTF-8"):
         load_template(path)
+
+
+def test_a_job_refuses_a_template_edited_after_the_workflow_planned_it(tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_text("Answer this.\nQuestion: {question}", encoding="utf-8")
+    planned = load_template(path).version
+    assert checked_template({"path": str(path), "version": planned}).version == planned
+    assert checked_template(None).version == PROMPT_VERSION  # no param: the project's template
+    path.write_text("Answer this carefully.\nQuestion: {question}", encoding="utf-8")
+    with pytest.raises(
+        ValueError, match=rf"mine.txt has version \w+, but the job was planned with {planned}"
+    ):
+        checked_template({"path": str(path), "version": planned})

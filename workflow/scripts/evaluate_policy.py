@@ -1,6 +1,7 @@
 """Glue for rule evaluate_policy. Logic: spader.evaluation.evaluate."""
 
 from spader.config import AgentConfig, EvaluationConfig
+from spader.core.prompt import checked_template
 from spader.evaluation import evaluate_policy
 from spader.infra.glue import job, retrieval_settings
 from spader.retrieval.backend import SearchSettings
@@ -17,7 +18,7 @@ if __name__ == "__main__":
             method=snakemake.params.method,
             evaluation=EvaluationConfig.model_validate(snakemake.params.evaluation),
             agent=AgentConfig.model_validate(snakemake.params.agent),
-            prompt=snakemake.params.prompt,
+            prompt=checked_template(snakemake.params.prompt),
             retrieval=SearchSettings.from_config(
                 retrieval_settings(snakemake.params.retrieval, snakemake.config)
             ),

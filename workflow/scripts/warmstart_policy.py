@@ -1,6 +1,7 @@
 """Glue for rule warmstart_policy. Logic: spader.demo.warmstart (tests/models/)."""
 
 from spader.config import AgentConfig
+from spader.core.prompt import checked_template
 from spader.demo.warmstart import WarmstartSettings, warmstart_policy
 from spader.infra.glue import job, retrieval_settings
 from spader.retrieval.backend import SearchSettings
@@ -16,7 +17,7 @@ with job(snakemake) as run:
         snakemake.output.summary,
         warmstart=WarmstartSettings.from_config(snakemake.params.warmstart),
         agent=AgentConfig.model_validate(snakemake.params.agent),
-        prompt=snakemake.params.prompt,
+        prompt=checked_template(snakemake.params.prompt),
         retrieval=SearchSettings.from_config(
             retrieval_settings(snakemake.params.retrieval, snakemake.config)
         ),

@@ -24,6 +24,7 @@ from spader.demo.sft import WarmstartSettings, encode_conversation, train_warmst
 
 if TYPE_CHECKING:
     from spader.config import AgentConfig
+    from spader.core.prompt import PromptTemplate
     from spader.retrieval.backend import SearchSettings
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def warmstart_policy(
     warmstart: WarmstartSettings,
     agent: AgentConfig,
     retrieval: SearchSettings,
-    prompt: Mapping[str, Any] | None = None,
+    prompt: PromptTemplate | None = None,
     threads: int | None = None,
     service_log: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -141,7 +142,7 @@ def warmstart_policy(
         out_summary: settings, counts, losses and times (JSON).
         warmstart: the settings of ``backbones.<name>.warmstart``; agent: the ``agent`` section
             (observation and turn budgets); retrieval: the search and service settings; prompt:
-            the rule's prompt-template param.
+            the user-prompt template (default: the project's).
         threads: the job's CPU threads (shared with the service while scripting).
         service_log: the retrieval service's log file.
     Returns:
@@ -149,7 +150,7 @@ def warmstart_policy(
     Raises:
         ValueError: the model is not a tiny one, or no scripted episode shows a gold entity.
     """
-    from spader.core.prompt import checked_template
+    from spader.core.prompt import load_template
     from spader.demo.trajectories import script_trajectories
     from spader.evaluation.evaluate import service_search
     from spader.models.local import is_tiny
@@ -160,7 +161,7 @@ def warmstart_policy(
         )
     from transformers import AutoTokenizer
 
-    template = checked_template(prompt)
+    template = prompt or load_template()
     scripting = {
         "max_tool_response_chars": agent.max_tool_response_chars,
         "max_query_chars": retrieval.max_query_chars,

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 from spader.agent.loop import AgentSettings, GenerationFailure, Question, SearchFn, run_episodes
 from spader.agent.search import RetrievalSearch
 from spader.config.model import AgentConfig, EvaluationConfig
-from spader.core.prompt import PromptTemplate, checked_template
+from spader.core.prompt import PromptTemplate, load_template
 from spader.evaluation.backends import build_engine
 from spader.evaluation.episodes import episode_record, load_eval_set, summarize, write_jsonl
 from spader.models.local import is_tiny
@@ -160,7 +160,7 @@ def evaluate_policy(
     evaluation: EvaluationConfig,
     retrieval: SearchSettings,
     agent: AgentConfig | None = None,
-    prompt: Mapping[str, Any] | None = None,
+    prompt: PromptTemplate | None = None,
     threads: int | None = None,
     service_log: str | os.PathLike | None = None,
     job_log: str | os.PathLike | None = None,
@@ -177,8 +177,8 @@ def evaluate_policy(
             (:meth:`spader.config.Config.evaluation_params`); retrieval: the search and service
             settings (reranker resolved to a local directory).
         agent: the ``agent`` section, the turn settings shared with training.
-        prompt: ``{"path": template file or None, "version": its hash}`` (the rule's param); the
-            file's hash must still be ``version`` (an edit after the DAG was built fails here).
+        prompt: the user-prompt template the job was planned with (the rule's prompt param through
+            :func:`spader.core.prompt.checked_template`; default: the project's).
         threads: CPU threads of the job (shared by the service).
         service_log: where the retrieval service writes its log.
         job_log: the job's log (named in the error of a failed evaluation).
@@ -193,7 +193,7 @@ def evaluate_policy(
     settings = dataclasses.replace(
         AgentSettings.from_config(evaluation, agent), max_query_chars=retrieval.max_query_chars
     )
-    template = checked_template(prompt)
+    template = prompt or load_template()
     items = load_eval_set(records_path)
     tiny = is_tiny(model_dir)
     if tiny:
