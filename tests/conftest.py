@@ -1,13 +1,18 @@
 """Shared test helpers (the `smk` fixture): run the real `snakemake` CLI of the project's venv in
-the repository or in a copy of it, and parse its dry-run job listing."""
+the repository or in a copy of it, and parse its dry-run job listing; the session's run of the
+README's CPU demo (`demo_run`), started in the background at the session's first test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,16 +22,22 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def run_snakemake(
-    *args: str, cwd: Path = REPO, check: bool = True, timeout: float = 900
-) -> subprocess.CompletedProcess:
-    """Run the project's snakemake; XDG_CACHE_HOME is kept inside the work dir. In a copy of the
-    repository, the copy's own package is imported (jobs run it and code fingerprints hash it)."""
+def snakemake_env(cwd: Path) -> dict[str, str]:
+    """The environment of a snakemake run in ``cwd``: XDG_CACHE_HOME is kept inside the work dir;
+    in a copy of the repository, the copy's own package is imported (jobs run it and code
+    fingerprints hash it)."""
     env = dict(os.environ, XDG_CACHE_HOME=str(Path(cwd) / ".cache"))
     if Path(cwd).resolve() != REPO.resolve() and (Path(cwd) / "src" / "spader").is_dir():
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(cwd) / "src"), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_snakemake(
+    *args: str, cwd: Path = REPO, check: bool = True, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """Run the project's snakemake (environment: :func:`snakemake_env`)."""
     proc = subprocess.run(
-        [SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [SNAKEMAKE, *args], cwd=cwd, env=snakemake_env(cwd), capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -110,6 +121,16 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
+def demo_args() -> list[str]:
+    """The README's CPU demo command, without its ``snakemake``."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## CPU demo", 1)[1]
+    command = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
+    args = command.split()
+    assert args[0].endswith("snakemake")
+    return args[1:]
+
+
 class Smk:
     """What the tests use (conftest modules are not importable under --import-mode=importlib)."""
 
@@ -118,11 +139,89 @@ class Smk:
     dry_run_jobs = staticmethod(dry_run_jobs)
     parse_jobs = staticmethod(parse_jobs)
     copy_repo = staticmethod(copy_repo)
+    demo_args = staticmethod(demo_args)
 
 
 @pytest.fixture(scope="session")
 def smk() -> Smk:
     return Smk()
+
+
+class BackgroundDemo:
+    """The README's CPU demo command running in a fresh copy of the repository while other tests
+    run: it waits mostly on its own jobs, so the session's other tests use the cores it leaves."""
+
+    TIMEOUT_S = 3600.0
+
+    def __init__(self, root: Path):
+        self.work = copy_repo(root / "repo")
+        self.output = root / "snakemake.out"
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        with open(self.output, "wb") as out:
+            self.proc = subprocess.Popen(
+                [SNAKEMAKE, *demo_args()],
+                cwd=self.work,
+                env=snakemake_env(self.work),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.finished = time.monotonic()
+
+    def result(self) -> dict:
+        """Wait for the demo; ``{"work": the copy, "elapsed": its wall seconds, "log": snakemake's
+        output}``. Raises AssertionError when it failed or ran past :attr:`TIMEOUT_S`."""
+        self._waiter.join(max(0.0, self.started + self.TIMEOUT_S - time.monotonic()))
+        log = self.output.read_text(errors="replace")
+        if self.finished is None:
+            self.stop()
+            raise AssertionError(f"the demo ran past {self.TIMEOUT_S:.0f} s:\n{log[-8000:]}")
+        if self.proc.returncode != 0:
+            raise AssertionError(f"the demo failed ({self.proc.returncode}):\n{log[-12000:]}")
+        return {"work": self.work, "elapsed": self.finished - self.started, "log": log}
+
+    def stop(self) -> None:
+        """End the demo's process group when it is still running (the session ends early)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_demo(request, tmp_path_factory):
+    """Start the demo at the session's first test when a selected test reads it (``demo_run``)."""
+    if not any("demo_run" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    demo = BackgroundDemo(tmp_path_factory.mktemp("demo"))
+    yield demo
+    demo.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_run(_background_demo) -> dict:
+    """The session's run of the README's CPU demo in a fresh copy of the repository, shared by the
+    tests that read it (tests/workflow/test_demo.py, which then mutates the copy, runs after the
+    others).
+
+    Returns:
+        ``{"work": the copy, "elapsed": its wall seconds, "log": snakemake's output}``.
+    """
+    run = _background_demo.result()
+    print(f"demo wall time: {run['elapsed']:.0f} s")
+    return run
 
 
 # Tiny random models (spader.demo.tiny), built once per test session and shared by every test

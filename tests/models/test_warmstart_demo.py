@@ -1,19 +1,17 @@
 """Rule warmstart_policy on the CPU demo, and the warm-started policy acting in the real
 evaluation loop.
 
-One module fixture runs the real snakemake CLI in a scratch work directory with config/demo.yaml
-(MLflow off): the demo's data rules, the BM25 index, the tiny models and warmstart_policy with its
-own retrieval service. The policy is then run greedily on CPU through the agent loop of
-evaluation (spader.agent.loop with the transformers engine) on the demo's four evaluation sets,
-with the same BM25 + reranker backend the service runs, in process. Nothing is faked.
+The tests read the session's run of the README's demo command (the ``demo_run`` fixture of
+tests/conftest.py: the real snakemake CLI in a fresh copy of the repository), whose
+warmstart_policy job scripted episodes against its own retrieval service. The policy is then run
+greedily on CPU through the agent loop of evaluation (spader.agent.loop with the transformers
+engine) on the demo's four evaluation sets, with the same BM25 + reranker backend the service
+runs, in process. Nothing is faked.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
 WARM = "results/demo/warmstart"
 
@@ -36,26 +33,10 @@ MIN_RAG_VALID = 0.5  # rag episodes (one forced retrieval, then one turn to answ
 MIN_SEARCHED = 0.9  # react episodes whose first turn is a search that ran
 
 
-def snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [SNAKEMAKE, "-s", str(REPO / "workflow" / "Snakefile"), "--directory", str(work), "-c2"]
-    cmd += ["--configfile", "config/demo.yaml", "test.yaml", *args]
-    env = dict(os.environ, XDG_CACHE_HOME=str(work / ".cache"), HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted((work / "logs").rglob("*.log")))
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-6000:]}\n{logs}")
-    return proc
-
-
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("warmstart") / "work"
-    work.mkdir()
-    (work / "config").symlink_to(REPO / "config")
-    (work / "test.yaml").write_text(json.dumps({"mlflow": {"enabled": False}}))
-    targets = [f"{WARM}/model", *(f"results/demo/data/eval/{d}.jsonl" for d in DATASETS)]
-    snakemake(work, "--", *targets)  # "--": the targets are not more config files
-    return work
+def demo(demo_run) -> Path:
+    """The work directory of the session's demo run (tests/conftest.py, ``demo_run``)."""
+    return demo_run["work"]
 
 
 @pytest.fixture(scope="module")
@@ -147,28 +128,19 @@ def test_warm_started_policy_searches_and_answers_in_the_evaluation_loop(episode
     assert rag["valid"] >= MIN_RAG_VALID, rag
 
 
-def _jobs(demo: Path, *args: str) -> list[tuple[str, str]]:
-    """(rule, input) of the jobs a dry run would run."""
-    proc = snakemake(demo, "-n", *args)
-    jobs, rule = [], None
-    for line in (proc.stdout + proc.stderr).splitlines():
-        if line.startswith(("rule ", "localrule ")):
-            rule = line.split()[1].rstrip(":")
-            jobs.append((rule, ""))
-        elif rule and line.startswith("    input: "):
-            jobs[-1] = (rule, line.split(": ", 1)[1])
-    return jobs
+def _jobs(smk, demo: Path, *args: str) -> list[tuple[str, str]]:
+    """(rule, input) of the jobs a dry run of the demo command would run."""
+    proc = smk.run(*smk.demo_args(), "-n", *args, cwd=demo)
+    return [(job.rule, job.fields.get("input", "")) for job in smk.parse_jobs(proc.stdout + proc.stderr)]
 
 
-def test_rerun_scope_and_consumers_of_the_warm_start(demo, tmp_path):
+def test_rerun_scope_and_consumers_of_the_warm_start(smk, demo, tmp_path):
     """Only a warm-start setting reruns the warm start (not the data, index or tiny model), and the
     prompting baselines evaluate the warm-started model."""
-    assert _jobs(demo, f"{WARM}/model") == []
+    assert _jobs(smk, demo, f"{WARM}/model") == []
     overlay = tmp_path / "ws.yaml"
     overlay.write_text(json.dumps({"backbones": {"demo": {"warmstart": {"steps": 7}}}}))
-    changed = _jobs(
-        demo, "--configfile", "config/demo.yaml", "test.yaml", str(overlay), "--", f"{WARM}/model"
-    )
+    changed = _jobs(smk, demo, "--configfile", "config/demo.yaml", str(overlay), "--", f"{WARM}/model")
     assert [rule for rule, _ in changed] == ["warmstart_policy"]
-    evaluation = _jobs(demo, "results/demo/eval/react/qampari.jsonl")
+    evaluation = _jobs(smk, demo, "--force", "results/demo/eval/react/qampari.jsonl")
     assert [f"{WARM}/model" in inputs for rule, inputs in evaluation if rule == "evaluate_policy"] == [True]

@@ -1,7 +1,8 @@
 """The CPU demo end to end, as the README runs it, in a fresh copy of the repository; then the
 rerun cases on the stages it ran.
 
-One demo run (module fixture) is shared by the tests below, which then mutate that copy in order.
+One demo run (the session fixture ``demo_run``) is shared by the tests below, which then mutate
+that copy in order.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import csv
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -19,18 +19,9 @@ pytestmark = pytest.mark.slow
 DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
 
 
-def _demo_args(smk) -> list[str]:
-    readme = (smk.repo / "README.md").read_text()
-    section = readme.split("\n## CPU demo", 1)[1]
-    command = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
-    args = command.split()
-    assert args[0].endswith("snakemake")
-    return args[1:]
-
-
 def _scheduled(smk, workdir: Path, *extra: str) -> set[tuple[str, str]]:
     """(rule, wildcards) of the jobs a dry run of the demo would run now."""
-    proc = smk.run(*_demo_args(smk), "-n", *extra, cwd=workdir)
+    proc = smk.run(*smk.demo_args(), "-n", *extra, cwd=workdir)
     return {
         (j.rule, ",".join(f"{k}={v}" for k, v in sorted(j.wildcards.items())))
         for j in smk.parse_jobs(proc.stdout + proc.stderr)
@@ -42,13 +33,9 @@ def _rules(jobs) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory, smk):
-    work = smk.copy_repo(tmp_path_factory.mktemp("demo") / "repo")
-    start = time.monotonic()
-    proc = smk.run(*_demo_args(smk), cwd=work, timeout=1800)
-    elapsed = time.monotonic() - start
-    print(f"demo wall time: {elapsed:.0f} s")
-    return {"work": work, "elapsed": elapsed, "log": proc.stdout + proc.stderr}
+def demo(demo_run):
+    """The session's demo run (tests/conftest.py); the tests below mutate its copy in order."""
+    return demo_run
 
 
 def test_demo_writes_the_tables(demo):
@@ -203,7 +190,7 @@ def test_demo_report_shows_the_learning_curves(demo, smk):
     assert {int(r["step"]) for r in curves} == {1, 2}
     assert (results / "learning_curves.png").stat().st_size > 10_000
     report = demo["work"] / "report.html"
-    smk.run(*_demo_args(smk), "--report", str(report), cwd=demo["work"])
+    smk.run(*smk.demo_args(), "--report", str(report), cwd=demo["work"])
     html = report.read_text(encoding="utf-8")
     assert "learning_curves.png" in html and "Learning curves of the training runs" in html
     report.unlink()  # the checkout-is-clean test below lists what the demo leaves
