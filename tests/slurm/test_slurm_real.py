@@ -71,10 +71,10 @@ def _copy_workflow(dest: Path) -> Path:
 
 def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
     work = _copy_workflow(tmp_path / "repo")
-    # The executor's plumbing is what is tested here: the demo's prompting baselines only (its CPU
-    # training runs end to end in tests/workflow/test_demo.py).
+    # The executor's plumbing is what is tested here: the demo's DAG with one prompting method (its
+    # CPU training and the other methods run end to end in tests/workflow/test_demo.py).
     (work / "baselines_only.yaml").write_text(
-        json.dumps({"backbones": {"demo": {"variants": [], "warmstart": None}}})
+        json.dumps({"backbones": {"demo": {"variants": [], "prompting": ["react"], "warmstart": None}}})
     )
     # targets first: --configfile takes every following word as a config file
     rc, out = _snakemake(
