@@ -221,6 +221,7 @@ def bench_reward(args) -> dict:
 
 def bench_evidence(args) -> dict:
     from spader.data.records import MIX_SCHEMA, records_frame, write_frame
+    from spader.retrieval.backend import SearchSettings
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.index import build_bm25_index
     from spader.retrieval.service import running_service
@@ -278,7 +279,7 @@ def bench_evidence(args) -> dict:
         }
         results = {}
         with (
-            running_service(index, settings, threads=2) as url,
+            running_service(index, SearchSettings.from_config(settings), threads=2) as url,
             RetrievalClient(url, timeout=600, retries=0) as client,
         ):
             for name, s in (

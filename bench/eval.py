@@ -141,6 +141,7 @@ def demo_inputs():
         return None
     from spader.agent.search import RetrievalSearch
     from spader.evaluation.episodes import load_eval_set
+    from spader.retrieval.backend import SearchSettings
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.service import running_service
 
@@ -153,7 +154,7 @@ def demo_inputs():
     @contextlib.contextmanager
     def search():
         with (
-            running_service(index, settings, threads=2) as url,
+            running_service(index, SearchSettings.from_config(settings), threads=2) as url,
             RetrievalClient(url, timeout=120, retries=3) as c,
         ):
             yield RetrievalSearch(c, topk=5)

@@ -252,6 +252,7 @@ def bench_search(
     device: str,
     rerank_batch: int,
 ) -> dict:
+    from spader.retrieval.backend import SearchSettings
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.service import running_service
 
@@ -265,7 +266,7 @@ def bench_search(
     results = {}
     # The service starts first: a process forked after the tokenizer ran loses tokenizer threads.
     with (
-        running_service(index, settings, threads=threads) as url,
+        running_service(index, SearchSettings.from_config(settings), threads=threads) as url,
         RetrievalClient(url, timeout=600, retries=0) as c,
     ):
         import torch

@@ -133,6 +133,7 @@ def bench_load(work: Path, archive: Path, clients: int, per_client: int, distinc
     """``clients`` concurrent clients x ``per_client`` requests of 1-3 queries against the service
     on the demo index with the demo's reranker (the tiny random cross-encoder, CPU)."""
     from spader.demo.tiny import build_tiny_reranker
+    from spader.retrieval.backend import SearchSettings
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.index import build_bm25_index
     from spader.retrieval.service import running_service
@@ -145,7 +146,7 @@ def bench_load(work: Path, archive: Path, clients: int, per_client: int, distinc
         build_tiny_reranker(reranker)
     settings = service_settings(reranker, 16)  # config/demo.yaml's reranker batch size
     pool = demo_queries(archive, distinct)
-    with running_service(index, settings, threads=threads) as url:
+    with running_service(index, SearchSettings.from_config(settings), threads=threads) as url:
         with RetrievalClient(url, timeout=60, retries=0) as c:
             pid = c.health()["pid"]
         service_cpu, client_cpu = _cpu_seconds(pid), resource.getrusage(resource.RUSAGE_SELF)

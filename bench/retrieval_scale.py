@@ -185,6 +185,7 @@ def bench_stream(
     them alike) and summarised by their median; queries/s is also given as each service's best
     round. Pairs and computed queries are summed over the rounds.
     """
+    from spader.retrieval.backend import SearchSettings
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.service import running_service
 
@@ -192,8 +193,8 @@ def bench_stream(
     off = service_settings(reranker, rerank_batch, cache_entries=0)
     out = {}
     with (
-        running_service(index, on, threads=threads) as url_on,
-        running_service(index, off, threads=threads) as url_off,
+        running_service(index, SearchSettings.from_config(on), threads=threads) as url_on,
+        running_service(index, SearchSettings.from_config(off), threads=threads) as url_off,
         RetrievalClient(url_on, timeout=900, retries=0) as c_on,
         RetrievalClient(url_off, timeout=900, retries=0) as c_off,
     ):
@@ -274,6 +275,7 @@ def _concurrent(c, queries, per_request=4, workers=64):
 def _side_by_side(index, variants: dict, queries, threads, rounds) -> dict:
     """Each variant's service (cache off) on one request of all queries and on requests of 4 sent
     at once; best of ``rounds``, rounds interleaved across variants."""
+    from spader.retrieval.backend import SearchSettings
     from spader.retrieval.client import RetrievalClient
     from spader.retrieval.service import running_service
 
@@ -282,7 +284,9 @@ def _side_by_side(index, variants: dict, queries, threads, rounds) -> dict:
     with contextlib.ExitStack() as stack:
         clients = {}
         for name, settings in variants.items():
-            url = stack.enter_context(running_service(index, settings, threads=threads))
+            url = stack.enter_context(
+                running_service(index, SearchSettings.from_config(settings), threads=threads)
+            )
             clients[name] = stack.enter_context(RetrievalClient(url, timeout=900, retries=0))
             clients[name].retrieve(queries[:8])
         for r in range(rounds):

@@ -199,6 +199,14 @@ class BackgroundDemo:
                     os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests that read the session's demo run go last (in their order), so that the run, started
+    in the background at the session's first test, overlaps every other test."""
+    readers = [item for item in items if "demo_run" in getattr(item, "fixturenames", ())]
+    if readers:
+        items[:] = [item for item in items if item not in readers] + readers
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _background_demo(request, tmp_path_factory):
     """Start the demo at the session's first test when a selected test reads it (``demo_run``)."""

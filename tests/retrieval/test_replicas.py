@@ -160,6 +160,6 @@ def test_training_job_pins_the_service_to_its_gpus(bm25_index, tmp_path):
 
     with pytest.raises(_Started):
         run_training(job, service=fake_service, available_gpus=4)
-    cmd = serve_command(bm25_index, SearchSettings.from_config(seen["settings"]), threads=seen["threads"])
+    cmd = serve_command(bm25_index, seen["settings"], threads=seen["threads"])
     assert cmd[cmd.index("--devices") + 1] == "cuda:0,cuda:1,cuda:2,cuda:3"
     assert cmd[cmd.index("--threads") + 1] == "2"

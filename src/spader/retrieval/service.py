@@ -363,6 +363,11 @@ def running_service(
             ``search.startup_timeout_s``; the message names the index and shows
             the end of the service log.
     """
+    if not isinstance(search, SearchSettings):
+        raise TypeError(
+            f"running_service takes SearchSettings (SearchSettings.from_config of the retrieval settings), "
+            f"got {type(search).__name__}"
+        )
     connect_host = "127.0.0.1" if search.host in ("0.0.0.0", "") else search.host
     if ":" in connect_host:
         connect_host = "::1" if connect_host == "::" else connect_host

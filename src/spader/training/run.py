@@ -575,6 +575,7 @@ def train(
     (:class:`~spader.training.stop.StopControl`); SIGINT and SIGHUP stop it at once.
     """
     from spader.integrations.verl.tool_config import write_tool_config
+    from spader.retrieval.backend import SearchSettings
     from spader.retrieval.service import reranker_on_job_gpus
     from spader.training.ray_cluster import judge_node, ray_for_job
     from spader.training.watch import JobWatch, ServiceHealth, workflow_process
@@ -585,9 +586,9 @@ def train(
     # The service shares the node with verl; an eighth of the job's CPUs serves BM25 + reranking,
     # and one reranker replica sits on every GPU of the job (equal footprint on each GPU).
     gpus = job.backbone_spec.gpus if job.device == "cuda" else 0
-    settings = reranker_on_job_gpus(job.retrieval_settings, gpus)
+    search = SearchSettings.from_config(reranker_on_job_gpus(job.retrieval_settings, gpus))
     with start_service(
-        job.index_dir, settings, log_path=job.service_log, threads=max(1, job.threads // 8)
+        job.index_dir, search, log_path=job.service_log, threads=max(1, job.threads // 8)
     ) as url:
         check_retrieval(url, timeout=float(job.retrieval.service.request_timeout_s))
         write_tool_config(
@@ -665,7 +666,7 @@ def run_training(
     Args:
         job: the job.
         run: the job's MLflow run (``spader.infra.glue.job`` yields it; None: tracking off).
-        service: context manager factory ``(index_dir, settings, *, log_path, threads) -> url``
+        service: context manager factory ``(index_dir, search settings, *, log_path, threads) -> url``
             (default :func:`spader.retrieval.service.running_service`).
         available_gpus: visible GPUs (None: counted with torch).
 
