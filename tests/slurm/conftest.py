@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "support"))
+
+from slurm_node import slurm_problem  # noqa: E402
 
 
 class _Resources(dict):
@@ -43,22 +45,9 @@ def sbatch_line():
     return build
 
 
-def _node_state() -> str:
-    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
-        return "no SLURM client installed"
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo failed: {exc}"
-    states = out.stdout.split()
-    if out.returncode != 0 or not {"idle", "mixed", "allocated"} & set(states):
-        return f"no usable node (sinfo: {out.stdout.strip() or out.stderr.strip()})"
-    return ""
-
-
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """Skip unless a SLURM cluster answers here (.ci/slurm-up.sh starts a single-node one)."""
-    problem = _node_state()
+    problem = slurm_problem()
     if problem:
         pytest.skip(f"SLURM is not available ({problem}); start it with .ci/slurm-up.sh")

@@ -3,7 +3,10 @@
 
 * the CPU demo DAG runs through `snakemake --profile slurm` for real, every job as a SLURM job;
 * a GPU job with the paper's training request (gpu=8) gets one task with 64 CPUs and starts
-  once; the request plugin 2.6.1 would make without the profile's tasks_per_gpu: 0 is refused.
+  once; the request plugin 2.6.1 would make without the profile's tasks_per_gpu: 0 is refused;
+* a CPU training under a time limit shorter than itself stops at a step boundary on SLURM's
+  warning and is resumed by the rule's retries in new allocations until it finishes;
+* a job's Ray cluster starts over its nodes with srun and stops with the job.
 
 No slurmdbd runs here, so the plugin polls `squeue` (`--slurm-status-command squeue`; with the
 default `sacct`, which needs accounting, it would wait forever).
@@ -186,9 +189,9 @@ rule train_policy:
     threads: 2
     retries: 0 if workflow.remote_exec else 3  # as workflow/rules/training.smk's training_retries()
     resources:
-        runtime=8,
+        runtime=10,
         mem_mb=6000,
-        slurm_extra="--signal=URG@420",
+        slurm_extra="--signal=URG@540",
         train_attempt=lambda wc, attempt: attempt,
     params:
         backbone=config["backbone"],
@@ -215,9 +218,8 @@ def cpu_world(tmp_path_factory):
     return build_world(Path(root) if root else tmp_path_factory.getbasetemp() / "cpu_world")
 
 
-@pytest.mark.long
 def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, tmp_path):
-    """A CPU training job of 2 steps under an 8-minute limit, warned 7 minutes before it (so within
+    """A CPU training job of 2 steps under a 10-minute limit, warned 9 minutes before it (so within
     its first minute: SLURM checks the warning times about once a minute): each allocation trains
     until the next step boundary after the warning, saves, exits with the resumable status, and the
     rule's retries resume it in a new allocation, until the configured step count. Every step is
