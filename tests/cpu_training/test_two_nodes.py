@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.long]
+pytestmark = pytest.mark.slow
 
 STEPS = 2
 
