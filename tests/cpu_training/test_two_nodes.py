@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STEPS = 2
 
