@@ -336,3 +336,21 @@ def test_planned_code_keeps_what_the_output_was_built_with(tmp_path):
     integrity.annotate([out], code="old")
     assert planned_code("new", out, reruns=False) == "old"
     assert planned_code("new", out, reruns=True) == "new"
+
+
+def test_evaluation_threads_rerun_nothing_and_set_the_jobs_threads():
+    """``evaluation.cpu_threads`` is how many cores a CPU evaluation job takes, not a result
+    setting: the demo's evaluations take that many threads, and changing it reruns no job."""
+    base = _demo()
+    changed = copy.deepcopy(base)
+    assert base["evaluation"]["cpu_threads"] == 1  # config/demo.yaml: two jobs at a time on 2 cores
+    changed["evaluation"]["cpu_threads"] = 2
+    before, after = _jobs(base, "results/demo/f1.tsv"), _jobs(changed, "results/demo/f1.tsv")
+    assert _affected(before, after) == set()
+    from dag_jobs import _with_dag
+
+    def threads(dag):
+        return [job.threads for job in dag.jobs if job.rule.name == "evaluate_policy"]
+
+    assert set(_with_dag(base, "results/demo/f1.tsv", REPO, None, threads)) == {1}
+    assert set(_with_dag(changed, "results/demo/f1.tsv", REPO, None, threads)) == {2}

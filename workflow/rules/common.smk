@@ -269,6 +269,13 @@ def get_verl_configs(wildcards):
     return [workflow_file(p) for p in chain]
 
 
+def get_eval_threads():
+    """Threads of an evaluation job: the node's share on a GPU, ``evaluation.cpu_threads`` without."""
+    if config["evaluation"]["gpus"] > 0:
+        return get_gpu_job_threads()
+    return CONFIG.evaluation.cpu_threads
+
+
 def get_gpu_job_threads():
     """GPU jobs take every core of a workstation run, so Snakemake runs them one at a time
     (it never assigns GPUs itself). A cluster run has no core count; its profile sets these

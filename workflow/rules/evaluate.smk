@@ -18,7 +18,7 @@ rule evaluate_policy:
         service="logs/evaluate_policy/{backbone}/{method}/{dataset}.service.log",
     benchmark:
         "results/benchmarks/evaluate_policy/{backbone}/{method}/{dataset}.tsv"
-    threads: lambda wc: get_gpu_job_threads() if config["evaluation"]["gpus"] > 0 else 2
+    threads: lambda wc: get_eval_threads()
     resources:
         gpu=config["evaluation"]["gpus"],
         mem_mb=32000,

@@ -626,6 +626,9 @@ class TrainingConfig(Section):
     )
     save_freq: int = Field(100, ge=1, description="checkpoint every N steps")
     test_freq: int = Field(50, ge=1, description="validate every N steps")
+    val_before_train: bool = Field(
+        True, description="validate once before the first step (verl's trainer.val_before_train)"
+    )
     max_actor_ckpt_to_keep: int | None = Field(
         2, ge=1, description="actor checkpoints kept, the newest (null: all)"
     )
@@ -743,6 +746,12 @@ class EvaluationConfig(Section):
         "instead of writing its records",
     )
     gpus: int = Field(1, ge=0, description="GPUs per evaluation job")
+    cpu_threads: int = Field(
+        2,
+        ge=1,
+        description="CPU threads of an evaluation job without GPUs (`gpus: 0`), shared by its policy and its "
+        "search service; a GPU job's come from the node. Not a result setting: changing it reruns nothing",
+    )
     gpu_memory_utilization: float = Field(
         0.7,
         gt=0,
@@ -1000,7 +1009,8 @@ class Config(Section):
     def evaluation_params(self) -> dict[str, Any]:
         """``evaluation`` as rule evaluate_policy's param: the section with its context budget
         resolved (:attr:`evaluation_context_tokens`)."""
-        return {**self.evaluation.model_dump(), "max_context_tokens": self.evaluation_context_tokens}
+        params = self.evaluation.model_dump(exclude={"cpu_threads"})  # the rule's threads: no score moves
+        return {**params, "max_context_tokens": self.evaluation_context_tokens}
 
     def methods_of(self, backbone: str) -> list[str]:
         """What a backbone's tables report: its trained variants, then its prompting methods."""

@@ -70,6 +70,7 @@ TRAINING_KEYS = {
     "gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
     "save_freq": "trainer.save_freq",
     "test_freq": "trainer.test_freq",
+    "val_before_train": "trainer.val_before_train",
     "max_actor_ckpt_to_keep": "trainer.max_actor_ckpt_to_keep",
     "max_critic_ckpt_to_keep": "trainer.max_critic_ckpt_to_keep",
     # base.yaml points data.seed (prompt order), the critic's mini-batch seed, verl's rollout seed
