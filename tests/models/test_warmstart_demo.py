@@ -22,14 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
 WARM = "results/demo/warmstart"
 
-# What the warm start must give the tiny policy on the 24 demo evaluation questions (greedy);
-# measured with config/demo.yaml over runs: react valid 0.71-0.92, searched 1.0; rag valid 0.79;
-# 0.0 / 0.0 / 0.0 before the warm start. Runs differ by an episode in the scripted set (43 or 44
-# of 167 kept: the searches are not bit-identical from run to run), hence the margin. Answer F1 stays 0: the two-layer model learns
-# the action format but not to copy names out of the passages within the demo's budget
-# (docs/cpu-training.md), so no F1 threshold is stated.
-MIN_VALID = 0.5  # react episodes ending in a well-formed answer
-MIN_RAG_VALID = 0.5  # rag episodes (one forced retrieval, then one turn to answer)
+# What the warm start must give the tiny policy on the 24 demo evaluation questions (greedy). With
+# config/demo.yaml (the copying task beside 1,000 steps of episodes from the demo world and three
+# generated worlds), measured over four runs of the warm start: react valid 0.54-1.0, searched
+# 0.96-1.0; rag valid 0.38-0.92; 0.0 / 0.0 / 0.0 before the warm start. Runs differ (the scripted
+# searches are not bit-identical from run to run, and the copying task makes the model's answers
+# longer and riskier), hence the margins. F1 is printed, not asserted: the runs copied one gold
+# name (rag in 3 of 4 runs, react in 4 of 4), not more (docs/cpu-training.md).
+MIN_VALID = 0.4  # react episodes ending in a well-formed answer
+MIN_RAG_VALID = 0.3  # rag episodes (one forced retrieval, then one turn to answer)
 MIN_SEARCHED = 0.9  # react episodes whose first turn is a search that ran
 
 
@@ -87,6 +88,9 @@ def test_rule_writes_a_tiny_warm_started_model(demo):
     AutoModelForCausalLM.from_pretrained(model)  # loads
     summary = json.loads((demo / WARM / "summary.json").read_text())
     assert summary["loss_last"] < summary["loss_first"] / 4  # it learned something
+    # the copying task trained beside the episodes: random spans repeated after noise (measured:
+    # 16.2 -> 0.07, the model writes the repeated spans back)
+    assert summary["copy_loss_last"] < 0.5 < summary["copy_loss_first"]
     trajectories = [
         json.loads(line) for line in (demo / WARM / "trajectories.jsonl").read_text().splitlines()
     ]

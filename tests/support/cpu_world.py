@@ -130,7 +130,7 @@ def _warm_start(records, template, base: Path, model: Path, steps: int, lr: floa
     from spader.demo.tiny import TINY_MARKER, build_tiny_qwen3
     from spader.demo.warmstart import WarmstartSettings, train_warmstart
 
-    build_tiny_qwen3(base)
+    build_tiny_qwen3(base, kv_heads=1)  # the shape this world's margins were measured with
     conversations = []
     for r in records:
         name = r["answers"][0][0]

@@ -192,7 +192,7 @@ def _warm_start(conversations, base: Path, model: Path, steps: int, lr: float) -
     from spader.demo.tiny import TINY_MARKER, build_tiny_qwen3
     from spader.demo.warmstart import WarmstartSettings, train_warmstart
 
-    build_tiny_qwen3(base)
+    build_tiny_qwen3(base, kv_heads=1)  # the shape this world's margins were measured with
     settings = WarmstartSettings(
         steps=steps, batch_size=len(conversations), lr=lr, warmup_ratio=0.05, first_turn_examples=False
     )

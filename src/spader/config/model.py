@@ -426,6 +426,20 @@ class WarmstartConfig(Section):
         "world never uses), searched over their own passages, so that the policy learns to copy "
         "names from what it reads",
     )
+    copy_weight: float = Field(
+        0.0,
+        ge=0,
+        description="weight of a copying task trained beside the episodes at every step (random spans of "
+        "name pieces repeated after noise), so that the policy can write a name it has only read; 0: none",
+    )
+    copy_batch_size: int = Field(16, ge=1, description="copying sequences per step")
+    copy_length: int = Field(64, ge=8, description="longest copying sequence (tokens)")
+    copy_attention_weight: float = Field(
+        1.0,
+        ge=0,
+        description="weight of the copying task's attention targets (the first layer's first head on the "
+        "previous token, the last layer's first head on the current token's earlier occurrence)",
+    )
     seed: int = Field(0, description="seed of the batches and of torch")
 
 

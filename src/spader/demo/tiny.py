@@ -107,8 +107,15 @@ def _mark(out: Path, kind: str, seed: int) -> None:
     )
 
 
-def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
-    """Save a ~0.4M-parameter random Qwen3ForCausalLM and its tokenizer (with chat template)."""
+def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0, kv_heads: int = 2) -> Path:
+    """Save a ~0.6M-parameter random Qwen3ForCausalLM and its tokenizer (with chat template).
+
+    Two layers, 128 wide, two attention heads of 64. ``kv_heads=2`` gives each head its own values,
+    so that what an attention layer moves is as wide as the residual stream: a head that attends
+    to a token can then copy it (with one shared 64-wide value head, the demo's warm start never
+    learned to write a name it had not seen; docs/cpu-training.md). ``kv_heads=1`` is the
+    ~0.4M-parameter shape the CPU training tests' worlds were measured with.
+    """
     _offline()
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -149,7 +156,7 @@ def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0) -> Path:
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=2,
-        num_key_value_heads=1,
+        num_key_value_heads=kv_heads,
         head_dim=64,
         max_position_embeddings=32768,
         tie_word_embeddings=True,

@@ -47,8 +47,8 @@ __all__ = [
 ]
 
 TINY_NOTE = (
-    "TINY RANDOM MODEL: the policy is a tiny randomly initialised model (the demo's is warm-started for a "
-    "minute on scripted episodes); these scores are meaningless"
+    "TINY RANDOM MODEL: the policy is a tiny randomly initialised model (the demo's is warm-started for "
+    "two minutes on scripted episodes); these scores are meaningless"
 )
 
 
