@@ -53,9 +53,9 @@ class WarmstartSettings:
         copy_batch_size: copying sequences per step.
         copy_length: longest copying sequence (tokens).
         copy_attention_weight: weight of the copying task's attention targets: the first layer's
-            first head looks at the previous token, the last layer's first head at the token after
-            the current token's earlier occurrence; 0: the next-token loss alone, which learns to
-            copy far more slowly.
+            first head looks at the previous token, the last layer's first head at the current
+            token's earlier occurrence; 0: the next-token loss alone, which learns to copy far
+            more slowly.
         seed: seed of the batches and of torch.
     """
 
