@@ -98,7 +98,9 @@ def test_rule_writes_a_tiny_warm_started_model(demo):
     # every kept episode is trained on, and its first turn alone too when it has several turns
     first_turns = sum(sum(m["role"] == "assistant" for m in t["messages"]) > 1 for t in kept)
     expected = len(kept) + (first_turns if summary["settings"]["first_turn_examples"] else 0)
-    assert summary["conversations"] == expected and summary["questions"] == len(trajectories)
+    assert summary["conversations"] == expected
+    assert summary["questions"] + summary["generated_questions"] == len(trajectories)
+    assert summary["generated_questions"] > 0  # config/demo.yaml scripts generated worlds
     evaluation = {
         json.loads(line)["question_text"]
         for d in DATASETS

@@ -173,7 +173,8 @@ def warmstart_policy(
     started = time.monotonic()
     with service_search(index_dir, retrieval, log_path=service_log, threads=threads) as search:
         trajectories = script_trajectories(questions, search, **scripting)
-    trajectories += _generated(eval_paths, warmstart, scripting)
+    generated = _generated(eval_paths, warmstart, scripting)
+    trajectories += generated
     script_seconds = time.monotonic() - started
     kept = [t for t in trajectories if t.kept]
     if not kept:
@@ -187,6 +188,7 @@ def warmstart_policy(
     summary = {
         **metrics,
         "questions": len(questions),
+        "generated_questions": len(generated),  # scripted in the generated worlds
         "kept_fraction": len(kept) / len(trajectories),
         "script_seconds": round(script_seconds, 2),
         "base_model": str(model_dir),
