@@ -239,6 +239,7 @@ def tiny_model(tmp_path_factory) -> Path:
     """A tiny random Qwen3 with its chat template."""
     from spader.demo.tiny import build_tiny_qwen3
 
+    # one key/value head: the shape the suite's expectations were written against
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "qwen3", kv_heads=1)
 
 

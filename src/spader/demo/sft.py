@@ -174,12 +174,17 @@ def _assistant_loss(model, ids, attn, labels):
     turns are a few percent of a conversation's tokens, and projecting every position onto the
     vocabulary would cost more than the rest of the small model.
     """
-    import torch.nn.functional as F
-
     # Rows are right-padded: under causal attention no real token sees a pad, so no padding
     # mask is needed, and without one attention takes its fast causal path.
     del attn
-    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+    return _labelled_loss(model, model.get_decoder()(input_ids=ids).last_hidden_state, labels)
+
+
+def _labelled_loss(model, hidden, labels):
+    """Next-token cross-entropy of the decoder's ``hidden`` states at the positions that predict a
+    labelled token (the output projection runs on those alone)."""
+    import torch.nn.functional as F
+
     target = labels[:, 1:]
     keep = target != -100
     logits = model.get_output_embeddings()(hidden[:, :-1][keep])
@@ -236,13 +241,9 @@ def _copy_loss(model, ids, labels, sources, attention_weight: float):
     Measured on the demo's tiny model: with these targets it copies spans within a few hundred
     steps; a target on the token after the earlier occurrence was never learned."""
     import torch
-    import torch.nn.functional as F
 
     out = model.get_decoder()(input_ids=ids, output_attentions=attention_weight > 0)
-    target = labels[:, 1:]
-    keep = target != -100
-    logits = model.get_output_embeddings()(out.last_hidden_state[:, :-1][keep])
-    loss = F.cross_entropy(logits.float(), target[keep])
+    loss = _labelled_loss(model, out.last_hidden_state, labels)
     if attention_weight > 0:
         first, last = out.attentions[0][:, 0], out.attentions[-1][:, 0]  # (batch, query, key)
         previous = first[:, 1:, :].diagonal(dim1=1, dim2=2)  # position t on t - 1
