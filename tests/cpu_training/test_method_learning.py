@@ -10,7 +10,8 @@ three runs of STEPS steps:
 
 * ``spader`` - its step rewards (new entities found, a novelty premium, a cost per query) must be
   non-zero and differ between search steps, and its discovered entities per trajectory and mean
-  reward must rise from its own step 1 by the margins below;
+  reward, averaged over the steps after its first two updates, must rise from its own step 1 by
+  the margins below;
 * ``test_zero_advantage`` - the same run with every advantage forced to zero (CONTROL_STEPS
   steps): its policy loss and gradient are zero at every step and its weights end bit for bit
   where they started;
@@ -46,7 +47,8 @@ from spread_world import build_world  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-STEPS = 3
+STEPS = 4
+LATER = range(3, STEPS + 1)  # the steps after two updates, compared with step 1
 SIZES = {
     "max_steps": STEPS,
     "train_batch_size": 4,  # the four training districts, 8 rollouts each: 32 trajectories a step
@@ -60,23 +62,22 @@ SIZES = {
     "val_before_train": False,  # the tests read training steps only (verl still validates the last)
 }
 EXTRA = ["actor_rollout_ref.actor.optim.weight_decay=0.0"]
-# Margins, from measured runs of these settings with training seeds 1, 2 and 3 (the test runs
-# seed 1, config.yaml's training.seed), as the mean of steps 2..STEPS minus step 1:
-#   SPADER, discovered entities per trajectory: +1.44, +1.66, +1.16 (step 1: 3.56, 3.50, 3.94)
-#   SPADER, mean reward (critic/score/mean):    +0.24, +0.25, +0.21 (step 1: 1.42, 1.48, 1.57)
-#   control (zero advantages), the same numbers: entities +0.38, -0.06; reward +0.12, +0.04
-# and a later run of seed 1, the test itself (the same step 1, 3.56 and 1.42; later steps
-# differed from the first measurement): SPADER entities +1.09, reward +0.16; control entities
-# +0.56; GRPO entities +1.03. Run again on 2026-12-02 (seed 1): entities +1.44 and
-# reward +0.24; then, without the validation before training (the settings above since), the same
-# step 1 (3.56, 1.42), entities +1.13 and reward +0.17.
-# The control's numbers are what sampling alone moves at steps 2..STEPS (every step samples with
-# seeds of its own, so later steps differ from step 1 even for unchanged weights). Each margin
-# lies above the control's largest change and below SPADER's smallest rise: entities halfway
-# between +0.56 and +1.09, the reward in the narrow gap between 0.12 and 0.16 (32 trajectories a
-# step leave the mean reward a standard error of about 0.2; the entities are the steadier signal).
+# Margins, from measured runs of these settings (seeds as training.seed; the test runs seed 1,
+# config.yaml's). Every step samples with seeds of its own, so even unchanged weights move a step's
+# numbers; what sampling alone moves is the zero-advantage control's step 2 minus step 1:
+#   control, seeds 1, 2 (and a later seed-1 run): entities +0.38, -0.06 (+0.56); reward +0.12, +0.04
+# SPADER's first update barely moves its reward (step 2 minus step 1: +0.03, -0.01, +0.13 for seeds
+# 1, 2, 3; +0.004 in another seed-1 run), its second does; so the test compares the mean of steps
+# 3..STEPS with step 1. Measured on 2026-12-02, four steps, seeds 1, 2, 3 (step 1: 3.56, 3.50, 3.94
+# entities; reward 1.42, 1.48, 1.57):
+#   SPADER, discovered entities per trajectory, steps 3-4 minus step 1: +1.75, +2.09, +1.28
+#   SPADER, mean reward (critic/score/mean), steps 3-4 minus step 1:    +0.30, +0.43, +0.21
+# (earlier three-step runs of seed 1 put step 3 at +0.25 and +0.45 reward.) Each margin lies above
+# the control's largest change and below SPADER's smallest rise. The reward is the noisier signal
+# (32 trajectories a step; consecutive steps of one run differ by up to 0.3), the entities the
+# steadier one.
 ENTITY_RISE = 0.8  # discovered entities per trajectory (of six)
-REWARD_RISE = 0.14  # mean reward: step rewards plus the terminal reward
+REWARD_RISE = 0.15  # mean reward: step rewards plus the terminal reward
 CONTROL_STEPS = 2  # enough for two zero-gradient updates per step, twice
 
 
@@ -93,7 +94,7 @@ def _entities(step: dict) -> float:
 
 
 def _later(steps: dict[int, dict], value) -> float:
-    return sum(value(steps[s]) for s in range(2, STEPS + 1)) / (STEPS - 1)
+    return sum(value(steps[s]) for s in LATER) / len(LATER)
 
 
 @pytest.fixture(scope="module")

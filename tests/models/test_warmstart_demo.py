@@ -24,13 +24,15 @@ WARM = "results/demo/warmstart"
 
 # What the warm start must give the tiny policy on the 24 demo evaluation questions (greedy). With
 # config/demo.yaml (the copying task beside 1,000 steps of episodes from the demo world and three
-# generated worlds), measured over six runs of the warm start: react valid 0.54-1.0, searched
-# 0.96-1.0; rag valid 0.38-1.0; 0.0 / 0.0 / 0.0 before the warm start. Runs differ (the scripted
-# searches are not bit-identical from run to run, and the copying task makes the model's answers
-# longer and riskier), hence the margins. F1 is printed, not asserted: the runs copied one gold
-# name at most (over seven runs: rag in 6, react in 4; docs/cpu-training.md).
-MIN_VALID = 0.4  # react episodes ending in a well-formed answer
-MIN_RAG_VALID = 0.3  # rag episodes (one forced retrieval, then one turn to answer)
+# generated worlds; BM25's top 5 reranked), measured with warm-start seeds 0, 1 and 2 on one
+# scripted set (the rule runs seed 0; its episodes and weights were bit-identical in two runs in
+# one work directory) and once in a fresh demo run (whose tiny reranker orders some searches
+# differently: its tokenizer's training is not bit-reproducible): react valid 0.83-1.0, searched
+# 0.96-1.0, questions with a gold name answered 6-9 (F1 0.07-0.15); rag valid 0.92-1.0, 4-10
+# questions (F1 0.06-0.18); before the warm start 0 everywhere.
+MIN_VALID = 0.6  # react episodes ending in a well-formed answer
+MIN_RAG_VALID = 0.6  # rag episodes (one forced retrieval, then one turn to answer)
+MIN_COPIED = 2  # questions whose answer holds a gold name copied from the passages (each method)
 MIN_SEARCHED = 0.9  # react episodes whose first turn is a search that ran
 
 
@@ -50,18 +52,14 @@ def episodes(demo):
     from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 
     config = load_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml")
-    retrieval = {
-        "reranker": {
-            **config.retrieval.reranker.model_dump(),
-            "path": str(demo / "results/models/tiny/reranker"),
-        }
-    }
-    backend = Bm25RerankBackend(
-        demo / "results/demo/index/bm25", SearchSettings.from_config(retrieval), threads=2
-    )
+    retrieval = config.retrieval.model_dump()  # the demo's: BM25's top 5 reranked
+    retrieval["reranker"]["path"] = str(demo / "results/models/tiny/reranker")
+    searching = SearchSettings.from_config(retrieval)
+    backend = Bm25RerankBackend(demo / "results/demo/index/bm25", searching, threads=2)
 
     def search(queries):
-        return [[p.to_dict() for p in ps] for ps in backend.search(list(queries), topk=5, initial_k=50)]
+        found = backend.search(list(queries), topk=searching.topk, initial_k=searching.initial_k)
+        return [[p.to_dict() for p in ps] for ps in found]
 
     items = [item for d in DATASETS for item in load_eval_set(demo / f"results/demo/data/eval/{d}.jsonl")]
     evaluation = config.evaluation.model_copy(update={"max_context_tokens": config.evaluation_context_tokens})
@@ -120,6 +118,7 @@ def _rates(eps) -> dict[str, float]:
         "valid": sum(e.format_valid for e in eps) / n,
         "searched": sum(bool(e.steps) and bool(e.steps[0].queries) for e in eps) / n,
         "f1": sum(prf(e.predictions, e.question.gold)[2] for e in eps) / n,
+        "copied": sum(prf(e.predictions, e.question.gold)[2] > 0 for e in eps),
     }
 
 
@@ -128,10 +127,12 @@ def test_warm_started_policy_searches_and_answers_in_the_evaluation_loop(episode
     print("react", react)
     assert react["searched"] >= MIN_SEARCHED, react
     assert react["valid"] >= MIN_VALID, react
+    assert react["copied"] >= MIN_COPIED, react
     # rag: the retrieval is forced; the one turn the model gets must answer
     rag = _rates(episodes["rag"])
     print("rag", rag)
     assert rag["valid"] >= MIN_RAG_VALID, rag
+    assert rag["copied"] >= MIN_COPIED, rag
 
 
 def _jobs(smk, demo: Path, *args: str) -> list[tuple[str, str]]:

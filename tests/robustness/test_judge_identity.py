@@ -7,6 +7,7 @@ loading (it never binds), as sglang is for minutes while another process answers
 
 from __future__ import annotations
 
+import argparse
 import socket
 import sys
 import time
@@ -51,6 +52,18 @@ def test_the_job_starts_its_server_with_a_key_of_its_own_and_the_client_gets_it(
                 judge.check()
                 assert judge.judge(MESSAGES).score == 0.75
     assert len(set(keys)) == 2 and all(len(k) >= 40 for k in keys)  # a new key per job
+
+
+def test_every_job_key_reaches_the_server_as_the_value_of_api_key():
+    # A key starting with "-" (URL-safe base64 does so once in 64) is read by argparse as an option
+    # and the server exits with a usage error before it answers.
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-key", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    for _ in range(500):
+        key = judge_server.new_api_key()
+        args = parser.parse_args(["--api-key", key, "--port", "1"])
+        assert args.api_key == key
 
 
 def test_the_sglang_command_carries_the_key():

@@ -131,6 +131,18 @@ def judge_server_command(
     ]
 
 
+def new_api_key() -> str:
+    """A fresh key for one job's judge server: 64 hex digits. Never starts with ``-``, which a
+    command-line parser (sglang's included) would read as an option rather than as the value of
+    ``--api-key``; URL-safe base64 keys do so once in 64.
+
+    >>> key = new_api_key()
+    >>> len(key), set(key) <= set("0123456789abcdef")
+    (64, True)
+    """
+    return secrets.token_hex(32)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -193,7 +205,7 @@ def running_judge(
             is in the message), or something other than this job's server answers on its port.
     """
     port = _free_port()
-    key = secrets.token_urlsafe(32)
+    key = new_api_key()
     if command is None:
         cmd = judge_server_command(
             model_dir,
