@@ -114,11 +114,12 @@ def _rates(eps) -> dict[str, float]:
     from spader.core.metrics import prf
 
     n = len(eps)
+    f1 = [prf(e.predictions, e.question.gold)[2] for e in eps]
     return {
         "valid": sum(e.format_valid for e in eps) / n,
         "searched": sum(bool(e.steps) and bool(e.steps[0].queries) for e in eps) / n,
-        "f1": sum(prf(e.predictions, e.question.gold)[2] for e in eps) / n,
-        "copied": sum(prf(e.predictions, e.question.gold)[2] > 0 for e in eps),
+        "f1": sum(f1) / n,
+        "copied": sum(f > 0 for f in f1),
     }
 
 
