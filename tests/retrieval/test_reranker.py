@@ -11,8 +11,8 @@ import pytest
 from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 from spader.retrieval.reranker import CrossEncoderReranker
 
-# Words the tiny tokenizer was trained on: FlagEmbedding's decode/re-encode round trip is exact
-# for them, so its scores are the reference for ours.
+# Words the tiny tokenizer holds as whole pieces (spader.demo.tiny._reranker_vocab): FlagEmbedding's
+# decode/re-encode round trip is exact for them, so its scores are the reference for ours.
 WORDS = (
     "the quick brown fox jumps over lazy dog which films were directed by director lucene builds an inverted "
     "index of wikipedia passages reranker scores query passage pairs rivers lakes mountains cities novels"
@@ -41,6 +41,28 @@ def test_scores_equal_flagembedding_compute_score(reranker):
     reference = np.asarray(reranker.flag_reranker().compute_score([list(p) for p in pairs]), dtype=np.float32)
     assert ours.shape == (43,) and ours.dtype == np.float32
     np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-6)
+
+
+def test_the_tiny_reranker_builds_byte_identically(tmp_path):
+    """A fresh demo run builds its reranker again: the same bytes, so the same searches (a trained
+    Unigram vocabulary moved token ids from build to build)."""
+    from spader.demo.tiny import build_tiny_reranker
+
+    first, second = build_tiny_reranker(tmp_path / "a"), build_tiny_reranker(tmp_path / "b")
+    files = sorted(p.name for p in first.iterdir())
+    assert "tokenizer.json" in files and "model.safetensors" in files
+    assert files == sorted(p.name for p in second.iterdir())
+    for name in files:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_the_tiny_reranker_tokenizes_english_without_unknown_pieces(reranker):
+    tok = reranker.tokenizer
+    text = "Lake Askgarner (Title: Varga, 1999) - which films were directed by Ana?"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id not in ids
+    assert tok.decode(ids) == text
+    assert tok.tokenize("the director") == ["\u2581the", "\u2581director"]  # corpus words are one piece
 
 
 def test_chunked_tokenization_gives_the_same_scores(reranker, monkeypatch):

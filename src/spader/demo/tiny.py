@@ -230,27 +230,49 @@ def save_random_cross_encoder(
     return out
 
 
+# The tiny reranker's vocabulary: each word of these lines is one piece, every printable ASCII
+# character another (any English text tokenizes without <unk>, so FlagEmbedding's decode/re-encode
+# round trip is exact for it).
+_RERANKER_TEXTS = (
+    "the quick brown fox jumps over the lazy dog",
+    "which films were directed by the director",
+    "lucene builds an inverted index of wikipedia passages",
+    "a reranker scores query passage pairs",
+    "rivers lakes mountains cities novels albums",
+)
+_RERANKER_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+
+
+def _reranker_vocab() -> list[tuple[str, float]]:
+    """The tiny reranker's Unigram pieces with their log-probabilities, counted rather than trained:
+    tokenizers' Unigram trainer sums its EM statistics in parallel, so its scores differ in the last
+    digits from build to build, pieces of near-equal score change places, token ids move, and the
+    random embeddings behind them score passages differently. Counting is exact: every build is
+    byte-identical, and so are a fresh demo run's searches."""
+    import math
+    import string
+    from collections import Counter
+
+    words = Counter(w for line in _RERANKER_TEXTS for w in line.split())
+    counts = Counter({"\u2581" + w: n for w, n in words.items()})
+    counts["\u2581"] = sum(words.values())  # the word-start marker alone
+    for c in string.ascii_letters + string.digits + string.punctuation:
+        counts[c] = 1 + sum(n * w.count(c) for w, n in words.items())
+    total = sum(counts.values())
+    pieces = sorted(((p, math.log(n / total)) for p, n in counts.items()), key=lambda x: (-x[1], x[0]))
+    return [(s, 0.0) for s in _RERANKER_SPECIALS] + pieces
+
+
 def build_tiny_reranker(out: str | os.PathLike, seed: int = 0) -> Path:
     """Save a tiny random cross-encoder shaped like bge-reranker-v2-m3 (XLM-R with a small
-    Unigram tokenizer); see :func:`save_random_cross_encoder`."""
+    Unigram tokenizer, :func:`_reranker_vocab`); see :func:`save_random_cross_encoder`."""
     _offline()
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    corpus = [
-        "the quick brown fox jumps over the lazy dog",
-        "which films were directed by the director",
-        "lucene builds an inverted index of wikipedia passages",
-        "a reranker scores query passage pairs",
-        "rivers lakes mountains cities novels albums",
-    ] * 20
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    tok = Tokenizer(models.Unigram())
+    tok = Tokenizer(models.Unigram(_reranker_vocab(), unk_id=_RERANKER_SPECIALS.index("<unk>")))
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(
-        corpus, trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
-    )
     out = save_random_cross_encoder(tok, out, seed=seed)
     _mark(out, "reranker", seed)
     log.info("tiny random reranker saved to %s", out)
