@@ -151,7 +151,9 @@ class BackgroundDemo:
     """The README's CPU demo command running in a fresh copy of the repository while other tests
     run: it waits mostly on its own jobs, so the session's other tests use the cores it leaves."""
 
-    TIMEOUT_S = 3600.0
+    # A guard against a hung demo, not its budget (bench/demo.py measures that): beside the rest of
+    # the suite on a slow 2-core machine that also ran other work, the demo once passed 60 minutes.
+    TIMEOUT_S = 5000.0
 
     def __init__(self, root: Path):
         self.work = copy_repo(root / "repo")

@@ -24,16 +24,15 @@ WARM = "results/demo/warmstart"
 
 # What the warm start must give the tiny policy on the 24 demo evaluation questions (greedy). With
 # config/demo.yaml (the copying task beside 1,000 steps of episodes from the demo world and three
-# generated worlds; BM25's top 5 reranked), measured with warm-start seeds 0, 1 and 2 on one
-# scripted set (the rule runs seed 0; its episodes and weights were bit-identical in two runs in
-# one work directory) and once in a fresh demo run (whose tiny reranker orders some searches
-# differently: its tokenizer's training is not bit-reproducible): react valid 0.83-1.0, searched
-# 0.96-1.0, questions with a gold name answered 6-9 (F1 0.07-0.15); rag valid 0.92-1.0, 4-10
-# questions (F1 0.06-0.18); before the warm start 0 everywhere.
+# generated worlds; BM25's top 5 reranked), measured with warm-start seeds 0, 1 and 2 on the rule's
+# scripted episodes (the rule runs seed 0; two fresh demo runs wrote byte-identical episodes and
+# weights): react valid 0.75-0.96, searched 0.92-1.0, questions with a gold name answered 7-10
+# (F1 0.11-0.17); rag valid 0.75-0.96, 7-8 questions (F1 0.11-0.13); before the warm start 0
+# everywhere. The floors leave room for other CPUs' float rounding.
 MIN_VALID = 0.6  # react episodes ending in a well-formed answer
 MIN_RAG_VALID = 0.6  # rag episodes (one forced retrieval, then one turn to answer)
 MIN_COPIED = 2  # questions whose answer holds a gold name copied from the passages (each method)
-MIN_SEARCHED = 0.9  # react episodes whose first turn is a search that ran
+MIN_SEARCHED = 0.8  # react episodes whose first turn is a search that ran
 
 
 @pytest.fixture(scope="module")
