@@ -25,12 +25,15 @@ WARM = "results/demo/warmstart"
 # What the warm start must give the tiny policy on the 24 demo evaluation questions (greedy). With
 # config/demo.yaml (the copying task beside 1,000 steps of episodes from the demo world and three
 # generated worlds; BM25's top 5 reranked), measured with warm-start seeds 0, 1 and 2 on the rule's
-# scripted episodes (the rule runs seed 0; two fresh demo runs wrote byte-identical episodes and
-# weights): react valid 0.75-0.96, searched 0.92-1.0, questions with a gold name answered 7-10
-# (F1 0.11-0.17); rag valid 0.75-0.96, 7-8 questions (F1 0.11-0.13); before the warm start 0
-# everywhere. The floors leave room for other CPUs' float rounding.
-MIN_VALID = 0.6  # react episodes ending in a well-formed answer
-MIN_RAG_VALID = 0.6  # rag episodes (one forced retrieval, then one turn to answer)
+# scripted episodes (the rule runs seed 0), on two machines of different CPUs (the second an AMD
+# EPYC with AVX-512). On one machine the rule is byte-identical from run to run; across the two,
+# float rounding gave other weights and other greedy episodes (seed 0: react valid 0.75 on the
+# first, 0.58 on the second). Over the six warm starts: react valid 0.58-1.0, searched 0.92-1.0,
+# questions with a gold name answered 5-11 (F1 0.07-0.19); rag valid 0.58-1.0, 3-10 questions (F1
+# 0.04-0.17); before the warm start 0 everywhere. The floors sit below the lowest of the six: the
+# failures they leave room for are greedy repetition loops that run out of the turn's tokens.
+MIN_VALID = 0.5  # react episodes ending in a well-formed answer (lowest measured: 14 of 24)
+MIN_RAG_VALID = 0.5  # rag episodes (one forced retrieval, then one turn to answer)
 MIN_COPIED = 2  # questions whose answer holds a gold name copied from the passages (each method)
 MIN_SEARCHED = 0.8  # react episodes whose first turn is a search that ran
 
