@@ -4,7 +4,7 @@
 # Trains a tiny Qwen3 for 2 verl steps with the SPADER variant against the demo corpus, on one GPU
 # with sglang rollouts (whatever the demo config says: it trains on the CPU), at the paper config's
 # response length (8,192 tokens): the smoke policy never ends a turn, so every response and every
-# micro-batch is full length. Needs the `gpu` extra (pip install -e '.[gpu]') and one CUDA GPU. The
+# micro-batch is full length. Needs the `gpu` extra (pip install -c requirements/gpu-lock.txt -e '.[gpu]') and one CUDA GPU. The
 # scores are meaningless (tiny model); what it checks is that verl on the GPU, sglang, the SPADER
 # plug-in (fused log-probs included), the retrieval service and checkpointing work together at the
 # paper's length. The dry run prints the device, rollout backend, lengths and the memory plan.

@@ -130,3 +130,34 @@ def test_style_tools_are_pinned_in_the_test_extra_and_the_lock(tool):
     assert pin in (REPO / "requirements" / "cpu-lock.txt").read_text().splitlines()
     ci = (REPO / ".ci" / "run").read_text()
     assert f".venv/bin/{tool}" in ci
+
+
+def _lock(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "requirements" / name).read_text().splitlines():
+        if line and not line.startswith("#"):
+            package, version = line.split("==")
+            pins[re.sub(r"[-_.]+", "-", package).lower()] = version
+    return pins
+
+
+@pytest.mark.parametrize(("name", "extra"), [("cpu-lock.txt", "test"), ("gpu-lock.txt", "gpu")])
+def test_locks_pin_every_requirement_without_a_local_version_label(name, extra):
+    """A pin with a local label (`+cpu`) resolves only where one machine serves that build; each
+    lock pins the project's own requirements exactly as pyproject.toml does (CI resolves both
+    against the public index: .ci/run)."""
+    lock = _lock(name)
+    assert not [f"{p}=={v}" for p, v in lock.items() if "+" in v]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"] + project["optional-dependencies"][extra]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^;\s]+)", requirement.split("#")[0].strip())
+        if match:  # exact pins must be the lock's version
+            package = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+            assert lock.get(package) == match.group(2), f"{name}: {requirement} vs {lock.get(package)}"
+
+
+def test_the_two_locks_agree_outside_the_gpu_stack():
+    cpu, gpu = _lock("cpu-lock.txt"), _lock("gpu-lock.txt")
+    differ = {p for p in cpu.keys() & gpu.keys() if cpu[p] != gpu[p]}
+    gpu_stack = re.compile(r"^(torch|torchvision|torchaudio|triton|setuptools|nvidia-.*|cuda-.*)$")
+    assert {p for p in differ if not gpu_stack.match(p)} == set()

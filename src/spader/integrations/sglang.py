@@ -57,7 +57,7 @@ class SglangEngine:
         except ImportError as exc:
             raise RuntimeError(
                 "evaluation.engine is 'sglang' but sglang is not installed in this environment. Install "
-                "the GPU extra on a CUDA machine (pip install -e '.[gpu]'), or set evaluation.engine: "
+                "the GPU extra on a CUDA machine (pip install -c requirements/gpu-lock.txt -e '.[gpu]'), or set evaluation.engine: "
                 "transformers."
             ) from exc
         self.tokenizer = load_tokenizer(model_dir)

@@ -138,12 +138,12 @@ def check_verl_version(expected: str = VERL_VERSION) -> str:
         installed = metadata.version("verl")
     except metadata.PackageNotFoundError:
         raise PreflightError(
-            f"verl is not installed; training needs verl=={expected} (pip install -e '.[gpu]')"
+            f"verl is not installed; training needs verl=={expected} (pip install -c requirements/gpu-lock.txt -e '.[gpu]')"
         ) from None
     if installed != expected:
         raise PreflightError(
             f"verl {installed} is installed but this project is pinned to verl=={expected} "
-            "(pyproject.toml); install the pinned version: pip install -e '.[gpu]'"
+            "(pyproject.toml); install the pinned version: pip install -c requirements/gpu-lock.txt -e '.[gpu]'"
         )
     return installed
 
