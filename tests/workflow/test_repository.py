@@ -150,7 +150,9 @@ def test_locks_pin_every_requirement_without_a_local_version_label(name, extra):
     assert not [f"{p}=={v}" for p, v in lock.items() if "+" in v]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     for requirement in project["dependencies"] + project["optional-dependencies"][extra]:
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^;\s]+)", requirement.split("#")[0].strip())
+        match = re.fullmatch(
+            r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^;\s]+)", requirement.split("#")[0].strip()
+        )
         if match:  # exact pins must be the lock's version
             package = re.sub(r"[-_.]+", "-", match.group(1)).lower()
             assert lock.get(package) == match.group(2), f"{name}: {requirement} vs {lock.get(package)}"
