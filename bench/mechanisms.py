@@ -105,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             }
         )  # fmt: skip
     if not args.no_record:
+        block = f"{seeds.start}-{seeds.stop - 1}"  # docs quote a run by its seeds
         tables = {
-            "arms": {
+            f"arms-{block}": {
                 "title": f"Arms by metric, mean over seeds {seeds.start}..{seeds.stop - 1} [95% bootstrap interval]",
                 "columns": ["arm", *METRICS],
                 "rows": arm_rows,
             },
-            "claims": {
+            f"claims-{block}": {
                 "title": f"Claims as paired effects over seeds {seeds.start}..{seeds.stop - 1} (sign-flip test)",
                 "columns": ["claim", "statement", "effect of", "mean", "95% interval", "p", "verdict"],
                 "rows": claim_rows,

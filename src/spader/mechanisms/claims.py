@@ -96,8 +96,8 @@ CLAIMS: tuple[Claim, ...] = (
         direction=+1,
         holds=True,
         seeds=20,
-        bound=float("nan"),
-        source="",
+        bound=0.1742,
+        source="bench/records/2026-12-03-4e6a83a-mechanisms.yaml: the mean effect on seeds 1000..1199 (+0.2289, per-seed sd 0.0743) minus 3.29 standard errors of a 20-seed mean; implied failure rate 5e-4",
     ),
     Claim(
         name="speed",
@@ -108,8 +108,8 @@ CLAIMS: tuple[Claim, ...] = (
         direction=+1,
         holds=True,
         seeds=40,
-        bound=float("nan"),
-        source="",
+        bound=0.0,
+        source="bench/records/2026-12-03-4e6a83a-mechanisms.yaml: 0, the direction: the mean effect on seeds 1000..1199 is +0.0082 (per-seed sd 0.0189), 2.74 standard errors of a 40-seed mean above 0 (a 20-seed mean would fall to 0 or below 2.5% of the time, one of the ten 20-seed blocks did); implied failure rate 3e-3",
     ),
     Claim(
         name="rare",
@@ -120,8 +120,8 @@ CLAIMS: tuple[Claim, ...] = (
         direction=+1,
         holds=False,
         seeds=20,
-        bound=float("nan"),
-        source="",
+        bound=0.0736,
+        source="bench/records/2026-12-03-4e6a83a-mechanisms.yaml: the mean effect on seeds 1000..1199 (-0.0042, per-seed sd 0.1057) plus 3.29 standard errors of a 20-seed mean; implied failure rate 5e-4",
     ),
     Claim(
         name="rare_group",
@@ -132,8 +132,8 @@ CLAIMS: tuple[Claim, ...] = (
         direction=+1,
         holds=True,
         seeds=20,
-        bound=float("nan"),
-        source="",
+        bound=0.2209,
+        source="bench/records/2026-12-03-4e6a83a-mechanisms.yaml: the mean effect on seeds 1000..1199 (+0.3046, per-seed sd 0.1137) minus 3.29 standard errors of a 20-seed mean; implied failure rate 5e-4",
     ),
     Claim(
         name="low_yield",
@@ -144,8 +144,8 @@ CLAIMS: tuple[Claim, ...] = (
         direction=+1,
         holds=False,
         seeds=20,
-        bound=float("nan"),
-        source="",
+        bound=0.0155,
+        source="bench/records/2026-12-03-4e6a83a-mechanisms.yaml: the mean effect on seeds 1000..1199 (-0.0042, per-seed sd 0.0268) plus 3.29 standard errors of a 20-seed mean; implied failure rate 5e-4",
     ),
 )
 

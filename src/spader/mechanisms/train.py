@@ -200,61 +200,56 @@ def _rollout(
     return out
 
 
-class _BitSets:
-    """Bitmask -> set of indices (cached)."""
-
-    def __init__(self):
-        self._cache: dict[int, frozenset[int]] = {}
-
-    def __call__(self, bits: int) -> frozenset[int]:
-        s = self._cache.get(bits)
-        if s is None:
-            s = self._cache[bits] = frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)
-        return s
+def _page_sets(questions: Sequence[Question]) -> list[list[frozenset[int]]]:
+    """Per question and page, the set of gold entity indices the page shows (the step's hits)."""
+    return [
+        [frozenset(i for i in range(int(b).bit_length()) if int(b) >> i & 1) for b in q.gold_bits]
+        for q in questions
+    ]
 
 
 def _final_f1(questions: Sequence[Question], batch: _Batch) -> list[float | None]:
     """Answer F1 of every episode, ``None`` for one the budget cut off (invalid format)."""
     return [
-        None if batch.cut[i] else questions[batch.question[i]].answer_scores(int(batch.pages_seen[i]))[2]
-        for i in range(len(batch.question))
+        None if cut else questions[q].answer_scores(seen)[2]
+        for q, seen, cut in zip(
+            batch.question.tolist(), batch.pages_seen.tolist(), batch.cut.tolist(), strict=True
+        )
     ]
+
+
+_NOTHING: frozenset[int] = frozenset()
 
 
 def _step_rewards(
     arm: Arm,
     questions: Sequence[Question],
-    bits: np.ndarray,
+    page_sets: Sequence[Sequence[frozenset[int]]],
     batch: _Batch,
     f1: Sequence[float | None],
     group: int,
     cost: float,
-    to_set: _BitSets,
 ) -> np.ndarray:
     """(B, T) reward of every decision step: the project's reward functions, one call per group."""
     b, t_max = batch.node.shape
     rewards = np.zeros((b, t_max))
+    question, steps, pages = batch.question.tolist(), batch.steps.tolist(), batch.page.tolist()
     for start in range(0, b, group):
         rows = range(start, start + group)
-        n_search = [int(batch.steps[i]) - 1 for i in rows]
-        q = questions[batch.question[start]]
+        n_search = [steps[i] - 1 for i in rows]
         if arm.reward == "terminal":
             per = [[0.0] * n + [terminal_reward(f1[i])] for i, n in zip(rows, n_search, strict=True)]
         else:
+            shown = page_sets[question[start]]
             hits = [
-                [
-                    to_set(int(bits[batch.question[i], batch.page[i, t]]))
-                    if batch.page[i, t] >= 0
-                    else frozenset()
-                    for t in range(n)
-                ]
+                [shown[p] if p >= 0 else _NOTHING for p in pages[i][:n]]
                 for i, n in zip(rows, n_search, strict=True)
             ]
             per = group_step_rewards(
                 hits,
                 [[1] * n for n in n_search],
                 [f1[i] for i in rows],
-                q.n_gold,
+                questions[question[start]].n_gold,
                 alpha=arm.alpha,
                 beta=arm.beta,
                 cost=cost,
@@ -348,14 +343,14 @@ def train_arm(arm: Arm | str, seed: int, spec: TrainSpec | None = None, world: W
     theta = np.zeros((tree.size, world.spec.actions))
     rng = np.random.default_rng([seed, 0x7A1])
     bits = _bits_table(world.train)
-    to_set = _BitSets()
+    page_sets = _page_sets(world.train)
     run = Run(arm.name, seed)
     for _ in range(spec.iterations):
         chosen = rng.choice(len(world.train), size=spec.questions, replace=False)
         question = np.repeat(chosen, spec.group)
         batch = _rollout(theta, tree, world.spec, bits, question, spec.max_turns, rng)
         f1 = _final_f1(world.train, batch)
-        rewards = _step_rewards(arm, world.train, bits, batch, f1, spec.group, spec.cost, to_set)
+        rewards = _step_rewards(arm, world.train, page_sets, batch, f1, spec.group, spec.cost)
         adv = _advantages(arm, rewards, batch, spec.group, spec.gamma)
         run.curve.append(float(np.mean([0.0 if x is None else x for x in f1])))
         run.credit.append(_credit(adv, batch))
