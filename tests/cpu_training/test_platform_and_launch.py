@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from spader.config import TrainingConfig
 from spader.training.launch import check_device, cpu_ray_slots, device_env, device_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,14 +66,14 @@ def test_verl_resolves_the_cpu_platform_engines_and_rollout_from_the_plugin(tmp_
 
 
 def test_device_and_rollout_backend_must_agree():
-    assert check_device({}) == ("cuda", "sglang")
+    assert check_device(TrainingConfig()) == ("cuda", "sglang")  # the defaults
     assert check_device({"device": "cpu", "rollout_backend": "transformers"}) == ("cpu", "transformers")
     with pytest.raises(ValueError, match="'training.rollout_backend' is 'sglang'.*'cpu'"):
         check_device({"device": "cpu", "rollout_backend": "sglang"})
     with pytest.raises(ValueError, match="'training.rollout_backend' is 'transformers'.*'cuda'"):
         check_device({"device": "cuda", "rollout_backend": "transformers"})
     with pytest.raises(ValueError, match="'training.device' must be one of"):
-        check_device({"device": "tpu"})
+        check_device({"device": "tpu", "rollout_backend": "sglang"})
 
 
 def test_ray_advertises_the_logical_cpus_verl_reserves():

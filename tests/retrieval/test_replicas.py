@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import yaml
 
+from spader.config import resolved_config
 from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 from spader.retrieval.replicas import parse_devices
 from spader.retrieval.reranker import chunk_slices
@@ -97,7 +97,7 @@ def test_a_failing_replica_fails_the_call(one_and_two, monkeypatch):
 def test_reranker_on_job_gpus():
     from spader.retrieval.service import reranker_on_job_gpus, serve_command
 
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["retrieval"]
+    cfg = resolved_config(REPO / "config" / "config.yaml")["retrieval"]
     job = reranker_on_job_gpus(cfg, 8)
     assert job["reranker"]["devices"] == [f"cuda:{i}" for i in range(8)]
     assert cfg["reranker"]["devices"] is None  # the input is not changed

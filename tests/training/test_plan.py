@@ -10,8 +10,8 @@ import logging
 from pathlib import Path
 
 import pytest
-import yaml
 
+from spader.config import resolved_config
 from spader.training import plan
 from spader.training.plan import VerlMemory, load_shape, training_job
 
@@ -164,7 +164,7 @@ def test_the_paper_config_fits_80_gib_and_a_larger_micro_batch_does_not(tmp_path
     assert plan.main(["--root", str(REPO), "--json"], out=lines.append) == 0
     result = json.loads(lines[-1])
     jobs = {j["job"]: j for j in result["jobs"]}
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = resolved_config(REPO / "config" / "config.yaml")
     for b, spec in config["backbones"].items():
         for v in spec["variants"]:
             assert f"train {b}/{v}" in jobs

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
-from spader.config import verl_config_chain
+from spader.config import resolved_config, verl_config_chain
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import (
     AGENT_KEYS,
@@ -23,7 +23,7 @@ from spader.integrations.verl.overrides import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+CONFIG = resolved_config(REPO / "config" / "config.yaml")
 VARIANTS = CONFIG["variants"]
 TRAINING = CONFIG["training"]
 AGENT = CONFIG["agent"]
@@ -282,10 +282,8 @@ def test_the_seed_override_moves_the_prompt_order_seed(tiny_model):
 
 
 def test_agent_settings_reach_verl():
-    from spader.integrations.verl.overrides import AGENT_DEFAULTS, agent_overrides
+    from spader.integrations.verl.overrides import agent_overrides
 
-    # the defaults of jobs built without a workflow config are config.yaml's
-    assert {k: AGENT[k] for k in AGENT_DEFAULTS} == AGENT_DEFAULTS
     assert set(AGENT) - {"max_queries_per_call", "prompt_template"} == set(AGENT_KEYS)
     changed = dict(AGENT, max_turn_tokens=77, stop=["</answer>"], max_turns=3)
     cfg = compose("spader", agent_overrides(changed))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from spader import __version__
+from spader.config.model import MlflowConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +60,23 @@ _MAX_PARAM_CHARS = 6000
 
 
 class MlflowSettings:
-    """Resolved tracking settings (``config['mlflow']``), paths made absolute against ``root``."""
+    """Resolved tracking settings (the ``mlflow`` section), paths made absolute against ``root``."""
 
-    def __init__(self, cfg: Mapping[str, Any], root: str | os.PathLike = "."):
+    def __init__(self, cfg: MlflowConfig | Mapping[str, Any], root: str | os.PathLike = "."):
+        if not isinstance(cfg, MlflowConfig):
+            cfg = MlflowConfig.model_validate(dict(cfg))
         root = Path(root).resolve()
-        uri = str(cfg["tracking_uri"])
+        uri = cfg.tracking_uri
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
             db = root / uri[len("sqlite:///") :]
             db.parent.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{db}"
         self.tracking_uri = uri
-        self.experiment = str(cfg["experiment"])
-        self.artifact_root = (root / cfg["artifact_root"]).resolve()
-        self.state_dir = (root / cfg["state_dir"]).resolve()
-        self.enabled = bool(cfg.get("enabled", True))
-        self.stale_run_hours = float(cfg.get("stale_run_hours", 72))
+        self.experiment = cfg.experiment
+        self.artifact_root = (root / cfg.artifact_root).resolve()
+        self.state_dir = (root / cfg.state_dir).resolve()
+        self.enabled = cfg.enabled
+        self.stale_run_hours = cfg.stale_run_hours
 
     @property
     def pipeline_file(self) -> Path:

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spader.config.model import RerankerConfig
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -386,10 +388,9 @@ def reranker_gib(retrieval: Mapping[str, Any] | None, *, on_gpu: bool = True) ->
         shape = load_shape(str(model), reranker.get("path"))
     except ValueError:
         shape = load_shape("BAAI/bge-reranker-v2-m3")
-    weights = shape.params * (2 if reranker.get("fp16", True) else 4) / GIB
-    tokens = reranker.get("max_batch_tokens") or int(reranker.get("batch_size", 64)) * int(
-        reranker.get("max_length", 512)
-    )
+    section = RerankerConfig.model_validate({k: v for k, v in reranker.items() if k != "path"})
+    weights = shape.params * (2 if section.fp16 else 4) / GIB
+    tokens = section.max_batch_tokens or section.batch_size * section.max_length
     scale = (shape.layers * shape.hidden) / (24 * 1024)
     activations = CONSTANTS["reranker_mib_per_token"] * scale * int(tokens) / 1024
     return weights + activations + CONSTANTS["reranker_slack"] + CONSTANTS["cuda_context"]
@@ -592,17 +593,17 @@ def training_job(
 def judge_job(name: str, shape: Shape, judge: Mapping[str, Any], *, capacity: float, reranker: float) -> Job:
     """R3-RAG's judge served by sglang on its GPUs of the training node (after the retrieval
     service, whose reranker replica may share them)."""
-    job = Job(name=name, gpus=int(judge.get("gpus", 1)), capacity=capacity)
-    tp = int(judge.get("tensor_parallel", 1))
+    job = Job(name=name, gpus=int(judge["gpus"]), capacity=capacity)
+    tp = int(judge["tensor_parallel"])
     process = CONSTANTS["cuda_context"] + (CONSTANTS["nccl"] if tp > 1 else 0.0)
     pre = capacity - reranker - process
-    static, weights, kv = _sglang(shape, pre, float(judge.get("mem_fraction", 0.85)), tp)
+    static, weights, kv = _sglang(shape, pre, float(judge["mem_fraction"]), tp)
     job.phases["serving"] = {
         "reranker": reranker,
         "sglang": process + static + CONSTANTS["sglang_graphs"] + CONSTANTS["sglang_activations"],
     }
     job.notes.append(
-        f"judge {shape.name}: {pre:.1f} GiB free at launch x {judge.get('mem_fraction', 0.85)} = {static:.1f} GiB "
+        f"judge {shape.name}: {pre:.1f} GiB free at launch x {judge['mem_fraction']} = {static:.1f} GiB "
         f"static (weights {weights:.1f}, KV {kv:.1f} = {_kv_tokens(shape, kv, tp):,} tokens per replica)"
     )
     if kv <= 0:
@@ -617,19 +618,19 @@ def evaluation_job(
 ) -> Job:
     """An evaluation job on its first GPU: the engine, then the retrieval service's reranker
     (sglang is built first and sizes its share before the reranker loads)."""
-    job = Job(name=name, gpus=int(evaluation.get("gpus", 1)), capacity=capacity)
-    engine = evaluation.get("engine", "sglang")
+    job = Job(name=name, gpus=int(evaluation["gpus"]), capacity=capacity)
+    engine = evaluation["engine"]
     if engine == "sglang":
         tp = max(1, job.gpus)
         process = CONSTANTS["cuda_context"] + (CONSTANTS["nccl"] if tp > 1 else 0.0)
         pre = capacity - process
-        static, weights, kv = _sglang(shape, pre, float(evaluation.get("gpu_memory_utilization", 0.7)), tp)
+        static, weights, kv = _sglang(shape, pre, float(evaluation["gpu_memory_utilization"]), tp)
         job.phases["evaluation"] = {
             "sglang": process + static + CONSTANTS["sglang_graphs"] + CONSTANTS["sglang_activations"],
             "reranker": reranker,
         }
         job.notes.append(
-            f"sglang: {pre:.1f} GiB free at launch x {evaluation.get('gpu_memory_utilization', 0.7)} = "
+            f"sglang: {pre:.1f} GiB free at launch x {evaluation['gpu_memory_utilization']} = "
             f"{static:.1f} GiB static (weights {weights:.1f}, KV {kv:.1f} = {_kv_tokens(shape, kv, tp):,} tokens)"
         )
         if kv <= 0:
@@ -638,7 +639,7 @@ def evaluation_job(
             )
     else:  # the transformers engine: bf16 weights, a full KV cache per batch, the last logits
         batch, context = (
-            int(evaluation.get("batch_size", 8)),
+            int(evaluation["batch_size"]),
             int(evaluation["max_context_tokens"]),
         )
         job.phases["evaluation"] = {
@@ -721,12 +722,10 @@ def plan_config(
     for b, spec in config.backbones.items():
         if training["device"] == "cuda" and spec.gpus > 0:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
-            nodes = int(training.get("nodes") or 1)
+            nodes = int(training["nodes"])
             for v in spec.variants:
                 variant = config.variants[v].model_dump(mode="json")
-                served = (
-                    variant.get("reward") == "r3rag" and variant.get("judge") == "llm" and not judge["url"]
-                )
+                served = config.variants[v].serves_judge and not judge["url"]
                 # verl shards over every training GPU of the job; a served judge takes GPUs of the
                 # node (one node) or the last node (several)
                 if served and nodes > 1:

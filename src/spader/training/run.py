@@ -43,6 +43,7 @@ from spader.config.model import (
     AgentConfig,
     BackboneConfig,
     JudgeConfig,
+    MlflowConfig,
     RetrievalConfig,
     StepSearchConfig,
     TrainingConfig,
@@ -149,7 +150,7 @@ class TrainJob:
     log_path: Path | None = None
     params_hash: str = ""
     tracking_uri: str | None = None
-    experiment: str = "spader"
+    experiment: str = field(default_factory=lambda: MlflowConfig().experiment)
     extra_overrides: tuple[str, ...] = ()
     entry: tuple[str, ...] | None = None
     # the step-level baselines (spader.training.scorer_launch): StepSearch's evidence and settings,
@@ -185,9 +186,9 @@ class TrainJob:
     def from_snakemake(cls, smk) -> TrainJob:
         """Build the job from the ``snakemake`` object of rule ``train_policy``."""
         params = smk.params
-        mlflow_cfg = smk.config.get("mlflow", {})
-        settings = MlflowSettings(mlflow_cfg, ".") if mlflow_cfg.get("enabled", False) else None
-        configured = smk.config.get("training") or {}
+        mlflow = MlflowConfig.model_validate(smk.config["mlflow"])
+        settings = MlflowSettings(mlflow, ".") if mlflow.enabled else None
+        configured = smk.config["training"]
         training = {  # the param, plus the operational keys from the config (not params)
             **dict(params.training),
             **{k: configured[k] for k in OPERATIONAL_TRAINING_KEYS if k in configured},
@@ -210,9 +211,9 @@ class TrainJob:
             log_path=Path(smk.log[0]) if len(smk.log) else None,
             params_hash=config_hash(dict(params.items())),
             tracking_uri=settings.tracking_uri if settings else None,
-            experiment=settings.experiment if settings else "spader",
+            experiment=mlflow.experiment,
             evidence=_optional(smk.input, "evidence"),
-            stepsearch=smk.config.get("stepsearch"),
+            stepsearch=smk.config["stepsearch"],
             judge=judge_settings(params.get("judge"), smk.config),
             judge_model_dir=_optional(smk.input, "judge_model"),
             agent=dict(params.get("agent") or {}),
