@@ -24,13 +24,15 @@ CONFIG = resolved_config(REPO / "config" / "config.yaml")
 
 @pytest.fixture(scope="module")
 def composed():
-    """Each baseline composed with config.yaml's method overrides (resolved), and ppo for reference."""
+    """Each baseline composed with config.yaml's method overrides and the launcher's judge settings
+    (resolved), and ppo for reference."""
     out = {}
     for name in ("stepsearch", "r3rag", "ppo"):
         spec = CONFIG["variants"][name]
+        judge = baseline_launch(spec, judge=CONFIG["judge"]).overrides if name == "r3rag" else []
         cfg = compose(
             spec["verl_config"],
-            ["actor_rollout_ref.model.path=/m", *method_overrides(spec, CONFIG["training"])],
+            ["actor_rollout_ref.model.path=/m", *method_overrides(spec, CONFIG["training"]), *judge],
         )
         out[name] = OmegaConf.to_container(cfg, resolve=True)
     return out

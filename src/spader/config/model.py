@@ -38,6 +38,8 @@ from spader.core.methods import ADVANTAGES, REWARDS, pairing_errors, pairing_rul
 __all__ = [
     "CROSS_KEY_RULES",
     "DATASETS",
+    "JUDGE_CLIENT_KEYS",
+    "MAX_INITIAL_K",
     "OPERATIONAL_SERVICE_KEYS",
     "OPERATIONAL_TRAINING_KEYS",
     "PROMPTING",
@@ -936,6 +938,10 @@ class StepSearchConfig(Section):
     workers: StrictInt = Field(
         4, ge=0, le=1024, description="processes computing the per-passage TF-IDF in training (0: none)"
     )
+
+
+#: The judge settings the trainer's judge client reads (besides ``model`` and ``url``).
+JUDGE_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature")
 
 
 class JudgeConfig(Section):

@@ -16,7 +16,7 @@ integration registers the estimator functions under the names given here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 __all__ = [
     "ADVANTAGES",
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-class Advantage(str, Enum):
+class Advantage(StrEnum):
     """``variants.<name>.advantage``."""
 
     SPA = "spa"
@@ -44,7 +44,7 @@ class Advantage(str, Enum):
     TURN_GAE = "turn_gae"
 
 
-class Reward(str, Enum):
+class Reward(StrEnum):
     """``variants.<name>.reward``."""
 
     STEP = "step"
@@ -117,18 +117,14 @@ register_reward(
         "StepSearch's information gain against evidence minus redundancy, per search step",
     )
 )
-register_reward(
-    RewardSpec("r3rag", "r3rag", ("judge",), "R3-RAG's judge-scored steps scaled by the outcome")
-)
+register_reward(RewardSpec("r3rag", "r3rag", ("judge",), "R3-RAG's judge-scored steps scaled by the outcome"))
 
 register_advantage(AdvantageSpec("spa", "spader_spa", ("step",), "step-wise peer advantage (SPADER)"))
 register_advantage(
     AdvantageSpec("grpo_return", "spader_traj", ("step",), "trajectory-level GRPO on the summed return")
 )
 register_advantage(
-    AdvantageSpec(
-        "grpo", "spader_grpo", ("terminal", "step"), "verl's GRPO without failed episodes as peers"
-    )
+    AdvantageSpec("grpo", "spader_grpo", ("terminal", "step"), "verl's GRPO without failed episodes as peers")
 )
 register_advantage(AdvantageSpec("gae", "gae", ("terminal", "stepsearch"), "PPO with a critic (verl's GAE)"))
 register_advantage(
@@ -164,7 +160,9 @@ def pairing_errors(advantage: str, reward: str) -> list[str]:
     reward_spec(reward)
     if reward in spec.rewards:
         return []
-    return [f"advantage {advantage!r} does not train reward {reward!r} ({advantage} trains {', '.join(spec.rewards)})"]
+    return [
+        f"advantage {advantage!r} does not train reward {reward!r} ({advantage} trains {', '.join(spec.rewards)})"
+    ]
 
 
 def pairing_rule() -> str:

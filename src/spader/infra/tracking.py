@@ -29,8 +29,9 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ __all__ = [
     "flatten_params",
     "git_state",
     "job_run",
+    "log_dict",
+    "log_metrics",
     "mark_dead_runs",
     "process_tags",
     "start_pipeline_run",
@@ -81,6 +84,32 @@ class MlflowSettings:
     @property
     def pipeline_file(self) -> Path:
         return self.state_dir / "pipeline_run.json"
+
+
+def _active_mlflow():
+    """The mlflow module when the job's run is active (tracking on), else None."""
+    mlflow = sys.modules.get("mlflow")  # a run can only be active once mlflow is imported
+    return mlflow if mlflow is not None and mlflow.active_run() is not None else None
+
+
+def log_metrics(metrics: Mapping[str, float], *, series: Mapping[str, Sequence[float]] | None = None) -> None:
+    """Log ``metrics``, and each of ``series`` as one value per step (0, 1, ...), to the job's
+    MLflow run when one is active (tracking on); else nothing. The workflow's scripts log through
+    this, never through mlflow itself."""
+    mlflow = _active_mlflow()
+    if mlflow is None:
+        return
+    mlflow.log_metrics(dict(metrics))
+    for name, values in (series or {}).items():
+        for step, value in enumerate(values):
+            mlflow.log_metric(name, value, step=step)
+
+
+def log_dict(data: Mapping[str, Any], artifact: str) -> None:
+    """Log ``data`` as the JSON artifact ``artifact`` of the job's active MLflow run (else nothing)."""
+    mlflow = _active_mlflow()
+    if mlflow is not None:
+        mlflow.log_dict(dict(data), artifact)
 
 
 def _mlflow():

@@ -1,6 +1,6 @@
 """GPU memory plan: the per-GPU peak of every GPU job of the DAG, before any of them runs.
 
-``python -m spader.training.plan [--configfile F ...]`` prints one entry per backbone x variant
+``spader plan [--configfile F ...]`` (or ``python -m spader.training.plan``) prints one entry per backbone x variant
 (training), per backbone (evaluation), for R3-RAG's served judge and for StepSearch's evidence
 job, each with its phases and their components in GiB, and exits 1 when a job's peak exceeds
 ``hardware.gpu_memory_gib``. Every training job runs the same plan on its own composed config in
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spader.config.command import add_config_arguments, configured, repository, run_command
 from spader.config.model import RerankerConfig
 
 log = logging.getLogger(__name__)
@@ -759,28 +760,20 @@ def plan_config(
     return jobs
 
 
-def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None = None) -> int:
-    """``python -m spader.training.plan``: print the plan; exit 1 when a job does not fit."""
-    parser = argparse.ArgumentParser(
-        prog="python -m spader.training.plan", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--configfile",
-        action="append",
-        help="workflow config files, later ones overlaying earlier ones (default: config/config.yaml)",
-    )
-    parser.add_argument("--root", default=".", help="repository root (default: the current directory)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    args = parser.parse_args(argv)
-    write = out or (lambda s: sys.stdout.write(s + "\n"))
-    from spader.config import load_config
+HELP = "the GPU memory plan of a configuration: every GPU job's per-GPU peak (exit 1 when one does not fit)"
 
-    root = Path(args.root)
-    verl_dir = root / "config" / "verl"
-    config = load_config(
-        *[root / c for c in (args.configfile or ["config/config.yaml"])], verl_config_dir=verl_dir
-    )
-    jobs = plan_config(config, verl_dir)
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``spader plan`` (``python -m spader.training.plan``): ``--configfile``, ``--root``, ``--json``."""
+    add_config_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace, *, out: Callable[[str], Any] | None = None) -> int:
+    """Print the plan of the configuration ``args`` names; exit 1 when a job does not fit."""
+    write = out or (lambda s: sys.stdout.write(s + "\n"))
+    config = configured(args)
+    jobs = plan_config(config, repository(args) / "config" / "verl")
     bad = [j for j in jobs if not j.fits]
     if args.json:
         write(json.dumps({"jobs": [j.to_json() for j in jobs], "fits": not bad}, indent=2))
@@ -794,6 +787,17 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None 
         if smallest is not None:
             write(f"smallest margin: {smallest:.1f} GiB; {len(bad)} of {len(jobs)} job(s) do not fit")
     return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None = None) -> int:
+    """``python -m spader.training.plan`` (an alias of ``spader plan``)."""
+    return run_command(
+        "python -m spader.training.plan",
+        add_arguments,
+        lambda args: run(args, out=out),
+        argv,
+        description=HELP,
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spader.config.model import JudgeConfig, StepSearchConfig, VariantConfig
+from spader.config.model import JUDGE_CLIENT_KEYS, JudgeConfig, StepSearchConfig, VariantConfig
 from spader.integrations.verl.hydra import hydra_value
 
 __all__ = [
@@ -36,9 +36,6 @@ __all__ = [
 #: Judge settings that cannot change a result (where it runs, how long and how often the client
 #: waits and retries): not params of the training rule; the job reads them from its config.
 OPERATIONAL_JUDGE_KEYS = ("url", "startup_timeout_s", "timeout_s", "retries", "concurrency")
-
-# The judge settings the trainer's client reads (algorithm.r3rag.judge.<key>: judge.<key>).
-_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature")
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,7 @@ def baseline_launch(
         raise ValueError("an r3rag variant with judge llm needs the 'judge' config block")
     typed = _judge(judge)
     overrides = [f"++algorithm.r3rag.judge.model={hydra_value(typed.model)}"]
-    overrides += [f"++algorithm.r3rag.judge.{k}={hydra_value(getattr(typed, k))}" for k in _CLIENT_KEYS]
+    overrides += [f"++algorithm.r3rag.judge.{k}={hydra_value(getattr(typed, k))}" for k in JUDGE_CLIENT_KEYS]
     served = 0 if typed.url else typed.gpus
     return BaselineLaunch(record_turns=True, overrides=overrides, judge_gpus=served)
 
