@@ -202,3 +202,27 @@ def test_the_paper_config_is_typed():
     assert (
         config.missing_sources() and config.missing_sources()[0][0] == "datasets.webqsp.files.WebQSP.zip.url"
     )
+
+
+def test_a_config_without_the_paper_variants_validates():
+    """Defaults name no variant the user did not configure: a setup of its own, with one variant and
+    no time limits of its own, validates (it used to fail on `'ppo' is not a key of 'variants'`)."""
+    raw = merge_files([REPO / "config" / "config.yaml"])
+    raw["variants"] = {"mine": {"verl_config": "spader", "beta": 2.0}}
+    raw["backbones"] = {"qwen3_8b": {**raw["backbones"]["qwen3_8b"], "variants": ["mine"]}}
+    raw["targets"] = ["qwen3_8b"]
+    del raw["training"]
+    config = check_config(raw, VERL_DIR)
+    assert config.training.time_limit.hours == {"default": 40.0}
+    assert config.training.time_limit.estimate_minutes("mine") == 2400
+
+
+def test_a_key_a_variant_does_not_read_is_refused_or_documented():
+    """A variant's key its reward does not read is refused; `training.gamma`, shared by all
+    variants, says which it reaches."""
+    with pytest.raises(ValueError, match="'variants.spader.lambda_s': reward 'step' does not read it"):
+        check_config(_paper(lambda c: c["variants"]["spader"].update(lambda_s=1.6)), VERL_DIR)
+    with pytest.raises(ValueError, match="'variants.ppo.judge': reward 'terminal' does not read it"):
+        check_config(_paper(lambda c: c["variants"]["ppo"].update(judge="reranker")), VERL_DIR)
+    gamma = TrainingConfig.model_fields["gamma"].description
+    assert "reward step only" in gamma and "stepsearch and r3rag use 1.0" in gamma

@@ -176,7 +176,9 @@ def test_the_paper_config_fits_80_gib_and_a_larger_micro_batch_does_not(tmp_path
     overlay = tmp_path / "micro8.yaml"
     overlay.write_text("training:\n  ppo_micro_batch_size_per_gpu: 8\n")
     lines.clear()
-    code = plan.main(["--root", str(REPO), "--configfile", str(overlay)], out=lines.append)  # overlays config.yaml
+    code = plan.main(
+        ["--root", str(REPO), "--configfile", str(overlay)], out=lines.append
+    )  # overlays config.yaml
     assert code == 1
     text = "\n".join(lines)
     assert "train qwen3_8b/r3rag" in text and "DOES NOT FIT" in text

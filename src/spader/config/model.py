@@ -462,8 +462,10 @@ class WarmstartConfig(Section):
     batch_size: StrictInt = Field(4, ge=1, le=2**20, description="scripted episodes per step")
     warmup_ratio: float = Field(0.05, ge=0, lt=1, description="fraction of the steps spent warming up")
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay")
-    max_searches: Literal[1, 2] = Field(
+    max_searches: StrictInt = Field(
         2,
+        ge=1,
+        le=2,
         description="search steps a scripted episode may take (the second only when the first showed "
         "no gold entity)",
     )
