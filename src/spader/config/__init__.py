@@ -1,7 +1,7 @@
 """The workflow configuration: one typed model (:mod:`.model`), the schema and key reference
 generated from it (:mod:`.schema`, :mod:`.docs`) and the start-up check (:mod:`.checks`).
 
-``spader config write`` (or ``python -m spader.config write``) regenerates
+``spader config docs`` (or ``python -m spader.config write``) regenerates
 ``workflow/schemas/config.schema.yaml`` and ``config/README.md``; ``spader config check`` exits 1
 when either is out of date; ``spader config show`` prints a resolved configuration
 (:mod:`.files` reads config files as a workflow run does).

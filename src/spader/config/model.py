@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from spader.core.methods import ADVANTAGES, REWARDS, pairing_errors, pairing_rule, reward_spec
+from spader.core.rewards import NOVELTY
 
 __all__ = [
     "CROSS_KEY_RULES",
@@ -619,7 +620,7 @@ class CostWarmup(Section):
 class DivergencesConfig(Section):
     """Options reproducing the authors' published code (docs/method.md, "Known divergences")."""
 
-    novelty: Literal["inverse", "exp_decay"] = Field(
+    novelty: Literal[NOVELTY] = Field(  # type: ignore[valid-type]
         "inverse", description="inverse: beta/N (paper); exp_decay: beta*exp(-(N-1)) (code)"
     )
     invalid_format_reward: float = Field(
