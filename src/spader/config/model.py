@@ -27,6 +27,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictFloat,
     StrictInt,
     StringConstraints,
     ValidationInfo,
@@ -169,7 +170,7 @@ class MlflowConfig(Section):
     state_dir: str = Field(
         "results/mlflow", description="where the pipeline run id of the current invocation is kept"
     )
-    stale_run_hours: float = Field(
+    stale_run_hours: StrictFloat = Field(
         72,
         gt=0,
         le=24 * 365,
@@ -323,8 +324,8 @@ class MixConfig(Section):
 class Bm25Config(Section):
     """BM25 parameters."""
 
-    k1: float = Field(0.9, ge=0, le=100, description="term-frequency saturation")
-    b: float = Field(0.4, ge=0, le=1, description="length normalization")
+    k1: StrictFloat = Field(0.9, ge=0, le=100, description="term-frequency saturation")
+    b: StrictFloat = Field(0.4, ge=0, le=1, description="length normalization")
 
 
 class RerankerConfig(Section):
@@ -373,8 +374,8 @@ class ServiceConfig(Section):
     host: str = Field("127.0.0.1", description="bind address")
     max_queries_per_request: StrictInt = Field(512, ge=1, le=2**20, description="largest accepted batch")
     max_query_chars: StrictInt = Field(1000, ge=1, le=2**20, description="longest accepted query")
-    startup_timeout_s: float = Field(1800, ge=1, le=MAX_SECONDS, description="how long to wait for /health")
-    request_timeout_s: float = Field(120, ge=1, le=MAX_SECONDS, description="client timeout per request")
+    startup_timeout_s: StrictFloat = Field(1800, ge=1, le=MAX_SECONDS, description="how long to wait for /health")
+    request_timeout_s: StrictFloat = Field(120, ge=1, le=MAX_SECONDS, description="client timeout per request")
     retries: StrictInt = Field(3, ge=0, le=100, description="client retries on transient errors")
     cache_entries: StrictInt = Field(
         100000, ge=0, le=MAX_COUNT, description="most results the service's LRU cache keeps (0: no cache)"
@@ -392,13 +393,13 @@ class ServiceConfig(Section):
         description="queries per search step; larger and merged requests are cut into slices",
     )
     overlap: bool = Field(True, description="BM25 of the next slice while the current one is reranked")
-    header_timeout_s: float = Field(
+    header_timeout_s: StrictFloat = Field(
         20,
         gt=0,
         le=MAX_SECONDS,
         description="seconds a request's headers may take to arrive; then 408 and the connection is closed",
     )
-    body_timeout_s: float = Field(
+    body_timeout_s: StrictFloat = Field(
         60,
         gt=0,
         le=MAX_SECONDS,
@@ -457,12 +458,12 @@ class WarmstartConfig(Section):
     actions."""
 
     steps: StrictInt = Field(300, ge=1, le=MAX_COUNT, description="optimizer steps")
-    lr: float = Field(
+    lr: StrictFloat = Field(
         3.0e-3, gt=0, le=1, description="peak AdamW learning rate (linear warm-up, cosine decay to 10%)"
     )
     batch_size: StrictInt = Field(4, ge=1, le=2**20, description="scripted episodes per step")
-    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="fraction of the steps spent warming up")
-    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay")
+    warmup_ratio: StrictFloat = Field(0.05, ge=0, lt=1, description="fraction of the steps spent warming up")
+    weight_decay: StrictFloat = Field(0.0, ge=0, le=1, description="AdamW weight decay")
     max_searches: StrictInt = Field(
         2,
         ge=1,
@@ -487,7 +488,7 @@ class WarmstartConfig(Section):
         "world never uses), searched over their own passages, so that the policy learns to copy "
         "names from what it reads",
     )
-    copy_weight: float = Field(
+    copy_weight: StrictFloat = Field(
         0.0,
         ge=0,
         le=1000,
@@ -496,7 +497,7 @@ class WarmstartConfig(Section):
     )
     copy_batch_size: StrictInt = Field(16, ge=1, le=2**20, description="copying sequences per step")
     copy_length: StrictInt = Field(64, ge=8, le=2**20, description="longest copying sequence (tokens)")
-    copy_attention_weight: float = Field(
+    copy_attention_weight: StrictFloat = Field(
         1.0,
         ge=0,
         le=1000,
@@ -570,10 +571,10 @@ class VariantConfig(Section):
     reward: Literal[tuple(REWARDS)] = Field(  # type: ignore[valid-type]
         "step", description=f"{_registry_text(REWARDS)} (docs/baselines.md)"
     )
-    alpha: float = Field(1.0, ge=0, le=100, description="information-gain weight alpha (reward step only)")
-    beta: float = Field(4.0, ge=0, le=100, description="novelty-premium weight beta (reward step only)")
-    cost: float = Field(0.01, ge=0, le=100, description="tool cost c per query (reward step only)")
-    lambda_s: float = Field(
+    alpha: StrictFloat = Field(1.0, ge=0, le=100, description="information-gain weight alpha (reward step only)")
+    beta: StrictFloat = Field(4.0, ge=0, le=100, description="novelty-premium weight beta (reward step only)")
+    cost: StrictFloat = Field(0.01, ge=0, le=100, description="tool cost c per query (reward step only)")
+    lambda_s: StrictFloat = Field(
         0.6,
         ge=0,
         le=100,
@@ -623,7 +624,7 @@ class DivergencesConfig(Section):
     novelty: Literal[NOVELTY] = Field(  # type: ignore[valid-type]
         "inverse", description="inverse: beta/N (paper); exp_decay: beta*exp(-(N-1)) (code)"
     )
-    invalid_format_reward: float = Field(
+    invalid_format_reward: StrictFloat = Field(
         -1.0, ge=-1, le=1, description="terminal reward of an invalid format (paper -1, code 0)"
     )
     cost_warmup: CostWarmup | None = Field(
@@ -641,7 +642,7 @@ class TimeLimitConfig(Section):
 
     hours: dict[
         str,
-        Annotated[float, Field(gt=0, le=24 * 365, description="hours of one training run of this variant")],
+        Annotated[StrictFloat, Field(gt=0, le=24 * 365, description="hours of one training run of this variant")],
     ] = Field(
         default_factory=lambda: {"default": 40.0},
         description="wall-time estimate of one training run per variant, in hours (rule train_policy's "
@@ -693,14 +694,14 @@ class TrainingConfig(Section):
     train_batch_size: StrictInt = Field(32, ge=1, le=2**20, description="prompts per step")
     ppo_mini_batch_size: StrictInt = Field(32, ge=1, le=2**20, description="prompts per PPO mini-batch")
     ppo_micro_batch_size_per_gpu: StrictInt = Field(4, ge=1, le=2**20, description="micro-batch per GPU")
-    lr: float = Field(1.0e-5, gt=0, le=1, description="AdamW learning rate")
-    lr_warmup_ratio: float = Field(0.05, ge=0, le=1, description="warm-up fraction of steps")
+    lr: StrictFloat = Field(1.0e-5, gt=0, le=1, description="AdamW learning rate")
+    lr_warmup_ratio: StrictFloat = Field(0.05, ge=0, le=1, description="warm-up fraction of steps")
     rollout_n: StrictInt = Field(16, ge=1, le=2**16, description="rollouts per prompt (G)")
-    temperature: float = Field(1.0, ge=0, le=10, description="rollout temperature")
-    top_p: float = Field(1.0, gt=0, le=1, description="rollout top-p")
-    kl_loss_coef: float = Field(0.001, ge=0, le=100, description="KL loss coefficient")
+    temperature: StrictFloat = Field(1.0, ge=0, le=10, description="rollout temperature")
+    top_p: StrictFloat = Field(1.0, gt=0, le=1, description="rollout top-p")
+    kl_loss_coef: StrictFloat = Field(0.001, ge=0, le=100, description="KL loss coefficient")
     kl_loss_type: str = Field("low_var_kl", description="verl KL loss type")
-    gamma: float = Field(
+    gamma: StrictFloat = Field(
         0.9,
         ge=0,
         le=1,
@@ -711,7 +712,7 @@ class TrainingConfig(Section):
     max_response_length: StrictInt = Field(
         8192, ge=1, le=2**24, description="response tokens, tool text included"
     )
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: StrictFloat = Field(
         0.6,
         gt=0,
         le=1,
@@ -765,7 +766,7 @@ class TrainingConfig(Section):
         default_factory=TimeLimitConfig,
         description="How a training job lives with a scheduler's time limit (docs/cluster.md).",
     )
-    max_search_error_rate: float = Field(
+    max_search_error_rate: StrictFloat = Field(
         0.2,
         ge=0,
         le=1,
@@ -843,20 +844,20 @@ class EvaluationConfig(Section):
         description="token budget of an episode (prompt and response); null: training's "
         "max_prompt_length + max_response_length",
     )
-    temperature: float = Field(
+    temperature: StrictFloat = Field(
         1.0,
         ge=0,
         le=10,
         description="sampling temperature (the authors' evaluation: 1.0); 0 is greedy decoding",
     )
-    top_p: float = Field(1.0, gt=0, le=1, description="top-p when sampling")
+    top_p: StrictFloat = Field(1.0, gt=0, le=1, description="top-p when sampling")
     seed: StrictInt = Field(
         0,
         ge=0,
         le=MAX_SEED,
         description="sampling seed; each request samples with its own seed derived from it",
     )
-    max_error_share: float = Field(
+    max_error_share: StrictFloat = Field(
         0.02,
         ge=0,
         le=1,
@@ -871,7 +872,7 @@ class EvaluationConfig(Section):
         description="CPU threads of an evaluation job without GPUs (`gpus: 0`), shared by its policy and its "
         "search service; a GPU job's come from the node. Not a result setting: changing it reruns nothing",
     )
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: StrictFloat = Field(
         0.7,
         gt=0,
         le=1,
@@ -895,7 +896,7 @@ class EvaluationConfig(Section):
     bootstrap_seed: StrictInt = Field(
         0, ge=0, le=MAX_SEED, description="seed of the bootstrap resamples and permutations"
     )
-    significance_level: float = Field(
+    significance_level: StrictFloat = Field(
         0.05,
         gt=0,
         lt=0.5,
@@ -962,15 +963,15 @@ class JudgeConfig(Section):
         4, ge=1, le=1024, description="GPUs of the training node set aside for the judge server"
     )
     tensor_parallel: StrictInt = Field(1, ge=1, le=1024, description="GPUs per judge replica")
-    mem_fraction: float = Field(0.85, gt=0, le=1, description="sglang mem_fraction_static of the judge")
+    mem_fraction: StrictFloat = Field(0.85, gt=0, le=1, description="sglang mem_fraction_static of the judge")
     max_tokens: StrictInt = Field(
         4096, ge=1, le=2**24, description="reply budget of the judge (R3-RAG's original: 4,096 tokens)"
     )
-    temperature: float = Field(0.0, ge=0, le=10, description="judge sampling temperature")
-    startup_timeout_s: float = Field(
+    temperature: StrictFloat = Field(0.0, ge=0, le=10, description="judge sampling temperature")
+    startup_timeout_s: StrictFloat = Field(
         1800, ge=1, le=MAX_SECONDS, description="how long the judge server may take to load"
     )
-    timeout_s: float = Field(120, gt=0, le=MAX_SECONDS, description="timeout per judge request")
+    timeout_s: StrictFloat = Field(120, gt=0, le=MAX_SECONDS, description="timeout per judge request")
     retries: StrictInt = Field(
         3, ge=0, le=100, description="retries on connection errors, timeouts, 429 and 5xx"
     )
@@ -999,7 +1000,7 @@ class CodeRerunsConfig(Section):
 class HardwareConfig(Section):
     """The GPUs the paper's jobs are planned for (``python -m spader.training.plan``, docs/gpu.md)."""
 
-    gpu_memory_gib: float = Field(
+    gpu_memory_gib: StrictFloat = Field(
         80,
         gt=0,
         le=2**20,
