@@ -23,7 +23,16 @@ from spader.config.checks import ConfigError
 from spader.config.files import config_paths, load_config
 from spader.config.model import Config
 
-__all__ = ["CommandParser", "add_config_arguments", "configured", "one_line", "run_command"]
+__all__ = [
+    "CommandParser",
+    "add_config_arguments",
+    "call",
+    "config_files",
+    "configured",
+    "one_line",
+    "repository",
+    "run_command",
+]
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -358,9 +358,14 @@ def run(ns: argparse.Namespace) -> int:
 def main(args: Sequence[str] | None = None) -> int:
     """``python -m spader.infra.procs --parent PID --grace S -- command...`` (supervisor) or
     ``python -m spader.infra.procs --watch TOKEN --parent PID --grace S`` (watchdog); ``spader procs``."""
-    from spader.config.command import run_command
-
-    return run_command("python -m spader.infra.procs", add_arguments, run, args, description=HELP)
+    # a job's supervisor starts with every job: argparse only, no configuration machinery
+    parser = argparse.ArgumentParser(prog="python -m spader.infra.procs", description=HELP)
+    add_arguments(parser)
+    ns = parser.parse_args(sys.argv[1:] if args is None else args)
+    try:
+        return run(ns)
+    except ValueError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
 if __name__ == "__main__":
