@@ -374,8 +374,12 @@ class ServiceConfig(Section):
     host: str = Field("127.0.0.1", description="bind address")
     max_queries_per_request: StrictInt = Field(512, ge=1, le=2**20, description="largest accepted batch")
     max_query_chars: StrictInt = Field(1000, ge=1, le=2**20, description="longest accepted query")
-    startup_timeout_s: StrictFloat = Field(1800, ge=1, le=MAX_SECONDS, description="how long to wait for /health")
-    request_timeout_s: StrictFloat = Field(120, ge=1, le=MAX_SECONDS, description="client timeout per request")
+    startup_timeout_s: StrictFloat = Field(
+        1800, ge=1, le=MAX_SECONDS, description="how long to wait for /health"
+    )
+    request_timeout_s: StrictFloat = Field(
+        120, ge=1, le=MAX_SECONDS, description="client timeout per request"
+    )
     retries: StrictInt = Field(3, ge=0, le=100, description="client retries on transient errors")
     cache_entries: StrictInt = Field(
         100000, ge=0, le=MAX_COUNT, description="most results the service's LRU cache keeps (0: no cache)"
@@ -571,7 +575,9 @@ class VariantConfig(Section):
     reward: Literal[tuple(REWARDS)] = Field(  # type: ignore[valid-type]
         "step", description=f"{_registry_text(REWARDS)} (docs/baselines.md)"
     )
-    alpha: StrictFloat = Field(1.0, ge=0, le=100, description="information-gain weight alpha (reward step only)")
+    alpha: StrictFloat = Field(
+        1.0, ge=0, le=100, description="information-gain weight alpha (reward step only)"
+    )
     beta: StrictFloat = Field(4.0, ge=0, le=100, description="novelty-premium weight beta (reward step only)")
     cost: StrictFloat = Field(0.01, ge=0, le=100, description="tool cost c per query (reward step only)")
     lambda_s: StrictFloat = Field(
@@ -642,7 +648,9 @@ class TimeLimitConfig(Section):
 
     hours: dict[
         str,
-        Annotated[StrictFloat, Field(gt=0, le=24 * 365, description="hours of one training run of this variant")],
+        Annotated[
+            StrictFloat, Field(gt=0, le=24 * 365, description="hours of one training run of this variant")
+        ],
     ] = Field(
         default_factory=lambda: {"default": 40.0},
         description="wall-time estimate of one training run per variant, in hours (rule train_policy's "
