@@ -85,8 +85,8 @@ def test_ray_advertises_the_logical_cpus_verl_reserves():
 
 
 def test_only_the_device_rollout_backend_and_sizes_differ_from_a_gpu_launch():
-    cpu = {"device": "cpu", "rollout_backend": "transformers", "max_steps": 3}
-    gpu = device_overrides({"max_steps": 3}, threads=8, workers=8)
+    cpu = TrainingConfig(device="cpu", rollout_backend="transformers", max_steps=3).model_dump()
+    gpu = device_overrides(TrainingConfig(max_steps=3), threads=8, workers=8)
     assert gpu == [
         "trainer.device=cuda",
         "actor_rollout_ref.rollout.name=sglang",
@@ -105,7 +105,7 @@ def test_only_the_device_rollout_backend_and_sizes_differ_from_a_gpu_launch():
     assert not any(k.startswith(("algorithm.", "reward.custom", "trainer.v1")) for k in keys)
     assert "transfer_queue.backend.SimpleStorage.num_data_storage_units" in keys
     assert device_env(cpu, threads=2, workers=1) == {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "2"}
-    assert device_env({}, threads=8, workers=8) == {"VERL_PLATFORM": "nvidia"}
+    assert device_env(TrainingConfig(), threads=8, workers=8) == {"VERL_PLATFORM": "nvidia"}
 
 
 @pytest.mark.slow
