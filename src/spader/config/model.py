@@ -35,7 +35,6 @@ from pydantic import (
 )
 
 from spader.core.methods import ADVANTAGES, REWARDS, pairing_errors, pairing_rule, reward_spec
-from spader.core.rewards import NOVELTY
 
 __all__ = [
     "CROSS_KEY_RULES",
@@ -627,7 +626,7 @@ class CostWarmup(Section):
 class DivergencesConfig(Section):
     """Options reproducing the authors' published code (docs/method.md, "Known divergences")."""
 
-    novelty: Literal[NOVELTY] = Field(  # type: ignore[valid-type]
+    novelty: Literal["inverse", "exp_decay"] = Field(
         "inverse", description="inverse: beta/N (paper); exp_decay: beta*exp(-(N-1)) (code)"
     )
     invalid_format_reward: StrictFloat = Field(
