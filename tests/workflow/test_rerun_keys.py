@@ -127,7 +127,9 @@ def test_each_key_reruns_what_the_table_says(walked):
                 )
     assert not wrong, "\n".join(wrong)
     walked_keys = set(walked["paper"]) | set(walked["demo"])
-    assert walked_keys == set(model_keys()), sorted(set(model_keys()) - walked_keys)
+    for key in set(model_keys()) - walked_keys:  # only where one instance of a class stands for all
+        row = reruns.entry(key)
+        assert row.walked_on and walked_keys & {k for k in model_keys() if reruns.entry(k) is row}, key
 
 
 # which wildcard a row's scope names, and the part of its walked key that holds the name
