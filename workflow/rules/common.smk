@@ -287,7 +287,7 @@ def get_verl_configs(wildcards):
 
 
 def evaluation_params():
-    """`evaluation` as rule evaluate_policy's param: the settings that can change a score (not the
+    """The `evaluation` param of evaluate_policy, the settings that can change a score (not the
     tables' bootstrap, not the job's threads), with the context budget resolved."""
     budget = {"max_context_tokens": CONFIG.evaluation_context_tokens}
     return canonical({**section_params("evaluate_policy", "evaluation"), **budget})
