@@ -79,9 +79,14 @@ def test_a_comment_in_a_workflow_script_plans_nothing(fresh, smk):
 
 
 def test_a_semantic_edit_reruns_the_stages_that_run_it(fresh, smk, tmp_path):
-    """An edit of the evaluation code reruns every evaluation and the tables, no training; with
+    """An edit of the tables' statistics reruns the tables, nothing else; with
     `code_reruns.evaluation` off it reruns nothing."""
-    module = fresh / "src" / "spader" / "evaluation" / "evaluate.py"
+    from spader.infra.stage_code import affected_rules
+
+    module = fresh / "src" / "spader" / "evaluation" / "stats.py"
+    assert list(affected_rules([str(module)], fresh / "workflow" / "scripts", fresh / "src" / "spader")) == [
+        "aggregate_results"
+    ]
     original = module.read_text(encoding="utf-8")
     module.write_text(original + "\n_FINGERPRINT_PROBE = 1\n", encoding="utf-8")
     switched_off = tmp_path / "off.yaml"
@@ -91,6 +96,5 @@ def test_a_semantic_edit_reruns_the_stages_that_run_it(fresh, smk, tmp_path):
         kept = _planned(smk, fresh, "--configfile", "config/demo.yaml", str(switched_off))
     finally:
         module.write_text(original, encoding="utf-8")
-    assert {rule for rule, _ in planned} == {"evaluate_policy", "aggregate_results"}
-    assert len({job for job in planned if job[0] == "evaluate_policy"}) == 16  # 4 methods x 4 datasets
+    assert planned == {("aggregate_results", "backbone=demo")}
     assert kept == set()

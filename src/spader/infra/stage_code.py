@@ -476,7 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     from spader.config import load_config
 
     switches = load_config(*args.configfile).code_reruns
-    rules = affected_rules(args.targets, args.scripts)
+    try:
+        rules = affected_rules(args.targets, args.scripts)
+    except KeyError as exc:
+        sys.stderr.write(f"error: {exc.args[0]}\n")
+        return 2
     out = sys.stdout
     if not rules:
         out.write("no rule runs this code: a change reruns nothing\n")
