@@ -13,8 +13,8 @@ valid value (:func:`mutations`) and records the rules of the planned jobs. Keys 
 :mod:`spader.infra.reruns` says rerun nothing are changed together in one plan (when that plan is
 empty, so is each of theirs; when it is not, they are planned one by one to name the culprit).
 
-Run as a script (``python rerun_walk.py OUT.json``) it walks the paper and the demo config and
-writes ``{"paper": {key: [rules]}, "demo": {...}, "jobs": {...}, "seconds": ...}``.
+Run as a script (``python rerun_walk.py OUT.json WORKDIR``) it walks the paper's config
+(:func:`paper_keys`) and the demo's (:func:`demo_keys`) and writes what each key planned.
 """
 
 from __future__ import annotations
@@ -508,6 +508,29 @@ def _kept_cwd():
         os.chdir(cwd)
 
 
+def paper_keys() -> list[str]:
+    """The keys walked on the paper's config: every one it has."""
+    from spader.infra import reruns
+
+    return [k for k in model_keys() if reruns.walked_on_paper(k)]
+
+
+def demo_keys() -> list[str]:
+    """The keys walked on the demo's config: those of the rows the paper has not (the warm start,
+    the optional sections), and one key of every other row with a demo column (its rule takes
+    the row's keys alike, and the paper's walk changes each of them)."""
+    from spader.infra import reruns
+
+    keys, rows = [], set()
+    for key in model_keys():
+        row = reruns.entry(key)
+        if not reruns.walked_on_demo(key) or (row.paper is not None and id(row) in rows):
+            continue
+        rows.add(id(row))
+        keys.append(key)
+    return keys
+
+
 def main(out: str, workroot: str, *names: str) -> None:
     """Walk the configs (``names``, default both); write ``{"paper": {key: rules}, "paper_jobs":
     {key: jobs}, "paper_keys": {key: the key changed}, "demo": ..., "seconds": ..., ...}``."""
@@ -519,8 +542,7 @@ def main(out: str, workroot: str, *names: str) -> None:
         for name, config in configs().items():
             if names and name not in names:
                 continue
-            walked = reruns.walked_on_paper if name == "paper" else reruns.walked_on_demo
-            keys = [k for k in model_keys() if walked(k)]
+            keys = paper_keys() if name == "paper" else demo_keys()
             rules, jobs, walked = walk(
                 config, Path(workroot) / name, neutral=reruns.reruns_nothing, keys=keys
             )
