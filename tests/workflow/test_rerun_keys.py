@@ -53,6 +53,21 @@ def test_a_rule_takes_only_the_keys_that_rerun_it():
     assert reruns.for_rule("train_policy", ["training"], training) == {"lr": 1e-5}
 
 
+def test_jobs_read_what_is_no_param_from_their_config():
+    """A job's settings are its config overlaid with its params: the operational keys left out of
+    the params still reach it, with the configured values."""
+    from spader.infra.glue import retrieval_settings
+
+    service = {"host": "127.0.0.9", "retries": 7, "cache_entries": 5, "slice_queries": 64}
+    config = {"retrieval": {"topk": 5, "service": service}}
+    params = {"topk": 5, "service": {"slice_queries": 64}, "reranker": {"path": "resources/models/x"}}
+    assert retrieval_settings(params, config) == {
+        "topk": 5,
+        "service": service,
+        "reranker": {"path": "resources/models/x"},
+    }
+
+
 def test_params_are_compared_as_canonical_values():
     """``beta: 4`` and ``beta: 4.0``, keys in another order and a default restated are the value in
     effect: no job's params change (the issue was a retrained SPADER)."""
