@@ -9,7 +9,7 @@ would run for a changed config in that directory, with the project's rerun trigg
 process start per question.
 
 :func:`walk` changes one key of the typed model (:mod:`spader.config.model`) at a time to another
-valid value (:func:`mutations`) and records the rules of the planned jobs. Keys that
+valid value (:func:`changes`) and records the rules of the planned jobs. Keys that
 :mod:`spader.infra.reruns` says rerun nothing are changed together in one plan (when that plan is
 empty, so is each of theirs; when it is not, they are planned one by one to name the culprit).
 
@@ -69,9 +69,8 @@ def _with_workflow(
         dag_api = wf_api.dag(
             DAGSettings(targets={target}, forceall=forceall, rerun_triggers=profile_triggers(repo))
         )
-        wf = (
-            dag_api.workflow_api._workflow
-        )  # internal, pinned snakemake 9.27.1 (as tests/support/dag_jobs.py)
+        # internal, pinned snakemake 9.27.1 (as tests/support/dag_jobs.py)
+        wf = dag_api.workflow_api._workflow
         wf._prepare_dag(forceall=forceall, ignore_incomplete=True, lock_warn_only=True, nolock=True)
         wf._build_dag()
         return visit(wf)
@@ -191,11 +190,11 @@ def typed(config: dict) -> dict:
 
 def read_config(*names: str) -> dict:
     """``config/config.yaml`` overlaid with ``config/<name>`` files, as ``--configfile`` does."""
-    from spader.config.checks import _deep_update
+    from spader.infra.glue import overlay
 
     config: dict = {}
     for name in ("config.yaml", *names):
-        _deep_update(config, yaml.safe_load((REPO / "config" / name).read_text()) or {})
+        config = overlay(config, yaml.safe_load((REPO / "config" / name).read_text()) or {})
     return config
 
 
@@ -255,8 +254,9 @@ def generic_value(key: str, value: Any) -> Any:
 #: and that shares its training run with no other variant.
 VARIANT_FOR = {"lambda_s": "stepsearch", "judge": "r3rag", "advantage": "grpo", "reward": "ppo"}
 
-#: New values where the type alone does not give a valid one (names, paths, lists), or where a
-#: key can only change together with another (a ``dict`` of dotted keys, the walked key first).
+#: New values where the type alone does not give a valid one (names, paths, lists); a function of
+#: the config and the walked key gives ``{key: value}`` of every key it changes, where a key can
+#: only change together with another.
 VALUES: dict[str, Any] = {
     "suite": "other",
     "targets": lambda c, k: {"targets": c["targets"][:1]},
