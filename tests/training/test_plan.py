@@ -220,9 +220,7 @@ def _costs(**hardware):
     from spader.config.model import HardwareConfig
     from spader.training.costs import Workload
 
-    work = Workload(
-        steps=375, prompts=32, rollouts=16, val_prompts=200, max_turns=16, nodes=1, gpus_per_node=8
-    )
+    work = Workload(steps=375, prompts=32, rollouts=16, val_prompts=200, max_turns=16, nodes=1)
     return plan.JobCosts(
         hardware=HardwareConfig(**hardware), workload=work, reranker_on_gpus=True, cache_bytes=2**28
     )
@@ -240,7 +238,7 @@ def test_time_host_memory_and_disk_of_a_hand_computed_job():
     assert shape.params == 202_048  # 2 x 64,000 (embedding, head) + 2 x 36,992 (layers) + 64 (norm)
     hw = HardwareConfig(gpu="A100-80GB", mfu=0.5, bandwidth_efficiency=0.5, length_share=1.0, generated_share=0.5,
                         cores=32, gpus=8, host_memory_gib=960)  # fmt: skip
-    work = Workload(steps=100, prompts=4, rollouts=2, val_prompts=2, max_turns=3, nodes=1, gpus_per_node=2)
+    work = Workload(steps=100, prompts=4, rollouts=2, val_prompts=2, max_turns=3, nodes=1)
     costs = plan.JobCosts(hardware=hw, workload=work, reranker_on_gpus=True, cache_bytes=2**28)
     cfg = verl_cfg(micro=2, prompt=20, response=80, save_freq=10, keep=2)
     job = training_job("t", shape, cfg, gpus=2, capacity=80.0, costs=costs)
@@ -372,3 +370,19 @@ def test_job_memory_of_a_train_job(tiny_model):
     (only,) = check_job_memory(job, verl_cfg(), capacity_gib=80.0)
     assert only.name == "train b/v" and only.gpus == 8 and only.fits
     assert check_job_memory(SimpleNamespace(device="cpu"), verl_cfg()) == []
+
+
+def test_a_training_job_refuses_the_packed_path_until_it_exists():
+    """training.remove_padding: the plan models the packed path; a training job refuses it, first
+    thing, with what to do."""
+    from types import SimpleNamespace
+
+    from spader.config.model import TrainingConfig
+    from spader.training.preflight import PreflightError
+    from spader.training.run import preflight
+
+    job = SimpleNamespace(training=TrainingConfig(remove_padding=True))
+    with pytest.raises(
+        PreflightError, match=r"training.remove_padding is true.*not implemented yet; set it to false"
+    ):
+        preflight(job, available_gpus=8)

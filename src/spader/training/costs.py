@@ -237,8 +237,7 @@ class Workload:
     rollouts: int  # per prompt
     val_prompts: int
     max_turns: int
-    nodes: int = 1
-    gpus_per_node: int = 8  # GPUs verl uses on each node
+    nodes: int = 1  # nodes verl trains on
 
     @property
     def trajectories(self) -> int:

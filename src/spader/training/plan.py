@@ -1,16 +1,20 @@
-"""GPU memory plan: the per-GPU peak of every GPU job of the DAG, before any of them runs.
+"""The plan of every GPU job of the DAG, before any of them runs: its per-GPU memory peak, and for a
+training job its time, host memory per node, disk and what it asks a scheduler for.
 
-``python -m spader.training.plan [--configfile F ...]`` prints one entry per backbone x variant
-(training), per backbone (evaluation), for R3-RAG's served judge and for StepSearch's evidence
-job, each with its phases and their components in GiB, and exits 1 when a job's peak exceeds
-``hardware.gpu_memory_gib``. Every training job runs the same plan on its own composed config in
-its preflight (:func:`spader.training.preflight.check_memory`) and refuses to start when it does
-not fit.
+``python -m spader.training.plan [--configfile F ...] [--json]`` prints one entry per backbone x
+variant (training), per backbone (evaluation), for R3-RAG's served judge and for StepSearch's
+evidence job, each with its phases and their components in GiB, and exits 1 when a job's peak
+exceeds ``hardware.gpu_memory_gib`` or a training job needs more host memory or disk than the node
+described under ``hardware`` has. Every training job runs the GPU memory plan on its own composed
+config in its preflight (:func:`spader.training.preflight.check_memory`) and refuses to start when
+it does not fit; rule ``train_policy`` asks SLURM for the cores and host memory
+:func:`job_request` gives.
 
 The plan is first order: parameter, gradient and optimizer bytes are exact for the shapes; the
-activation, logits and runtime terms are estimates whose constants are stated below and measured
-by ``scripts/gpu_memory_calibration.py`` on a GPU. docs/gpu.md explains each term and the
-defaults it led to.
+activation, logits and runtime terms are estimates whose constants are stated below, the
+activation and log-prob ones replaced by measured ones when ``hardware.calibration`` names a record
+of ``scripts/gpu_memory_calibration.py`` (:mod:`spader.training.calibration`). Time, host memory
+and disk: :mod:`spader.training.costs`. docs/gpu.md explains each term and the defaults it led to.
 
 Where the numbers come from:
 
@@ -1065,7 +1069,6 @@ def plan_config(
                     workload=Workload(
                         steps=steps, prompts=int(training["train_batch_size"]), rollouts=int(training["rollout_n"]),
                         val_prompts=val_prompts, max_turns=int(agent["max_turns"]), nodes=verl_nodes,
-                        gpus_per_node=gpus // max(1, verl_nodes),
                     ),
                     reranker_on_gpus=reranker_on_gpus(retrieval),
                     cache_bytes=int(retrieval["service"]["cache_bytes"]),

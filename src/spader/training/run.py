@@ -420,6 +420,12 @@ def preflight(job: TrainJob, available_gpus: int | None) -> str:
     Raises:
         PreflightError: a check failed.
     """
+    if job.training.remove_padding:
+        raise PreflightError(
+            "training.remove_padding is true, but the packed path (verl's remove-padding path with an "
+            "attention kernel the installed stack has) is not implemented yet; set it to false (the plan, "
+            "python -m spader.training.plan, models both paths)"
+        )
     verl_version = static_checks(
         backbone=job.backbone,
         model=str(job.backbone_spec.model or job.model_dir),
@@ -431,12 +437,6 @@ def preflight(job: TrainJob, available_gpus: int | None) -> str:
     for name, path in (("train", job.train_file), ("val", job.val_file), ("index", job.index_dir)):
         if not Path(path).exists():
             raise PreflightError(f"training input {name} {path} does not exist")
-    if job.training.remove_padding:
-        raise PreflightError(
-            "training.remove_padding is true, but the packed path (verl's remove-padding path with an "
-            "attention kernel the installed stack has) is not implemented yet; set it to false (the plan, "
-            "python -m spader.training.plan, models both paths)"
-        )
     if job.training.nodes > 1 and job.ray_address is None and not os.environ.get("SLURM_JOB_ID"):
         raise PreflightError(
             f"training.nodes is {job.training.nodes}: a multi-node job runs inside a SLURM allocation "
