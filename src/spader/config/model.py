@@ -921,7 +921,7 @@ class HardwareConfig(Section):
         le=65536,
         description="host memory of one node in GiB that jobs may use; the plan fails a training job whose "
         "host memory (pinned reference model, sglang's weight copies, offloaded states, processes) exceeds "
-        "it, and a GPU job asks SLURM (--mem) for the plan's need with headroom, at most its share of this",
+        "it, and a training job asks SLURM (--mem) for the plan's need with headroom, at most its share of this",
     )
     disk_gib: float = Field(
         6000,
