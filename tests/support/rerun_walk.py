@@ -319,6 +319,7 @@ VALUES: dict[str, Any] = {
     "judge.model": "Qwen/Qwen2.5-7B-Instruct",
     "judge.revision": "3" * 40,
     "judge.url": "http://127.0.0.1:30000/v1",
+    "hardware.calibration": "elsewhere/calibration.yaml",
     "judge.gpus": 6,  # 2 GPUs left to verl on an 8-GPU node, which divide 32 x 16
     "variants.*.advantage": "gae",  # grpo: PPO on the terminal reward
     "variants.*.reward": "stepsearch",  # ppo: GAE on StepSearch's rewards
@@ -411,12 +412,15 @@ def changes(config: dict, keys: list[str] | None = None) -> Iterator[tuple[str, 
 
 
 def prepare_files(workdir: Path) -> None:
-    """The files the changed values name (an archive, an index, a prompt template elsewhere)."""
+    """The files the changed values name (an archive, an index, a prompt template, a calibration
+    record elsewhere)."""
     from spader.core.prompt import DEFAULT_TEMPLATE_PATH
+    from spader.training.calibration import KIND
 
     (workdir / "elsewhere" / "bm25").mkdir(parents=True, exist_ok=True)
     (workdir / "elsewhere" / "chunked_wikipedia.tar.gz").write_text("stand-in archive\n")
     (workdir / "elsewhere" / "prompt.txt").write_text(DEFAULT_TEMPLATE_PATH.read_text(encoding="utf-8"))
+    (workdir / "elsewhere" / "calibration.yaml").write_text(yaml.safe_dump({"kind": KIND, "shapes": []}))
 
 
 def _rules(jobs: set[Job]) -> list[str]:
