@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from spader.config.model import (
-    OPERATIONAL_TRAINING_KEYS,
     AgentConfig,
     BackboneConfig,
     JudgeConfig,
@@ -49,7 +48,7 @@ from spader.config.model import (
     TrainingConfig,
     VariantConfig,
 )
-from spader.infra.glue import retrieval_settings
+from spader.infra.glue import overlay, retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.integrations.verl.overrides import agent_overrides
@@ -188,11 +187,8 @@ class TrainJob:
         params = smk.params
         mlflow = MlflowConfig.model_validate(smk.config["mlflow"])
         settings = MlflowSettings(mlflow, ".") if mlflow.enabled else None
-        configured = smk.config["training"]
-        training = {  # the param, plus the operational keys from the config (not params)
-            **dict(params.training),
-            **{k: configured[k] for k in OPERATIONAL_TRAINING_KEYS if k in configured},
-        }
+        # the config's section overlaid with the param: the operational keys are no param
+        training = overlay(smk.config["training"], dict(params.training))
         return cls(
             backbone=smk.wildcards.backbone,
             variant=smk.wildcards.variant,
@@ -421,6 +417,12 @@ def preflight(job: TrainJob, available_gpus: int | None) -> str:
     Raises:
         PreflightError: a check failed.
     """
+    if job.training.remove_padding:
+        raise PreflightError(
+            "training.remove_padding is true, but the packed path (verl's remove-padding path with an "
+            "attention kernel the installed stack has) is not implemented yet; set it to false (the plan, "
+            "python -m spader.training.plan, models both paths)"
+        )
     verl_version = static_checks(
         backbone=job.backbone,
         model=str(job.backbone_spec.model or job.model_dir),
