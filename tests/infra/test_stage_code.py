@@ -160,7 +160,7 @@ def test_affected_command_names_the_switch(tmp_path):
     overlay.write_text("code_reruns: {training: false}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "spader.infra.stage_code", "affected", "src/spader/core/text.py",
-         "--configfile", "config/config.yaml", str(overlay)],
+         "--configfile", str(overlay)],
         cwd=repo, capture_output=True, text=True, check=True,
     )  # fmt: skip
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()}

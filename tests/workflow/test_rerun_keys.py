@@ -75,9 +75,9 @@ def test_params_are_compared_as_canonical_values():
         base = yaml.safe_load(f)
     restated = copy.deepcopy(base)
     restated["variants"]["spader"] = dict(reversed(list(restated["variants"]["spader"].items())))
-    restated["variants"]["spader"]["beta"] = 4  # an int where the file says 4.0
+    restated["variants"]["spader"]["beta"] = 4  # an int for the default 4.0
     restated["retrieval"] = {**{"topk": 5}, **restated["retrieval"]}  # another order
-    restated["evaluation"]["bootstrap_samples"] = 10000  # a default restated
+    restated.setdefault("evaluation", {})["bootstrap_samples"] = 10000  # a default restated
     target = "results/qwen3_8b/f1.tsv"
     before, after = dag_jobs(base, target, REPO), dag_jobs(restated, target, REPO)
     assert affected(before, after) == set()

@@ -8,6 +8,7 @@ from spader.config import (
     PROMPTING,
     check_config,
     hub_slug,
+    load_yaml,
     model_kind,
     verl_config_chain,
     verl_config_dir,
@@ -42,6 +43,10 @@ def workflow_file(path):
 # the params below and the jobs' `snakemake.config` hold.
 # ---------------------------------------------------------------------------------------------
 VERL_CONFIG_DIR = verl_config_dir(REPO)
+# Snakemake's YAML loader keeps the last of a key given twice (a section written twice loses the
+# first silently): the config files are read again with a loader that refuses it, naming key and file.
+for _configfile in workflow.configfiles:
+    load_yaml(_configfile)
 CONFIG = check_config(config, verl_config_dir=VERL_CONFIG_DIR)
 config.clear()
 config.update(CONFIG.model_dump(mode="json"))
@@ -266,7 +271,7 @@ def get_split_member(wildcards):
 
 def get_mix_datasets():
     """Datasets the mix draws from (mix.counts > 0); only their normalized files are inputs."""
-    return [d for d in DATASETS if config["mix"]["counts"].get(d, 0) > 0]
+    return [d for d in DATASETS if config["mix"]["counts"][d] > 0]
 
 
 def get_mix_files(split):

@@ -458,29 +458,26 @@ def affected_rules(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m spader.infra.stage_code affected FILE_OR_MODULE... [--configfile F ...]``."""
-    import argparse
+HELP = "list the rules whose jobs a change to these files or modules reruns (affected)"
 
-    parser = argparse.ArgumentParser(
-        prog="python -m spader.infra.stage_code",
-        description="List the rules whose jobs a change to these files or modules reruns.",
-    )
+
+def add_arguments(parser) -> None:
+    from spader.config.command import add_config_arguments
+
     parser.add_argument("action", choices=["affected"])
     parser.add_argument("targets", nargs="+", help="files of src/spader or workflow/scripts, or module names")
     parser.add_argument("--scripts", default="workflow/scripts", help="the workflow's scripts directory")
-    parser.add_argument(
-        "--configfile", nargs="*", default=["config/config.yaml"], help="config files (for code_reruns)"
-    )
-    args = parser.parse_args(argv)
-    from spader.config import load_config
+    add_config_arguments(parser)
 
-    switches = load_config(*args.configfile).code_reruns
+
+def run(args) -> int:
+    from spader.config.command import configured
+
+    switches = configured(args).code_reruns
     try:
         rules = affected_rules(args.targets, args.scripts)
-    except KeyError as exc:
-        sys.stderr.write(f"error: {exc.args[0]}\n")
-        return 2
+    except KeyError as exc:  # an unknown file or module: one line (spader.config.command)
+        raise ValueError(exc.args[0]) from exc
     out = sys.stdout
     if not rules:
         out.write("no rule runs this code: a change reruns nothing\n")
@@ -493,6 +490,14 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "reruns" if getattr(switches, group) else f"kept (code_reruns.{group}: false)"
         out.write(f"{rule:<20} {verdict:<34} via {', '.join(via)}\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spader.infra.stage_code affected FILE_OR_MODULE... [--configfile F ...]``
+    (``spader stage-code``)."""
+    from spader.config.command import run_command
+
+    return run_command("python -m spader.infra.stage_code", add_arguments, run, argv, description=HELP)
 
 
 if __name__ == "__main__":
