@@ -24,12 +24,13 @@ rule build_evidence:
     threads: lambda wc: get_gpu_job_threads() if config["stepsearch"]["evidence"]["gpus"] > 0 else 2
     resources:
         gpu=config["stepsearch"]["evidence"]["gpus"],
+        cpus_per_task=gpu_job_cpus(config["stepsearch"]["evidence"]["gpus"]),
         mem_mb=32000,
         runtime=720,
     params:
-        evidence={k: v for k, v in config["stepsearch"]["evidence"].items() if k != "gpus"},
+        evidence=section_params("build_evidence", "stepsearch", "evidence"),
         qampari_member=config["datasets"]["qampari"]["splits"]["train"].get("member"),
-        retrieval=retrieval_params(),
+        retrieval=retrieval_params("build_evidence"),
         code=code_of("build_evidence"),
     script:
         "../scripts/build_evidence.py"

@@ -35,7 +35,7 @@ def write_tool_config(
     *,
     service_url: str,
     retrieval: Mapping[str, Any],
-    max_queries_per_call: int = 10,
+    max_queries_per_call: int,
     max_chars: int,
     record_turns: bool = False,
 ) -> Path:
@@ -46,7 +46,7 @@ def write_tool_config(
         service_url: base URL of the retrieval service (``http://127.0.0.1:<port>``).
         retrieval: the workflow's ``config["retrieval"]`` (``topk``, ``initial_k``,
             ``service.request_timeout_s``, ``service.retries``, ``service.max_query_chars``).
-        max_queries_per_call: queries of one tool call beyond this are not run.
+        max_queries_per_call: queries of one tool call beyond this are not run (``agent.max_queries_per_call``).
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
@@ -59,16 +59,15 @@ def write_tool_config(
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
         )
-    service = retrieval.get("service") or {}
     try:
         config = {
             "type": "native",
             "retrieval_service_url": service_url,
             "topk": int(retrieval["topk"]),
             "initial_k": int(retrieval["initial_k"]),
-            "timeout": float(service.get("request_timeout_s", 120)),
-            "retries": int(service.get("retries", 3)),
-            "max_query_chars": int(service.get("max_query_chars", 1000)),
+            "timeout": float(retrieval["service"]["request_timeout_s"]),
+            "retries": int(retrieval["service"]["retries"]),
+            "max_query_chars": int(retrieval["service"]["max_query_chars"]),
             "max_queries_per_call": int(max_queries_per_call),
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
