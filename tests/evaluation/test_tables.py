@@ -282,7 +282,7 @@ def test_training_runs_table_says_which_rows_share_a_run():
 # --------------------------------------------------------------------------------------------
 # uncertainty: intervals, paired tests, seeds
 # --------------------------------------------------------------------------------------------
-U = Uncertainty(samples=1000, seed=3, alpha=0.05)  # exact tests up to 12 questions, 1,000 random patterns beyond
+U = Uncertainty(samples=1000, seed=3, alpha=0.05)  # exact up to 12 questions, 1,000 random patterns beyond
 
 
 def _graded(scores: list[float], prefix: str = "q", seed=None) -> list[dict]:
