@@ -65,7 +65,7 @@ def episodes(demo):
 
     items = [item for d in DATASETS for item in load_eval_set(demo / f"results/demo/data/eval/{d}.jsonl")]
     evaluation = config.evaluation.model_copy(update={"max_context_tokens": config.evaluation_context_tokens})
-    settings = AgentSettings.from_config(evaluation, config.agent)
+    settings = AgentSettings.from_config(evaluation, config.agent, config.retrieval.service)
     engine = TransformersEngine(demo / WARM / "model", device="cpu", batch_size=8, threads=2)
     try:
         return {

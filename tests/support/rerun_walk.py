@@ -176,8 +176,8 @@ def get(config: dict, key: str | Key) -> Any:
 def put(config: dict, key: str | Key, value: Any) -> None:
     *parents, last = _parts(key)
     node = config
-    for part in parents:
-        node = node[part]
+    for part in parents:  # a choices-only config file leaves out sections it keeps at their defaults
+        node = node.setdefault(part, {})
     node[last] = value
 
 
@@ -199,20 +199,27 @@ def read_config(*names: str) -> dict:
 
 
 def _other_number(value: float | int, field) -> float | int:
+    """The first of a few nearby numbers that differs from ``value`` and lies within the field's
+    bounds (zero avoided: it often means "off")."""
     bounds = {type(m).__name__: m for m in field.metadata}
-    low = getattr(bounds.get("Ge"), "ge", None)
-    high = getattr(bounds.get("Le"), "le", None) or getattr(bounds.get("Lt"), "lt", None)
     if isinstance(value, bool):
         raise TypeError(value)
+
+    def allowed(new: float) -> bool:
+        return (
+            new != value
+            and new != 0
+            and ("Ge" not in bounds or new >= bounds["Ge"].ge)
+            and ("Gt" not in bounds or new > bounds["Gt"].gt)
+            and ("Le" not in bounds or new <= bounds["Le"].le)
+            and ("Lt" not in bounds or new < bounds["Lt"].lt)
+        )
+
     if isinstance(value, int):
-        new = value + 1
-        if (high is not None and new > high) or new == 0:
-            new = value - 1 if value - 1 >= (low or 0) else value + 2
-        return new
-    new = value * 1.5 if value else 0.5
-    if high is not None and new >= high:
-        new = value / 2 if value else (low or 0) + (high - (low or 0)) / 4
-    return new
+        candidates: list[float] = [value + 1, value - 1, value + 2]
+    else:
+        candidates = [value * 1.5, value / 2, value + 0.5, value - 0.5, 0.5, 0.25]
+    return next(new for new in candidates if allowed(new))
 
 
 def _field(key: str):
@@ -294,6 +301,7 @@ VALUES: dict[str, Any] = {
     "variants.*.verl_config": "no_np",
     "training.kl_loss_type": "kl",
     "training.max_steps": 7,
+    "training.ppo_mini_batch_size": 16,  # the next number would exceed the batch (32)
     "training.max_actor_ckpt_to_keep": 3,
     "training.max_critic_ckpt_to_keep": 3,
     "training.device": lambda c, k: {
