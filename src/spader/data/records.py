@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 
 from spader.config import DATASETS
-from spader.core.text import clean_text, normalize
+from spader.core.text import clean_text, normalize, strip_invisible
 from spader.infra import integrity
 
 __all__ = [
@@ -144,14 +144,6 @@ MIX_SCHEMA = _schema(_union_meta())
 _REQUIRED = ("id", "dataset", "split", "question", "answers", "answers_norm")
 
 
-# Code points that render as nothing: Unicode's default-ignorable code points (zero-width
-# spaces and joiners, bidi marks, embeddings and isolates, soft hyphen, variation selectors,
-# Hangul fillers, tag characters; DerivedCoreProperties.txt) plus the braille blank.
-_IGNORABLE = re.compile(
-    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
-    "\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
-    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
-)
 _UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
 
 
@@ -162,7 +154,7 @@ def has_visible_text(text: str) -> bool:
     >>> has_visible_text("\u200b\u200e \u2066\u2069"), has_visible_text("\u200bHeat")
     (False, True)
     """
-    return any(unicodedata.category(ch) not in _UNSEEN_CATEGORIES for ch in _IGNORABLE.sub("", text))
+    return any(unicodedata.category(ch) not in _UNSEEN_CATEGORIES for ch in strip_invisible(text))
 
 
 def build_entities(groups: Iterable[Sequence[object]]) -> tuple[list[list[str]], list[list[str]]]:
