@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from spader.data.records import DataFormatError
+from spader.infra.lines import MAX_LINE_BYTES, LineTooLongError, bounded_lines, read_bounded
 
 __all__ = [
     "Source",
@@ -248,10 +249,17 @@ def iter_jsonl(stream: IO[bytes], src: Source) -> Iterator[tuple[int, dict]]:
     """Records of a JSON Lines stream with their 1-based line numbers (blank lines skipped).
 
     Raises:
-        DataFormatError for invalid UTF-8, a line that is not valid JSON (e.g. truncated) or a line
-        whose value is not an object.
+        DataFormatError for invalid UTF-8, a line that is not valid JSON (e.g. truncated), a line
+        whose value is not an object, or a line longer than ``MAX_LINE_BYTES`` (read no further).
     """
-    for lineno, raw in enumerate(stream, 1):
+    lines = bounded_lines(stream, MAX_LINE_BYTES)
+    while True:
+        try:
+            lineno, raw = next(lines)
+        except StopIteration:
+            return
+        except LineTooLongError as e:
+            raise DataFormatError(src.name, e.line, str(e)) from None
         if lineno == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
         text = _decode_line(raw, src, lineno).strip()
@@ -303,8 +311,19 @@ def _kind(value: Any) -> str:
     )
 
 
+#: The largest JSON document read whole (Mintaka's and WebQSP's files are a few tens of MB).
+MAX_DOCUMENT_BYTES = 1 << 30
+
+
 def _read_text(stream: IO[bytes], src: Source) -> str:
-    data = stream.read()
+    data = read_bounded(stream, MAX_DOCUMENT_BYTES)
+    if data is None:
+        raise DataFormatError(
+            src.name,
+            None,
+            f"a JSON document larger than {MAX_DOCUMENT_BYTES:,} bytes (read no further; release "
+            "documents are a few tens of MB: a damaged or wrong file?)",
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
