@@ -49,7 +49,7 @@ from spader.config.model import (
     VariantConfig,
 )
 from spader.infra.glue import retrieval_settings
-from spader.infra.procs import STOP_REQUEST_ENV, Terminated
+from spader.infra.procs import STOP_REQUEST_ENV, Terminated, deferring_workflow_loss
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.integrations.verl.overrides import agent_overrides
 from spader.training.checkpoints import (
@@ -556,6 +556,11 @@ def record_start(job: TrainJob, link: RunLink, verl_version: str, resume_from: C
     return Attempt(number, resume_step, lineage, hashes, verl_version)
 
 
+#: How long the job glue's workflow watch lets a training stop verl, Ray and its service by itself
+#: once the workflow is gone (the job's own watch does; measured within two minutes on 2 cores).
+_WORKFLOW_LOSS_DEFERRAL_S = 300.0
+
+
 @dataclass
 class TrainResult:
     """How verl ended: its exit code and what the job's watch and stop control saw."""
@@ -610,6 +615,9 @@ def train(
                 node=judge_node(job),
             ) as (judge_overrides, judge_env),
             ray_for_job(job) as (ray_overrides, ray_env),
+            # the watch stops verl when the workflow is gone, and records why: the job glue's own
+            # watch of the workflow waits for it (it ends the job only if verl does not stop)
+            deferring_workflow_loss(_WORKFLOW_LOSS_DEFERRAL_S),
             JobWatch(
                 workflow=workflow_process(),
                 service=ServiceHealth(url, max_error_rate=job.training.max_search_error_rate),
