@@ -27,6 +27,7 @@ import polars as pl
 
 from spader.config import USER_SUPPLIED as _USER_SUPPLIED
 from spader.data.layout import dump_mintaka_json
+from spader.infra.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -103,17 +104,16 @@ def fetch_from_hub(hub: Mapping[str, Any], dest: str | os.PathLike, *, key: str)
         raise DatasetSourceError(
             f"config key '{key}': cannot get '{hub['filename']}' of {hub['repo_id']} from {where} ({e})"
         ) from e
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
     fmt = hub.get("format") or "raw"
-    if fmt == "raw":
-        shutil.copyfile(path, tmp)
-    elif fmt == "mintaka_parquet":
-        records = mintaka_records_from_parquet(path, split=hub.get("split"))
-        tmp.write_text(dump_mintaka_json(records), encoding="utf-8")
-    else:
+    if fmt not in ("raw", "mintaka_parquet"):
         raise DatasetSourceError(f"config key '{key}.format': unknown format '{fmt}' (raw, mintaka_parquet)")
-    tmp.replace(dest)
+    with atomic_path(dest) as tmp:
+        if fmt == "raw":
+            shutil.copyfile(path, tmp)
+        else:
+            tmp.write_text(
+                dump_mintaka_json(mintaka_records_from_parquet(path, split=hub.get("split"))), "utf-8"
+            )
     log.info("%s: %s of %s from %s (%s)", dest, hub["filename"], hub["repo_id"], where, fmt)
     return dest
 

@@ -29,6 +29,7 @@ import polars as pl
 from spader.config import DATASETS
 from spader.core.text import clean_text, normalize, strip_invisible
 from spader.infra import integrity
+from spader.infra.atomic import atomic_path
 
 __all__ = [
     "DATASETS",
@@ -280,16 +281,14 @@ def write_frame(df: pl.DataFrame, path: str | os.PathLike, schema: pl.Schema | N
     path = Path(path)
     if schema is not None:
         check_frame(df, schema, name=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".jsonl":
-        df.write_ndjson(tmp)
-    elif path.suffix == ".parquet":
-        df.write_parquet(tmp)
-    else:
+    if path.suffix not in (".jsonl", ".parquet"):
         raise ValueError(f"{path}: output must end in .jsonl or .parquet")
-    integrity.forget(path)  # never a stale record next to new content
-    tmp.replace(path)
+    with atomic_path(path) as tmp:  # nothing half-written, and no .tmp left when the write fails
+        if path.suffix == ".jsonl":
+            df.write_ndjson(tmp)
+        else:
+            df.write_parquet(tmp)
+        integrity.forget(path)  # never a stale record next to new content
     integrity.write_record(path, rows=len(df))
     return path
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from spader.infra.atomic import atomic_write
 from spader.retrieval.corpus import ChunkReader, CorpusFormatError, check_record_line
 from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
 from spader.retrieval.jvm import anserini_jar, start_jvm
@@ -133,10 +134,7 @@ def build_bm25_index(
         "indexer": indexer,
         "bm25_built_with": "JsonCollection + DefaultLuceneDocumentGenerator, raw documents stored",
     }
-    stats_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = stats_path.with_name(stats_path.name + ".tmp")
-    tmp.write_text(json.dumps(stats, indent=2) + "\n")
-    os.replace(tmp, stats_path)
+    atomic_write(stats_path, json.dumps(stats, indent=2) + "\n")
     rate = indexed / max(seconds, 1e-9)
     log.info(
         "indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from spader.infra.atomic import atomic_write
 from spader.retrieval.backend import SearchSettings
 from spader.retrieval.client import RetrievalClient
 from spader.retrieval.errors import ServiceError
@@ -211,9 +212,7 @@ def serve(
     verify_index(index_dir)
     bound = sock.getsockname()[1]
     if port_file is not None:
-        tmp = Path(str(port_file) + ".tmp")
-        tmp.write_text(str(bound))
-        os.replace(tmp, port_file)
+        atomic_write(port_file, str(bound))
     log.info("retrieval service for %s on %s:%d (loading)", index_dir, host or settings.host, bound)
     # Loaded before the server starts, so that a damaged reranker or index ends the start with one
     # line naming it (an error in the app's start-up would be uvicorn's traceback). Clients wait:

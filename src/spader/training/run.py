@@ -48,6 +48,7 @@ from spader.config.model import (
     TrainingConfig,
     VariantConfig,
 )
+from spader.infra.atomic import atomic_write
 from spader.infra.glue import retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated, deferring_workflow_loss
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
@@ -319,10 +320,7 @@ def input_hashes(train_file, val_file, index_dir) -> dict[str, str]:
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _final_metrics(steps: Mapping[int, dict]) -> tuple[dict, dict]:
