@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from spader.core.metrics import macro_average, prf
+from spader.core.metrics import correct_count, macro_average, prf
 from spader.core.parsing import final_answer, parse_answer, parse_tool_call, parse_turn
 
 
@@ -145,3 +145,41 @@ def test_pure_core_imports_no_framework():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("n, reverse", [(1000, False), (5000, True)])
+def test_matching_over_a_chain_of_linked_aliases_needs_no_recursion(n, reverse):
+    """Entity i is named by aliases a_i and a_{i+1}: each prediction takes the entity the previous
+    one held, so the augmenting path is as long as the chain (the recursive search raised
+    RecursionError at 1,000). The held-out variant: a longer chain, predictions in reverse order."""
+    gold = [[f"a{i}", f"a{i + 1}"] for i in range(n)]
+    preds = [f"a{i}" for i in range(1, n + 1)] + ["a0"]
+    if reverse:
+        preds.reverse()
+    assert correct_count(preds, gold) == n
+    assert prf(preds, gold) == pytest.approx((n / (n + 1), 1.0, 2 * n / (2 * n + 1)))
+
+
+def test_matching_is_maximum_on_random_alias_graphs():
+    """Against networkx's bipartite maximum matching, on 300 random graphs with shared aliases."""
+    import random
+
+    import networkx as nx
+
+    from spader.core.metrics import gold_alias_sets, match_count
+
+    rng = random.Random(7)
+    for _ in range(300):
+        names = [f"n{i}" for i in range(rng.randint(1, 12))]
+        gold = [rng.sample(names, rng.randint(1, min(3, len(names)))) for _ in range(rng.randint(1, 10))]
+        preds = list(dict.fromkeys(rng.choice(names) for _ in range(rng.randint(1, 12))))
+        sets = gold_alias_sets(gold)
+        graph = nx.Graph()
+        graph.add_nodes_from((("p", i) for i in range(len(preds))), bipartite=0)
+        graph.add_nodes_from((("e", j) for j in range(len(sets))), bipartite=1)
+        graph.add_edges_from(
+            (("p", i), ("e", j)) for i, p in enumerate(preds) for j, s in enumerate(sets) if p in s
+        )
+        top = [("p", i) for i in range(len(preds))]
+        expected = len(nx.bipartite.maximum_matching(graph, top_nodes=top)) // 2
+        assert match_count(preds, sets) == expected, (preds, gold)

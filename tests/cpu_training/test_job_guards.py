@@ -158,3 +158,158 @@ def test_a_training_job_listens_on_loopback_only_holds_its_workdir_and_dies_with
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+JOBS_SNAKEFILE = """
+configfile: "config.yaml"
+
+rule all:
+    input: "warm/summary.json", "eval/records.jsonl"
+
+rule warmstart_policy:
+    output: model=directory("warm/model"), trajectories="warm/trajectories.jsonl", summary="warm/summary.json"
+    log: "warmstart.log"
+    params: paths={paths!r}
+    threads: 1
+    script: "warmstart.py"
+
+rule evaluate_policy:
+    output: records="eval/records.jsonl", summary="eval/summary.json"
+    log: "evaluate.log"
+    params: paths={paths!r}
+    threads: 1
+    script: "evaluate.py"
+"""
+
+WARMSTART_SCRIPT = """
+from spader.config import AgentConfig
+from spader.demo.warmstart import WarmstartSettings, warmstart_policy
+from spader.infra.glue import job
+from spader.retrieval.backend import SearchSettings
+
+p = snakemake.params.paths
+with job(snakemake):
+    warmstart_policy(
+        p["mix"], [p["eval"]], p["index"], p["model"],
+        snakemake.output.model, snakemake.output.trajectories, snakemake.output.summary,
+        warmstart=WarmstartSettings(steps=100_000, batch_size=2),
+        agent=AgentConfig.model_validate(p["agent"]),
+        retrieval=SearchSettings.from_config(p["retrieval"]),
+        threads=1,
+        service_log="warmstart_service.log",
+    )
+"""
+
+EVALUATE_SCRIPT = """
+from spader.config import AgentConfig, EvaluationConfig
+from spader.evaluation import evaluate_policy
+from spader.infra.glue import job
+from spader.retrieval.backend import SearchSettings
+
+if __name__ == "__main__":
+    p = snakemake.params.paths
+    with job(snakemake):
+        evaluate_policy(
+            p["eval"], p["index"], p["model"], snakemake.output.records, snakemake.output.summary,
+            method="spader",
+            evaluation=EvaluationConfig(engine="transformers", gpus=0, batch_size=1, max_context_tokens=2048),
+            agent=AgentConfig.model_validate(p["agent"]),
+            retrieval=SearchSettings.from_config(p["retrieval"]),
+            threads=1,
+            service_log="evaluate_service.log",
+        )
+"""
+
+
+def _mix_and_eval_sets(world, root: Path) -> dict:
+    """A mix file and an evaluation set of the world's questions, long enough to outlast the test."""
+    from spader.data.records import MIX_SCHEMA, build_entities, records_frame, write_frame
+
+    meta = dict.fromkeys(MIX_SCHEMA["meta"].to_schema())
+    rows = []
+    for i, q in enumerate(world.questions):
+        answers, norm = build_entities(q["answers"])
+        rows.append({"id": f"world:{i}", "dataset": "qampari", "split": "train", "question": q["question"],
+                     "answers": answers, "answers_norm": norm, "meta": meta})  # fmt: skip
+    write_frame(records_frame(rows, MIX_SCHEMA), root / "mix.jsonl", MIX_SCHEMA)
+    with open(root / "eval.jsonl", "w", encoding="utf-8") as f:
+        for k in range(400):
+            q = world.questions[k % len(world.questions)]
+            line = {
+                "id": f"e{k}",
+                "question_text": q["question"],
+                "ground_truth": q["answers"],
+                "data_source": "qampari",
+            }
+            f.write(json.dumps(line) + "\n")
+    return {"mix": str(root / "mix.jsonl"), "eval": str(root / "eval.jsonl")}
+
+
+def _services(procs: list[psutil.Process]) -> int:
+    count = 0
+    for p in procs:
+        try:
+            cmd = p.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        count += "spader.retrieval" in cmd and "serve" in cmd
+    return count
+
+
+def test_a_warm_start_and_an_evaluation_die_with_their_workflow(world, tmp_path):
+    """kill -9 of snakemake while a warm start and an evaluation run (each beside its retrieval
+    service, the evaluation with its engine): both jobs stop within seconds, and what they started
+    with them (the jobs watch the Snakemake process that launched them through the job glue)."""
+    import yaml
+
+    paths = {**_mix_and_eval_sets(world, tmp_path), "index": str(world.index), "model": str(world.model),
+             "agent": world.agent, "retrieval": world.retrieval}  # fmt: skip
+    (tmp_path / "Snakefile").write_text(JOBS_SNAKEFILE.format(paths=paths))
+    (tmp_path / "warmstart.py").write_text(WARMSTART_SCRIPT)
+    (tmp_path / "evaluate.py").write_text(EVALUATE_SCRIPT)
+    mlflow = {**yaml.safe_load((REPO / "config" / "config.yaml").read_text())["mlflow"], "enabled": False}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"mlflow": mlflow}))
+    mark = uuid.uuid4().hex
+    smk = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--cores", "2"],
+        cwd=tmp_path,
+        env={**os.environ, MARK: mark},
+        stdout=open(tmp_path / "snakemake.out", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    logs = [tmp_path / "warmstart.log", tmp_path / "evaluate.log"]
+
+    def tails() -> str:
+        return "".join(f"\n--- {p.name}\n{p.read_text()[-2500:]}" for p in logs if p.exists())
+
+    try:
+        deadline = time.monotonic() + 600
+        while _services(_marked(mark)) < 2:  # both jobs are at work, each beside its service
+            assert smk.poll() is None and time.monotonic() < deadline, tails()
+            time.sleep(0.5)
+        time.sleep(2)
+        smk.send_signal(signal.SIGKILL)
+        smk.wait()
+        t0 = time.monotonic()
+        while _marked(mark) and time.monotonic() - t0 < 60:
+            time.sleep(0.5)
+        gone_after = time.monotonic() - t0
+        left = [f"{p.pid} {p.name()}" for p in _marked(mark)]
+        assert left == [], [*left, tails()]
+        print(f"jobs gone {gone_after:.0f} s after kill -9 of snakemake")
+        assert gone_after < 30, tails()
+        for log in logs:
+            assert (
+                f"the workflow that started this job (snakemake, pid {smk.pid}) is gone" in log.read_text()
+            ), tails()
+        assert (
+            not (tmp_path / "warm" / "summary.json").exists()
+            and not (tmp_path / "eval" / "records.jsonl").exists()
+        )
+    finally:
+        for p in _marked(mark):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -201,3 +201,59 @@ def test_cli_reports_one_clear_line(tmp_path):
     assert "Traceback" not in proc.stderr
     assert f"error: {path}, line 2: invalid JSON" in proc.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def _sparse_line(path, head: bytes, size: int) -> None:
+    """``head`` then a line of ``size`` zero bytes, written sparse (no disk, no time)."""
+    with open(path, "wb") as f:
+        f.write(head)
+        f.seek(len(head) + size)
+        f.write(b"\n")
+
+
+def _limited(argv: list[str], limit_bytes: int) -> subprocess.CompletedProcess:
+    """``argv`` run with its address space capped (the memory limit of a job)."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, preexec_fn=cap)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "name", "size"),
+    [
+        ("quest", "train_aug.jsonl", 3 << 30),  # a 3 GiB line under a 1 GiB memory limit
+        ("qampari", "train_data.jsonl", (64 << 20) + 1),  # held out: one byte over the bound
+    ],
+)
+def test_an_oversized_line_is_one_error_naming_file_and_line_under_a_memory_limit(
+    tmp_path, dataset, name, size
+):
+    path = tmp_path / name
+    good = (
+        json.dumps({"query": "Novels by Robert B. Parker", "docs": ["High Profile"]})
+        if dataset == "quest"
+        else GOOD
+    )
+    _sparse_line(path, (good + "\n").encode(), size)
+    out = tmp_path / "out.jsonl"
+    argv = [sys.executable, "-m", "spader.data", "normalize", "--dataset", dataset, "--split", "train"]
+    proc = _limited([*argv, "--input", str(path), "--output", str(out)], 1 << 30)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "MemoryError" not in proc.stderr, proc.stderr[-2000:]
+    assert f"error: {path}, line 2: line longer than 67,108,864 bytes" in proc.stderr
+    assert not out.exists()
+
+
+def test_an_oversized_json_document_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    import spader.data.readers as readers
+
+    monkeypatch.setattr(readers, "MAX_DOCUMENT_BYTES", 1000)
+    path = tmp_path / "mintaka_train.json"
+    path.write_text(dump_mintaka_json([GOOD_MINTAKA] * 20))
+    with pytest.raises(
+        DataFormatError, match=r"mintaka_train\.json: a JSON document larger than 1,000 bytes"
+    ):
+        normalize_release("mintaka", "train", path)

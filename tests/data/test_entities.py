@@ -76,3 +76,39 @@ def test_docstring_examples(module):
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+class _CountingStr(str):
+    """A string that counts the equality tests made on it (list membership makes one per element)."""
+
+    comparisons = 0
+
+    def __eq__(self, other):
+        type(self).comparisons += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "one group of n aliases",  # the quadratic case the issue measured: 100,000 aliases, 150 s
+        "n groups merged into one entity",  # held out: every later group merges into the first
+    ],
+)
+def test_building_entities_is_linear_in_the_number_of_aliases(monkeypatch, shape):
+    """Counted, not timed: equality tests between aliases stay proportional to their number
+    (membership in lists made them n^2 / 2: 2,000,000 for these 2,000 aliases)."""
+    import spader.data.records as records
+
+    monkeypatch.setattr(records, "clean_text", lambda s: _CountingStr(" ".join(str(s).split())))
+    n = 2000
+    if shape == "one group of n aliases":
+        groups = [[f"Heat alias {i}" for i in range(n)]]
+    else:
+        groups = [["Heat", f"Heat alias {i}"] for i in range(n)]
+    _CountingStr.comparisons = 0
+    answers, _ = build_entities(groups)
+    assert len(answers) == 1 and len(answers[0]) == n + (shape != "one group of n aliases")
+    assert _CountingStr.comparisons < 10 * n, _CountingStr.comparisons

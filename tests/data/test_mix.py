@@ -222,3 +222,79 @@ def test_records_frame_refuses_unknown_fields():
         frame([{k: v for k, v in good.items() if k != "answers_norm"}], "quest")
     with pytest.raises(ValueError, match="has an empty question"):
         frame([{**good, "question": ""}], "quest")
+
+
+@pytest.mark.parametrize(
+    ("train_question", "test_question"),
+    [
+        (
+            "Which films did Ilse\u200b Varga direct?",
+            "Which films did Ilse Varga direct?",
+        ),  # zero-width space
+        ("Which films did Ilse Varga di\u00adrect?", "which films did ilse varga direct"),  # soft hyphen
+        # held out: a word joiner, a bidi isolate and a variation selector, in the test question
+        ("Which films did Ilse Varga direct?", "Which\u2060 films did \u2066Ilse\u2069 Varga\ufe0f direct?"),
+    ],
+)
+def test_a_test_question_with_invisible_characters_stays_out_of_the_mix(train_question, test_question):
+    pool = [rec("qampari", i, f"Question {i}?") for i in range(6)] + [rec("qampari", 6, train_question)]
+    evals = {"qampari": frame([rec("qampari", 900, test_question, split="test")], "qampari")}
+    train, val, stats = build_mix(
+        {"qampari": frame(pool, "qampari")}, evals, MixConfig(seed=0, counts={"qampari": 6})
+    )
+    assert "qampari:00006" not in set(train["id"]) | set(val["id"])
+    assert stats["datasets"]["qampari"]["removed"]["eval_overlap"] == 1
+
+
+@pytest.mark.parametrize(
+    ("train_dataset", "test_dataset", "test_question"),
+    [
+        ("qampari", "mintaka", "Who directed The Salt Orchard?"),
+        # held out: another pair of datasets, and an invisible character on top
+        ("webqsp", "quest", "who directed the salt\u00ad orchard"),
+    ],
+)
+def test_a_test_question_of_another_dataset_stays_out_of_the_mix(train_dataset, test_dataset, test_question):
+    pool = [rec(train_dataset, i, f"Question {i}?") for i in range(6)]
+    pool.append(rec(train_dataset, 6, "Who directed the Salt Orchard?"))
+    evals = {test_dataset: frame([rec(test_dataset, 900, test_question, split="test")], test_dataset)}
+    train, _, stats = build_mix(
+        {train_dataset: frame(pool, train_dataset)}, evals, MixConfig(seed=0, counts={train_dataset: 6})
+    )
+    assert f"{train_dataset}:00006" not in set(train["id"])
+    assert stats["datasets"][train_dataset]["removed"]["eval_overlap"] == 1
+
+
+def test_the_files_of_every_evaluated_dataset_filter_the_mix(tmp_path):
+    """mix_training_set reads the test split of a dataset the mix does not draw from (QUEST here)."""
+    train = {
+        "mintaka": write_frame(pool_of("mintaka", 6), tmp_path / "m_train.jsonl", record_schema("mintaka"))
+    }
+    quest_test = [rec("quest", 1, "QUESTION 3 OF MINTAKA", split="test")]
+    test = {
+        "mintaka": write_frame(
+            pool_of("mintaka", 1, start=50, split="test"), tmp_path / "m_test.jsonl", record_schema("mintaka")
+        ),
+        "quest": write_frame(frame(quest_test, "quest"), tmp_path / "q_test.jsonl", record_schema("quest")),
+    }
+    out = [tmp_path / n for n in ("train.jsonl", "val.jsonl", "stats.json")]
+    stats = mix_training_set(train, test, *out, seed=0, counts={"mintaka": 5, "quest": 0})
+    assert stats["datasets"]["mintaka"]["removed"]["eval_overlap"] == 1
+    assert "mintaka:00003" not in set(read_records(out[0], MIX_SCHEMA)["id"])
+
+
+def test_the_mix_job_reads_the_test_split_of_every_evaluated_dataset():
+    """Through the workflow: with QUEST out of the mix (count 0), its test split is still an input."""
+    from pathlib import Path
+
+    import yaml
+    from dag_jobs import dag_jobs
+
+    repo = Path(__file__).resolve().parents[2]
+    config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
+    config["mix"]["counts"]["quest"] = 0
+    jobs = dag_jobs(config, "results/paper/data/mix/train.jsonl", repo)
+    (inputs,) = [inputs for (rule, _), (_, inputs, _) in jobs.items() if rule == "mix_training_set"]
+    tests = {p.split("/")[-2] for p in inputs if p.endswith("/test.jsonl")}
+    trains = {p.split("/")[-2] for p in inputs if p.endswith("/train.jsonl")}
+    assert tests == {"qampari", "mintaka", "webqsp", "quest"} and trains == {"qampari", "mintaka", "webqsp"}

@@ -226,3 +226,31 @@ def test_unknown_paths_and_methods_answer_json_and_the_service_keeps_serving(ser
     _ok(service)
     log = service[2].read_text()
     assert "Traceback" not in log
+
+
+def test_absolute_form_request_targets_are_routed_by_their_path(service):
+    """HTTP/1.1 servers must accept ``GET http://host:port/path`` (what a client talking to a proxy
+    sends); it was answered 404. Held out: an upper-case scheme with a query string, an unknown path."""
+    host, port, _ = service
+    authority = f"{host}:{port}".encode()
+    status, _, body = _exchange(
+        service, b"GET http://%s/health HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority)
+    )
+    assert status == 200 and body["status"] == "ok"
+    target = b"http://%s/retrieve" % authority
+    request = b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s" % (
+        target,
+        authority,
+        len(GOOD),
+        GOOD,
+    )
+    status, _, body = _exchange(service, request)
+    assert status == 200 and body["result"][0][0]["id"] == "1002__0"
+    status, _, body = _exchange(
+        service, b"GET HTTP://%s/stats?x=1 HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority)
+    )
+    assert status == 200 and "requests" in body
+    status, _, body = _exchange(
+        service, b"GET http://%s/search HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority)
+    )
+    assert status == 404 and body["error"] == "Not Found: GET /search"

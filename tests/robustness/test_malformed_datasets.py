@@ -554,6 +554,81 @@ case(
 )
 
 
+# Answers made only of lone surrogates show nothing either, but they are not text at all: an error
+# naming the field, never an `empty_answer` drop (the record could not be written as UTF-8).
+ONLY_SURROGATES = '"\\udc00\\ud800"'  # a low surrogate, then a high one: two unpaired halves
+ONLY_SURROGATE_FIELD = {
+    "qampari": ("answer_list.0.answer_text", "answer_list[0].answer_text"),
+    "mintaka": ("answer.answer.0.label.en", "answer.answer[0].label.en"),
+    "webqsp": ("Parses.0.Answers.0.EntityName", "Parses[0].Answers[0].EntityName"),
+    "quest": ("docs.1", "docs[1]"),
+}
+for ds, (at, shown) in ONLY_SURROGATE_FIELD.items():
+    case(
+        f"{ds}-surrogates-only-answer",
+        ds,
+        (_with(ds, _set(at, RAW)), ONLY_SURROGATES),
+        ("error", f"field '{shown}' holds a lone surrogate"),
+    )
+case(  # held out: an alias, not the primary name, and a single high surrogate
+    "qampari-surrogate-only-alias",
+    "qampari",
+    (_with("qampari", _set("answer_list.0.aliases", ["Quay", RAW])), '"\\udbff"'),
+    ("error", "field 'answer_list[0].aliases[1]' holds a lone surrogate"),
+)
+case(  # held out: Mintaka's mention, the answer of an unlinked question
+    "mintaka-surrogate-only-mention",
+    "mintaka",
+    (_with("mintaka", lambda r: r["answer"].update(answer=None, mention=RAW)), '"\\ud800 "'),
+    ("error", "field 'answer.mention' holds a lone surrogate"),
+)
+
+# A key given twice in one object: Python's decoder keeps the last value silently. An error naming
+# the field (its path in the record), in every format.
+QAMPARI_TWICE = (
+    '{"qid": "1__wikidata_simple__train", "question_text": "Which films did Ilse Varga direct?", '
+    '"question_text": "Which films did Ilse Varga write?", "answer_list": [{"answer_text": "Winter Quay"}]}'
+)
+case("qampari-question-twice", "qampari", QAMPARI_TWICE, ("error", "field 'question_text' is given twice"))
+case(  # held out: a nested object, the key that is read
+    "qampari-answer-text-twice",
+    "qampari",
+    '{"qid": "1__x__train", "question_text": "Which?", '
+    '"answer_list": [{"answer_text": "A"}, {"answer_text": "B", "aliases": [], "answer_text": "C"}]}',
+    ("error", "field 'answer_list[1].answer_text' is given twice"),
+)
+case(
+    "quest-docs-twice",
+    "quest",
+    '{"query": "Novels", "docs": ["A"], "metadata": {}, "docs": ["B"]}',
+    ("error", "field 'docs' is given twice"),
+)
+case(
+    "mintaka-answer-twice",
+    "mintaka",
+    (
+        _with("mintaka", _set("category", RAW)),
+        '"books",\n    "answer": {"answerType": "string", "answer": ["x"]}',
+    ),
+    ("error", "field 'answer' is given twice"),
+)
+case(  # held out: deep inside a parse, a key nobody reads
+    "webqsp-parse-comment-twice",
+    "webqsp",
+    (
+        _with("webqsp", _set("Parses.0.AnnotatorComment.ParseQuality", RAW)),
+        '"Complete", "ParseQuality": "Partial"',
+    ),
+    ("error", "field 'Parses[0].AnnotatorComment.ParseQuality' is given twice"),
+)
+case(
+    "webqsp-raw-question-twice",
+    "webqsp",
+    (_with("webqsp", _set("RawQuestion", RAW)), '"who?",\n "RawQuestion": "what?"'),
+    ("error", "field 'RawQuestion' is given twice"),
+)
+
+
 def test_an_answer_with_visible_text_among_invisible_characters_is_kept(tmp_path):
     """Only answers that show nothing are dropped: a name with a zero-width joiner in it stays."""
     record = _with("qampari", _set("answer_list", [{"answer_text": "\u200bWinter\u200dQuay", "aliases": []}]))
@@ -614,3 +689,29 @@ def test_document_level_values_outside_the_records(tmp_path, dataset, raw, fragm
         normalize_file(dataset, "train", path, tmp_path / "out.jsonl")
     assert str(err.value).startswith(f"{name}, line {line}: "), str(err.value)
     assert fragment in str(err.value) or "expected a JSON array" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "twice",
+    [
+        "Questions",  # the array of records given twice: the first one would be lost
+        "Version",  # held out: a header field given twice
+    ],
+)
+def test_a_top_level_field_given_twice_names_the_field_and_its_line(tmp_path, twice):
+    record = json.dumps(WEBQSP)
+    fields = {"Version": '"1.0"', "Questions": f"[{record}]"}
+    lines = ["{", f' "Version": {fields["Version"]},', f' "Questions": {fields["Questions"]},']
+    lines += [f' "{twice}": {fields[twice]},', ' "FreebaseVersion": "2015-08-09"', "}"]
+    lines.insert(1, ' "Note": "x",')
+    path = tmp_path / "WebQSP.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("WebQSP/data/WebQSP.train.json", "\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(DataFormatError) as err:
+        normalize_file("webqsp", "train", path, out)
+    name = f"{path}/WebQSP/data/WebQSP.train.json"
+    assert str(err.value) == (
+        f"{name}, line 5: top-level field '{twice}' is given twice (which value is meant is ambiguous)"
+    )
+    assert not out.exists()

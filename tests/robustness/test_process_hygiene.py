@@ -179,3 +179,72 @@ def test_watchdog_stops_what_a_dead_job_started(tmp_path, end):
         assert _wait_gone(mark, 20) == []  # the watchdog included: it exits after its work
     finally:
         _kill_marked(mark)
+
+
+# A job as the workflow glue runs it: started by Snakemake through a shell, watching its workflow,
+# with a child of its own (a service, say) and a grandchild that left its session.
+WORKFLOW_JOB = """
+import signal, subprocess, sys, time
+from spader.infra.procs import raise_on_signals, start_watchdog, watch_workflow
+start_watchdog(grace_s=2)
+watch = watch_workflow(interval_s=0.2, grace_s={grace})
+assert watch is not None, "no snakemake ancestor found"
+if {ignore_hup}:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a job that does not react: ended hard
+    while True:
+        time.sleep(1)
+child = subprocess.Popen(["sleep", "300"])
+subprocess.Popen(["setsid", "sleep", "300"])
+try:
+    with raise_on_signals():
+        open({ready!r}, "w").write("started")
+        while True:
+            time.sleep(1)
+except BaseException as exc:  # Terminated is a BaseException, as KeyboardInterrupt
+    print(f"job stopped: {{type(exc).__name__}}: {{exc}}", file=sys.stderr, flush=True)
+    child.terminate()
+    raise SystemExit(1)
+"""
+
+
+@pytest.mark.parametrize("ignores_sighup", [False, True])
+def test_a_job_dies_with_the_snakemake_process_that_launched_it(tmp_path, ignores_sighup):
+    """kill -9 of a stand-in Snakemake (a process whose command line is `.../snakemake ...`), which
+    started the job through a shell as Snakemake runs scripts: the job stops within seconds, naming
+    why, and so does what it started. Held out: a job that ignores SIGHUP is ended hard after its
+    grace."""
+    mark = uuid.uuid4().hex
+    ready = tmp_path / "ready"
+    snakemake = tmp_path / "snakemake"
+    snakemake.symlink_to(sys.executable)
+    job = tmp_path / "job.py"
+    job.write_text(WORKFLOW_JOB.format(grace=1.0, ignore_hup=ignores_sighup, ready=str(ready)))
+    log = tmp_path / "job.log"
+    parent = "import subprocess, sys; subprocess.run(['bash', '-c', 'set -eu; ' + sys.argv[1] + ' 2> ' + sys.argv[2]])"
+    smk = subprocess.Popen(
+        [str(snakemake), "-c", parent, f"{sys.executable} {job}", str(log)],
+        env={**os.environ, MARK: mark},
+        start_new_session=True,
+    )
+    try:
+        if ignores_sighup:
+            deadline = time.monotonic() + 60
+            while len(_marked(mark)) < 4 and time.monotonic() < deadline:  # snakemake, bash, job, watchdog
+                time.sleep(0.2)
+        else:
+            _wait_for(ready, smk, 60, log)
+        smk.kill()
+        smk.wait()
+        left = _wait_gone(mark, 15)
+        assert left == [], "\n".join(left) + log.read_text()[-2000:]
+        text = log.read_text()
+        assert f"the workflow that started this job (snakemake, pid {smk.pid}) is gone" in text, text[-2000:]
+        if ignores_sighup:
+            assert "ending it" in text, text[-2000:]
+        else:
+            assert (
+                f"job stopped: WorkflowGone: the workflow that started this job (snakemake, pid {smk.pid})"
+                in text
+            )
+    finally:
+        _kill_marked(mark)

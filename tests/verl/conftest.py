@@ -141,3 +141,18 @@ class StubRetrievalService:
 def retrieval_service():
     with StubRetrievalService() as service:
         yield service
+
+
+@pytest.fixture
+def stub_retrieval():
+    """``make(passages)``: a stub service over other passages (``PASSAGES`` is the default table),
+    stopped after the test."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+
+        def make(passages=PASSAGES):
+            return stack.enter_context(StubRetrievalService(passages))
+
+        make.default = PASSAGES
+        yield make

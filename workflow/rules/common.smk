@@ -275,9 +275,11 @@ def get_mix_datasets():
 
 
 def get_mix_files(split):
+    """Normalized files the mix reads: the train splits of the datasets it draws from, the test
+    splits of every dataset (an evaluation question of any dataset stays out of the mix)."""
     return expand(
         "results/{{suite}}/data/normalized/{dataset}/{split}.jsonl",
-        dataset=get_mix_datasets(),
+        dataset=get_mix_datasets() if split == "train" else DATASETS,
         split=split,
     )
 

@@ -19,12 +19,18 @@ prompt's ids, extended turn by turn with
 No tool schemas reach the chat template (``tools`` absent: Llama-3.1 renders a function-calling
 preamble for any list, an empty one included) and no message is ever rendered with the ``tool``
 role (Llama-3.1's template JSON-escapes such a message's content in an ``ipython`` turn).
+
+The observation's text is tokenized as text: a passage holding ``<|im_start|>`` or
+``<|eot_id|>`` gets the ordinary tokens of those characters, never the special token a tokenizer
+would make of them in a rendered conversation (:func:`observation_ids`); the template's own
+special tokens around it are kept.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from spader.core.prompt import observation_message
@@ -34,11 +40,13 @@ __all__ = [
     "missing_closing",
     "observation_ids",
     "render_ids",
+    "text_safe_ids",
     "turn_closing_ids",
     "turn_token_count",
 ]
 
 _MARKER = "SPADERTURNMARKER"
+_TEXT_MARKER = "SPADEROBSERVATIONTEXTMARKER"
 # The fixed context an observation turn is rendered after (its own ids are the difference).
 _PREFIX = ({"role": "system", "content": "system"}, {"role": "user", "content": "user"})
 
@@ -99,16 +107,85 @@ def _prefix_ids(tokenizer) -> tuple[int, ...]:
     return tuple(render_ids(tokenizer, _PREFIX, add_generation_prompt=False))
 
 
+@functools.lru_cache(maxsize=8)
+def _added_tokens(tokenizer) -> tuple[re.Pattern | None, re.Pattern | None]:
+    """Patterns of the tokenizer's added tokens (all of them; the special ones alone), longest
+    first: a tokenizer splits its input at every added token before anything else."""
+
+    def pattern(contents: list[str]) -> re.Pattern | None:
+        contents = sorted(set(filter(None, contents)), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, contents))) if contents else None
+
+    added = list(getattr(tokenizer, "added_tokens_decoder", {}).values())
+    specials = [a.content for a in added if getattr(a, "special", False)]
+    specials += list(getattr(tokenizer, "all_special_tokens", []) or [])
+    return pattern([a.content for a in added] + specials), pattern(specials)
+
+
+def _encode(tokenizer, text: str, *, specials_as_text: bool = False) -> list[int]:
+    if not text:
+        return []
+    kwargs = {"split_special_tokens": True} if specials_as_text else {}
+    return _ids(tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"])
+
+
+def text_safe_ids(
+    tokenizer,
+    context: Sequence[dict],
+    message: Callable[[str], dict],
+    text: str,
+    *,
+    add_generation_prompt: bool,
+) -> list[int]:
+    """Ids of ``context`` and ``message(text)`` rendered by the chat template, where ``text`` is
+    tokenized as text: special-token strings in it do not become special tokens. Everything else
+    is tokenized as :func:`render_ids` tokenizes it.
+
+    A tokenizer cuts its input at added tokens before anything else, so the rendered conversation
+    is encoded in three parts: up to the last added token before ``text``, from there to the first
+    added token after it (special tokens read as text), and the rest. Without a special-token string
+    in ``text`` the ids equal :func:`render_ids`'s.
+
+    Raises:
+        ValueError: the template does not render ``text`` verbatim.
+    """
+    messages = [*context, message(text)]
+    _, specials = _added_tokens(tokenizer)
+    if specials is None or not specials.search(text):
+        return render_ids(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+    marked = [*context, message(_TEXT_MARKER)]
+    rendered_marked = tokenizer.apply_chat_template(
+        marked, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    before, found, after = rendered_marked.partition(_TEXT_MARKER)
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    if not found or rendered != before + text + after:
+        raise ValueError("the chat template does not render the observation text verbatim")
+    boundaries, _ = _added_tokens(tokenizer)
+    start, end = len(before), len(before) + len(text)
+    left = max((m.end() for m in boundaries.finditer(rendered, 0, start)), default=0)
+    following = boundaries.search(rendered, end)
+    right = following.start() if following else len(rendered)
+    return (
+        _encode(tokenizer, rendered[:left])
+        + _encode(tokenizer, rendered[left:right], specials_as_text=True)
+        + _encode(tokenizer, rendered[right:])
+    )
+
+
 def observation_ids(tokenizer, text: str) -> list[int]:
     """Ids of one observation turn and of the next assistant header: the user message
     ``<tool_response>\\n{text}\\n</tool_response>`` rendered after a fixed two-message context,
-    minus that context.
+    minus that context. ``text`` (passages, queries, errors) is tokenized as text: a special-token
+    string in it never becomes a special token (:func:`text_safe_ids`).
 
     Raises:
         ValueError: the template renders the context differently once a message follows it.
     """
     prefix = list(_prefix_ids(tokenizer))
-    full = render_ids(tokenizer, [*_PREFIX, observation_message(text)], add_generation_prompt=True)
+    full = text_safe_ids(tokenizer, _PREFIX, observation_message, text, add_generation_prompt=True)
     if full[: len(prefix)] != prefix:
         raise ValueError("the chat template does not render an observation turn as an append-only suffix")
     return full[len(prefix) :]

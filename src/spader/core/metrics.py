@@ -75,27 +75,49 @@ def _unique_predictions(predicted: Iterable[str]) -> list[str]:
 
 
 def match_count(preds: Sequence[str], gold_sets: Sequence[frozenset[str]]) -> int:
-    """Size of a maximum matching between normalized predictions and gold alias sets."""
+    """Size of a maximum matching between normalized predictions and gold alias sets.
+
+    Kuhn's augmenting paths, searched with an explicit stack: entities that share aliases can
+    chain into paths as long as the gold list (a thousand linked aliases need no recursion limit).
+    """
     alias_to_entities: dict[str, list[int]] = {}
     for ei, aliases in enumerate(gold_sets):
         for a in aliases:
             alias_to_entities.setdefault(a, []).append(ei)
     owner: dict[int, int] = {}  # entity -> prediction index
+    for pi, p in enumerate(preds):
+        if p in alias_to_entities:
+            _augment(pi, preds, alias_to_entities, owner)
+    return len(owner)
 
-    def augment(pi: int, visited: set[int]) -> bool:
-        for ei in alias_to_entities.get(preds[pi], ()):
+
+def _augment(
+    root: int, preds: Sequence[str], alias_to_entities: dict[str, list[int]], owner: dict[int, int]
+) -> bool:
+    """Find an augmenting path from prediction ``root`` (depth first, entities in alias order) and
+    flip it into ``owner``; the same search as the recursive textbook version, without recursion."""
+    visited: set[int] = set()
+    stack = [(root, iter(alias_to_entities.get(preds[root], ())))]
+    path: list[int] = []  # path[k]: the entity tried by the prediction at stack[k]
+    while stack:
+        _, entities = stack[-1]
+        for ei in entities:
             if ei in visited:
                 continue
             visited.add(ei)
-            if ei not in owner or augment(owner[ei], visited):
-                owner[ei] = pi
+            path.append(ei)
+            if ei not in owner:
+                for (pi, _), entity in zip(stack, path, strict=True):
+                    owner[entity] = pi
                 return True
-        return False
-
-    for pi, p in enumerate(preds):
-        if p in alias_to_entities:
-            augment(pi, set())
-    return len(owner)
+            holder = owner[ei]
+            stack.append((holder, iter(alias_to_entities.get(preds[holder], ()))))
+            break
+        else:
+            stack.pop()
+            if path:
+                path.pop()
+    return False
 
 
 def prf(predicted: Sequence[str], gold: Sequence[Sequence[str]]) -> tuple[float, float, float]:

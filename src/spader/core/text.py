@@ -6,6 +6,12 @@ so a match in training reward and a match in evaluation mean the same thing.
 
 ``normalize_spader_compat`` reproduces the authors' published ``normalize_answer`` (no Unicode
 folding); it exists only to reproduce the paper's numbers and is never used by default.
+
+``strip_invisible`` is this project's one definition of characters that render as nothing
+(zero-width spaces and joiners, bidi marks, soft hyphens, ...). norm_v1 keeps them (it is fixed by
+its specification); where two texts must compare as a reader sees them, the invisible characters
+are removed first, a separate step (``question_key``: the training mix's overlap with the
+evaluation questions).
 """
 
 from __future__ import annotations
@@ -14,11 +20,29 @@ import re
 import string
 import unicodedata
 
-__all__ = ["NORMALIZATION_VERSION", "clean_text", "normalize", "normalize_spader_compat"]
+__all__ = [
+    "INVISIBLE",
+    "NORMALIZATION_VERSION",
+    "clean_text",
+    "normalize",
+    "normalize_spader_compat",
+    "question_key",
+    "strip_invisible",
+]
 
 NORMALIZATION_VERSION = "norm_v1"
 
 _ASCII_PUNCT = frozenset(string.punctuation)
+
+#: Code points that render as nothing: Unicode's default-ignorable code points (zero-width spaces and
+#: joiners, bidi marks, embeddings and isolates, soft hyphen, combining grapheme joiner, variation
+#: selectors, Hangul fillers, tag characters, invisible operators; DerivedCoreProperties.txt) and
+#: the braille blank.
+INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
@@ -89,3 +113,23 @@ def normalize_spader_compat(s: object) -> str:
     text = "".join(ch for ch in text if ch not in _ASCII_PUNCT and ch not in _COMPAT_EXTRA_PUNCT)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
+
+
+def strip_invisible(s: str) -> str:
+    """``s`` without the characters that render as nothing (:data:`INVISIBLE`).
+
+    >>> strip_invisible("Win\u00adter\u200b Quay\u2066")
+    'Winter Quay'
+    """
+    return INVISIBLE.sub("", s)
+
+
+def question_key(question: object) -> str:
+    """What two questions are compared by when one must not stand in for the other (the training
+    mix against the evaluation questions): norm_v1 of the question without invisible characters,
+    so that a zero-width space or a soft hyphen does not make a test question new.
+
+    >>> question_key("Which films did Ilse\u200b Varga di\u00adrect?") == question_key("which films did ilse varga direct")
+    True
+    """
+    return normalize(strip_invisible(clean_text(question)))

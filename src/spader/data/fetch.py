@@ -28,6 +28,7 @@ import polars as pl
 from spader.config import USER_SUPPLIED as _USER_SUPPLIED
 from spader.config.model import HubSource
 from spader.data.layout import dump_mintaka_json
+from spader.infra.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +109,11 @@ def fetch_from_hub(hub: HubSource | Mapping[str, Any], dest: str | os.PathLike, 
         raise DatasetSourceError(
             f"config key '{key}': cannot get '{hub.filename}' of {hub.repo_id} from {where} ({e})"
         ) from e
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
-    if hub.format == "raw":
-        shutil.copyfile(path, tmp)
-    else:  # mintaka_parquet
-        records = mintaka_records_from_parquet(path, split=hub.split)
-        tmp.write_text(dump_mintaka_json(records), encoding="utf-8")
-    tmp.replace(dest)
+    with atomic_path(dest) as tmp:
+        if hub.format == "raw":
+            shutil.copyfile(path, tmp)
+        else:  # mintaka_parquet
+            tmp.write_text(dump_mintaka_json(mintaka_records_from_parquet(path, split=hub.split)), "utf-8")
     log.info("%s: %s of %s from %s (%s)", dest, hub.filename, hub.repo_id, where, hub.format)
     return dest
 

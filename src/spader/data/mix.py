@@ -1,9 +1,11 @@
 """The training mix (docs/data.md 7.4): 6,000 QAMPARI + 2,000 Mintaka + 2,000 WebQSP + 2,000 QUEST.
 
 Per dataset, the pool is the normalized *train* split, sorted by id, with duplicate ids removed,
-filtered by answer count (``min_answers``/``max_answers``), without questions whose normalized
-text is also in that dataset's evaluation split, and de-duplicated by normalized question (the
-smallest id is kept). ``random.Random(seed).sample(pool, k)`` then picks the training records; a
+filtered by answer count (``min_answers``/``max_answers``), without questions that are also an
+evaluation question of any dataset, and de-duplicated by question (the smallest id is kept).
+Questions are compared by :func:`spader.core.text.question_key`: norm_v1 after removing the
+characters that render as nothing, so a zero-width space or a soft hyphen does not make an
+evaluation question new. ``random.Random(seed).sample(pool, k)`` then picks the training records; a
 pool smaller than ``k`` is an error that names the dataset (never up-sampled). The validation
 records are drawn the same way from what is left of each pool, so they are disjoint from both the
 mix and the evaluation split. The training records of all datasets are shuffled with
@@ -23,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from spader.core.text import normalize
+from spader.core.text import question_key
 from spader.data.records import (
     DATASETS,
     MIX_SCHEMA,
@@ -82,23 +84,39 @@ class MixConfig:
 
 
 def _question_keys(df: pl.DataFrame) -> pl.Series:
-    return pl.Series("qkey", [normalize(q) for q in df["question"].to_list()], dtype=pl.String)
+    return pl.Series("qkey", [question_key(q) for q in df["question"].to_list()], dtype=pl.String)
+
+
+def _eval_keys(evals: Mapping[str, pl.DataFrame]) -> set[str]:
+    """The question keys of every evaluation set, whatever its dataset."""
+    return {k for df in evals.values() if df is not None and len(df) for k in _question_keys(df).to_list()}
 
 
 def prepare_pool(
-    dataset: str, records: pl.DataFrame, eval_records: pl.DataFrame | None, cfg: MixConfig
+    dataset: str,
+    records: pl.DataFrame,
+    eval_records: pl.DataFrame | Mapping[str, pl.DataFrame] | None,
+    cfg: MixConfig,
 ) -> tuple[pl.DataFrame, dict[str, int]]:
     """The sampling pool of one dataset and how many records each step removed.
 
     Args:
         dataset: the dataset name (checked against the records' ``dataset`` column).
         records: normalized train records.
-        eval_records: normalized evaluation records of the same dataset (or None).
+        eval_records: normalized evaluation records, per dataset (every evaluation set: a test
+            question of another dataset is excluded too), or one frame, or None.
         cfg: the mix settings.
     Returns:
-        ``(pool, removed)``: the pool sorted by id (with a ``qkey`` column, the normalized question)
-        and counts by step: ``duplicate_id``, ``answer_count``, ``eval_overlap``, ``duplicate_question``.
+        ``(pool, removed)``: the pool sorted by id (with a ``qkey`` column, the question key) and
+        counts by step: ``duplicate_id``, ``answer_count``, ``eval_overlap``, ``duplicate_question``.
     """
+    evals = eval_records if isinstance(eval_records, Mapping) else {dataset: eval_records}
+    return _pool(dataset, records, _eval_keys(evals), cfg)
+
+
+def _pool(
+    dataset: str, records: pl.DataFrame, eval_keys: set[str], cfg: MixConfig
+) -> tuple[pl.DataFrame, dict[str, int]]:
     others = set(records["dataset"].unique().to_list()) - {dataset}
     if others:
         raise MixError(f"dataset '{dataset}': train records of other datasets {sorted(others)} were given")
@@ -115,10 +133,7 @@ def prepare_pool(
     if cfg.max_answers is not None:
         keep = keep & (n_answers <= cfg.max_answers)
     df = step("answer_count", df.filter(keep), len(df))
-    eval_keys = (
-        _question_keys(eval_records).to_list() if eval_records is not None and len(eval_records) else []
-    )
-    df = step("eval_overlap", df.filter(~pl.col("qkey").is_in(eval_keys)), len(df))
+    df = step("eval_overlap", df.filter(~pl.col("qkey").is_in(sorted(eval_keys))), len(df))
     df = step("duplicate_question", df.unique(subset="qkey", keep="first", maintain_order=True), len(df))
     return df, removed
 
@@ -138,7 +153,8 @@ def build_mix(
 
     Args:
         pools: normalized train records per dataset.
-        evals: normalized evaluation records per dataset (their questions are excluded).
+        evals: normalized evaluation records per dataset (their questions are excluded from every
+            dataset's pool).
         cfg: the mix settings.
     Returns:
         ``(train, val, stats)``; ``train`` and ``val`` have :data:`MIX_SCHEMA`.
@@ -154,11 +170,12 @@ def build_mix(
         "val_per_dataset": cfg.val_per_dataset,
         "datasets": {},
     }
+    eval_keys = _eval_keys(evals)
     for d in cfg.datasets:
         if d not in pools:
             raise MixError(f"dataset '{d}': mix.counts.{d} = {cfg.counts[d]} but no train records were given")
         k = cfg.counts[d]
-        pool, removed = prepare_pool(d, pools[d], evals.get(d), cfg)
+        pool, removed = _pool(d, pools[d], eval_keys, cfg)
         if len(pool) < k:
             raise MixError(
                 f"dataset '{d}': the pool has {len(pool)} usable training questions but mix.counts.{d} asks "
@@ -221,7 +238,8 @@ def mix_training_set(
 
     Args:
         train: normalized train records file per dataset.
-        test: normalized evaluation records file per dataset.
+        test: normalized evaluation records file per dataset (every dataset evaluated, also those
+            the mix does not draw from).
         out_train, out_val: record files (``.jsonl`` or ``.parquet``), schema :data:`MIX_SCHEMA`.
         out_stats: JSON file of per-dataset pool sizes, removals and sample sizes.
         **settings: :class:`MixConfig` fields (``seed``, ``counts``, ``min_answers``, ``max_answers``,
@@ -231,7 +249,7 @@ def mix_training_set(
     """
     cfg = MixConfig(**settings)
     pools = {d: read_records(train[d], record_schema(d)) for d in cfg.datasets if d in train}
-    evals = {d: read_records(test[d], record_schema(d)) for d in cfg.datasets if d in test}
+    evals = {d: read_records(path, record_schema(d)) for d, path in test.items()}
     train_df, val_df, stats = build_mix(pools, evals, cfg)
     write_frame(train_df, out_train, MIX_SCHEMA)
     write_frame(val_df, out_val, MIX_SCHEMA)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from spader.data.records import DataFormatError
+from spader.infra.lines import MAX_LINE_BYTES, LineTooLongError, bounded_lines, read_bounded
 
 __all__ = [
     "Source",
@@ -48,7 +49,57 @@ __all__ = [
 
 _BOM = b"\xef\xbb\xbf"
 _WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
+
+
+class _DuplicateKey(ValueError):
+    """An object of the JSON text names one key twice (found while decoding, located afterwards)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing an object that names a key twice: Python's decoder would keep
+    the last value silently (WebQSP's ``Questions`` twice would lose the first array)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey()
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
+class _Repeated:
+    """Stands for an object that names ``key`` twice, while its place in the record is sought."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _mark_repeats(pairs: list[tuple[str, Any]]) -> Any:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return _Repeated(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _repeated_key_path(text: str, start: int = 0) -> str:
+    """Path in the record of the first key named twice in one object (``answer_list[0].aliases``)."""
+    value, _ = json.JSONDecoder(object_pairs_hook=_mark_repeats).raw_decode(text, start)
+    stack: list[tuple[str, Any]] = [("", value)]  # depth first, in document order
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, _Repeated):
+            return f"{path}.{node.key}" if path else node.key
+        if isinstance(node, dict):
+            stack.extend(reversed([(f"{path}.{k}" if path else str(k), v) for k, v in node.items()]))
+        elif isinstance(node, list):
+            stack.extend(reversed([(f"{path}[{i}]", v) for i, v in enumerate(node)]))
+    return "?"
+
+
+def _repeated_key_message(path: str) -> str:
+    return f"field '{path}' is given twice in one object (which value is meant is ambiguous)"
 
 
 class Source:
@@ -198,22 +249,31 @@ def iter_jsonl(stream: IO[bytes], src: Source) -> Iterator[tuple[int, dict]]:
     """Records of a JSON Lines stream with their 1-based line numbers (blank lines skipped).
 
     Raises:
-        DataFormatError for invalid UTF-8, a line that is not valid JSON (e.g. truncated) or a line
-        whose value is not an object.
+        DataFormatError for invalid UTF-8, a line that is not valid JSON (e.g. truncated), a line
+        whose value is not an object, or a line longer than ``MAX_LINE_BYTES`` (read no further).
     """
-    for lineno, raw in enumerate(stream, 1):
+    lines = bounded_lines(stream, MAX_LINE_BYTES)
+    while True:
+        try:
+            lineno, raw = next(lines)
+        except StopIteration:
+            return
+        except LineTooLongError as e:
+            raise DataFormatError(src.name, e.line, str(e)) from None
         if lineno == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
         text = _decode_line(raw, src, lineno).strip()
         if not text:
             continue
         try:
-            obj = json.loads(text)
+            obj = _DECODER.decode(text)
         except json.JSONDecodeError as e:
             hint = "; the line looks truncated" if _at_end(e, text) else ""
             raise DataFormatError(
                 src.name, lineno, f"invalid JSON ({e.msg}, column {e.colno}){hint}"
             ) from None
+        except _DuplicateKey:
+            raise DataFormatError(src.name, lineno, _repeated_key_message(_repeated_key_path(text))) from None
         except (RecursionError, ValueError) as e:
             raise DataFormatError(src.name, lineno, _limit_message(e)) from None
         if not isinstance(obj, dict):
@@ -251,8 +311,19 @@ def _kind(value: Any) -> str:
     )
 
 
+#: The largest JSON document read whole (Mintaka's and WebQSP's files are a few tens of MB).
+MAX_DOCUMENT_BYTES = 1 << 30
+
+
 def _read_text(stream: IO[bytes], src: Source) -> str:
-    data = stream.read()
+    data = read_bounded(stream, MAX_DOCUMENT_BYTES)
+    if data is None:
+        raise DataFormatError(
+            src.name,
+            None,
+            f"a JSON document larger than {MAX_DOCUMENT_BYTES:,} bytes (read no further; release "
+            "documents are a few tens of MB: a damaged or wrong file?)",
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -291,6 +362,8 @@ class _Cursor:
             raise DataFormatError(
                 self.src.name, e.lineno, f"invalid JSON ({e.msg}, column {e.colno}){hint}"
             ) from None
+        except _DuplicateKey:  # the line the value starts on
+            raise self.fail(_repeated_key_message(_repeated_key_path(self.text, self.pos))) from None
         except (RecursionError, ValueError) as e:  # no position is known: the line the value starts on
             raise self.fail(_limit_message(e)) from None
         return obj
@@ -343,12 +416,18 @@ def iter_json_records(stream: IO[bytes], src: Source, *, key: str | None = None)
             )
         cur.pos += 1
         found = False
+        names: set[str] = set()
         if cur.skip_ws() == "}":
             cur.pos += 1
         else:
             while True:
                 cur.skip_ws()
                 name = cur.value()
+                if name in names:
+                    raise cur.fail(
+                        f"top-level field '{name}' is given twice (which value is meant is ambiguous)"
+                    )
+                names.add(name)
                 cur.expect(":", "':'")
                 if name == key:
                     if cur.skip_ws() != "[":
@@ -457,20 +536,19 @@ def optional(
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def lone_surrogate_path(value: Any, path: str = "") -> str | None:
-    """Path of the first string inside ``value`` that holds a lone surrogate, or None."""
-    if isinstance(value, str):
-        return path if _SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
-    elif isinstance(value, list):
-        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    for sub_path, sub in items:
-        found = lone_surrogate_path(sub, sub_path)
-        if found is not None:
-            return found
+def lone_surrogate_path(value: Any, path: str = "", *, among: set[str] | None = None) -> str | None:
+    """Path of the first string inside ``value`` that holds a lone surrogate (and, with ``among``,
+    is one of those strings), or None."""
+    stack: list[tuple[str, Any]] = [(path, value)]  # depth first, in document order
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node) and (among is None or node in among):
+                return where
+        elif isinstance(node, dict):
+            stack.extend(reversed([(f"{where}.{k}" if where else str(k), v) for k, v in node.items()]))
+        elif isinstance(node, list):
+            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(node)]))
     return None
 
 

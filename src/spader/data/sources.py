@@ -279,6 +279,10 @@ def normalize_release(
                 raise DataFormatError(src.name, line, "expected a JSON object for each record")
             try:
                 source_id, question, groups, meta = extract(obj, src, line, split)
+                # before build_entities: an answer of lone surrogates alone shows nothing and would
+                # be dropped as empty, hiding a record that cannot be written as UTF-8
+                texts = [source_id, question, *(t for g in groups for t in g if isinstance(t, str))]
+                _check_unicode(texts, obj, src, line)
                 answers, answers_norm = build_entities(groups)
                 if not answers:
                     raise Drop("empty_answer")
@@ -295,7 +299,7 @@ def normalize_release(
                 "answers_norm": answers_norm,
                 "meta": {"source_file": src.member_name, "source_id": source_id, **meta},
             }
-            _check_unicode(record, obj, src, line)
+            _check_unicode(_texts(record["meta"], []), obj, src, line)
             records.append(record)
     summary.kept = len(records)
     log.info(
@@ -321,11 +325,13 @@ def _texts(value: Any, out: list[str]) -> list[str]:
     return out
 
 
-def _check_unicode(record: dict, raw: dict, src: Source, line: int) -> None:
-    """Refuse a record whose text holds a lone surrogate (half of a ``\\u`` escape pair), naming
-    the raw field; it could never be written as UTF-8."""
-    if has_lone_surrogate(_texts(record, [])):
-        where = lone_surrogate_path(raw) or "a text field"
+def _check_unicode(texts: list[str], raw: dict, src: Source, line: int) -> None:
+    """Refuse a record whose ``texts`` (what it keeps of the raw record) hold a lone surrogate
+    (half of a ``\\u`` escape pair), naming the raw field the text came from; such text could
+    never be written as UTF-8."""
+    if has_lone_surrogate(texts):
+        bad = {t for t in texts if has_lone_surrogate([t])}
+        where = lone_surrogate_path(raw, among=bad) or lone_surrogate_path(raw) or "a text field"
         raise DataFormatError(
             src.name,
             line,

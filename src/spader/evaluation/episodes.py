@@ -13,11 +13,11 @@ import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from spader.agent.loop import Episode, Question
 from spader.core.metrics import correct_count, macro_average, prf, search_efficiency
+from spader.infra.atomic import atomic_path
 
 __all__ = ["EvalSetError", "episode_record", "load_eval_set", "read_jsonl", "summarize", "write_jsonl"]
 
@@ -142,13 +142,9 @@ def summarize(records: Sequence[Mapping[str, Any]], **meta: Any) -> dict[str, An
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> None:
     """Write rows atomically (a crash never leaves a half-written file under the final name)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

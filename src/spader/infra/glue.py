@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spader.infra import integrity
-from spader.infra.procs import raise_on_signals, start_watchdog
+from spader.infra.procs import Terminated, raise_on_signals, start_watchdog, watch_workflow
 from spader.infra.tracking import job_run
 
 __all__ = [
@@ -48,7 +48,8 @@ def job(smk) -> Iterator[Any]:
     SIGTERM, SIGINT and SIGHUP raise :class:`spader.infra.procs.Terminated` in the body, so
     services and child processes are stopped on the way out and the run is marked KILLED; should
     the job die without that chance (SIGKILL), a watchdog stops every process it had started
-    (:func:`spader.infra.procs.start_watchdog`). File
+    (:func:`spader.infra.procs.start_watchdog`). The job dies with the Snakemake process that
+    launched it, however that one died (:func:`spader.infra.procs.watch_workflow`). File
     inputs are checked against their integrity records before the body runs, and file outputs
     recorded after it succeeds (:mod:`spader.infra.integrity`).
     """
@@ -56,6 +57,7 @@ def job(smk) -> Iterator[Any]:
     logging.getLogger("spader").info("rule %s, wildcards %s", smk.rule, dict(smk.wildcards.items()))
     if type(smk).__module__.startswith("snakemake"):  # a job process of its own (not a test's stand-in)
         start_watchdog()
+        watch_workflow()
     integrity.set_job_rule(smk.rule)
     try:
         with raise_on_signals(), job_run(smk, extra_tags=code_tags(smk)) as run:
@@ -64,6 +66,9 @@ def job(smk) -> Iterator[Any]:
             integrity.record_outputs([str(p) for p in smk.output], producer=smk.rule)
             if "code" in dict(smk.params.items()):  # what the stage planned with (stage_code.planned_code)
                 integrity.annotate([str(p) for p in smk.output], code=str(smk.params.code))
+    except Terminated as stop:  # a stop signal, or the workflow is gone: why, not a traceback
+        logging.getLogger("spader").error("rule %s stopped: %s", smk.rule, stop)
+        raise
     except Exception:
         logging.getLogger("spader").exception("rule %s failed", smk.rule)
         raise

@@ -52,12 +52,13 @@ import hashlib
 import json
 import logging
 import os
-import uuid
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spader.infra.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -245,12 +246,9 @@ def _now() -> str:
 
 
 def _store(path: Path, rec: Record) -> None:
-    target = record_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # a name no other writer uses: jobs on several nodes may write records in one directory
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(asdict(rec), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    # a temporary name no other writer uses (jobs on several nodes may write records in one
+    # directory), removed when the write fails (a full disk): no .tmp among the records
+    atomic_write(record_path(path), json.dumps(asdict(rec), indent=2, sort_keys=True) + "\n")
     _legacy_path(path).unlink(missing_ok=True)
 
 

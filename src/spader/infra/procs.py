@@ -22,6 +22,17 @@ its context managers (services, MLflow runs) close on the way out. For a job kil
 watchdog (``python -m spader.infra.procs --watch``) that stops every process carrying the token
 once the job is gone (parent-death signal again).
 
+Every job also dies with its workflow (:func:`watch_workflow`, started by the job glue): when the
+Snakemake process that launched it is gone, however it died (SIGKILL included), nobody will
+record the job's outputs, so the job stops: it is sent SIGHUP, which raises
+:class:`WorkflowGone` in it (services and engines stop on the way out, the MLflow run ends
+KILLED), and it exits hard ``grace`` seconds later if it has not; the watchdog then stops what it
+had started. The kernel's parent-death signal (``PR_SET_PDEATHSIG``) tells a job whose parent is
+that Snakemake process at once; a job started through a shell (as Snakemake runs scripts) learns it
+from a thread that looks once a second. A part of a job that watches the workflow itself (a
+training's :class:`spader.training.watch.JobWatch`, which stops verl and records why) defers the
+signal while it runs (:func:`deferring_workflow_loss`).
+
 A *stop request* is the gentle way out: the job creates the file named by :data:`STOP_REQUEST_ENV`
 in the training process's environment, and the training loop, which checks it at every step
 boundary (:func:`stop_requested`), saves a checkpoint and ends there (``spader.training.stop``
@@ -33,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -49,8 +61,13 @@ __all__ = [
     "JOB_TOKEN_ENV",
     "STOP_REQUEST_ENV",
     "STOP_SIGNALS",
+    "WORKFLOW_GRACE_S",
+    "ProcessRef",
     "Terminated",
+    "WorkflowGone",
+    "WorkflowWatch",
     "acknowledge_stop",
+    "deferring_workflow_loss",
     "descendants",
     "main",
     "raise_on_signals",
@@ -64,6 +81,8 @@ __all__ = [
     "supervised_argv",
     "token_processes",
     "watch",
+    "watch_workflow",
+    "workflow_process",
 ]
 
 #: Signals after which a job (or the supervisor) stops its children and exits.
@@ -79,12 +98,26 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-class Terminated(Exception):
-    """The process received a stop signal (scheduler time limit, ``scancel``, Ctrl-C, hang-up)."""
+class Terminated(BaseException):
+    """The process received a stop signal (scheduler time limit, ``scancel``, Ctrl-C, hang-up).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: code that handles failures with ``except
+    Exception`` (an engine retrying a failed batch, a loop skipping a bad item) must not swallow
+    a stop, which would leave the job running (seen: an evaluation retried its generation after
+    the SIGHUP of a lost workflow)."""
 
     def __init__(self, signum: int):
         self.signum = signum
         super().__init__(f"received signal {signal.Signals(signum).name}")
+
+
+class WorkflowGone(Terminated):
+    """The Snakemake process that launched this job is gone (the SIGHUP :func:`watch_workflow`
+    sends, or the parent-death signal)."""
+
+    def __init__(self, reason: str):
+        self.signum = signal.SIGHUP
+        BaseException.__init__(self, reason)
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -201,6 +234,13 @@ def raise_on_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
         return
 
     def _raise(signum, frame):
+        if signum == signal.SIGHUP and _WATCH is not None:
+            if _WATCH.raised:  # the loss is being handled: a repeated signal must not cut the clean-up
+                return
+            lost = _WATCH.lost(hangup=True)
+            if lost:
+                _WATCH.raised = True
+                raise WorkflowGone(lost)
         raise Terminated(signum)
 
     previous = {s: signal.signal(s, _raise) for s in signals}
@@ -321,18 +361,194 @@ def start_watchdog(grace_s: float = 10.0) -> subprocess.Popen:
 
 
 def watch(token: str, *, parent: int | None, grace_s: float) -> int:
-    """The watchdog's body: wait for ``parent`` to die, then stop the processes of ``token``."""
+    """The watchdog's body: wait for ``parent`` to die, then stop the processes of ``token``.
+
+    Stop signals only wake the wait (the parent-death signal among them): once the work below
+    starts it must finish. The parent-death signal can come twice: when a job's main thread ends
+    before its other threads, the kernel hands the watchdog to one of them (the parent pid stays
+    the job's) and signals it, and again when that thread ends; a second signal ending the watchdog
+    in the middle of its work would leave the job's processes running.
+    """
+    woken = threading.Event()
+
+    def wake(signum, frame):
+        woken.set()
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, wake)
     set_parent_death_signal(signal.SIGTERM)
-    try:
-        with raise_on_signals():
-            while parent is None or os.getppid() == parent:
-                signal.pause()
-    except Terminated:
-        pass
+    while not (woken.is_set() if parent is None else os.getppid() != parent):
+        time.sleep(0.2)
     n = stop_token_processes(token, grace_s)
     if n:
         log.warning("job %s is gone; stopped %d processes it had started", parent, n)
     return 0
+
+
+#: Seconds a job may take to stop by itself once its workflow is gone (after the SIGHUP) before
+#: it is ended hard.
+WORKFLOW_GRACE_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessRef:
+    """A process to outlive never: the Snakemake process a job belongs to, the job's retrieval
+    service (``create_time`` tells a reused PID apart)."""
+
+    pid: int
+    create_time: float
+
+    def alive(self) -> bool:
+        import psutil
+
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self.create_time and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+
+def workflow_process(pid: int | None = None) -> ProcessRef | None:
+    """The nearest ancestor of ``pid`` (default: this process) that runs Snakemake, or None (a
+    job started by hand or by a test). Inside a SLURM allocation that is the job step's
+    Snakemake, never the submitting one: a batch job outlives that one by design."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid or os.getpid())
+        for parent in proc.parents():
+            try:
+                cmd = parent.cmdline()
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if any(os.path.basename(a) == "snakemake" or a == "snakemake" for a in cmd[:3]) or (
+                len(cmd) > 2 and cmd[1:3] == ["-m", "snakemake"]
+            ):
+                return ProcessRef(parent.pid, parent.create_time())
+    except psutil.NoSuchProcess:
+        return None
+    return None
+
+
+class WorkflowWatch:
+    """A daemon thread that ends this job once ``workflow`` is gone (see the module docstring).
+
+    Args:
+        workflow: the Snakemake process of the job.
+        interval_s: seconds between two looks.
+        grace_s: seconds between the SIGHUP and the hard exit.
+    """
+
+    def __init__(self, workflow: ProcessRef, *, interval_s: float = 1.0, grace_s: float = WORKFLOW_GRACE_S):
+        self.workflow = workflow
+        self.parent = os.getppid()
+        self.armed = False  # the kernel sends SIGHUP when the workflow (this process's parent) dies
+        self.raised = False  # WorkflowGone was raised in the job
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.reason: str | None = None
+        self._deferred_s: list[float] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="workflow-watch", daemon=True)
+
+    def start(self) -> WorkflowWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def lost(self, *, hangup: bool = False) -> str | None:
+        """Why the job must stop, when its workflow is gone (checked now).
+
+        Args:
+            hangup: asked on a SIGHUP. With the parent-death signal armed, a SIGHUP is the kernel
+                saying the workflow's thread that started this job ended, which happens only when
+                the workflow dies; at that moment the dying process still looks alive (its other
+                threads are still exiting, and the job is handed to one of them first).
+        """
+        orphaned = self.parent == self.workflow.pid and os.getppid() != self.parent
+        if self.reason is None and ((hangup and self.armed) or orphaned or not self.workflow.alive()):
+            self.reason = f"the workflow that started this job (snakemake, pid {self.workflow.pid}) is gone"
+        return self.reason
+
+    @contextlib.contextmanager
+    def deferring(self, seconds: float) -> Iterator[None]:
+        with self._lock:
+            self._deferred_s.append(seconds)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._deferred_s.remove(seconds)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self.lost():
+                break
+        else:
+            return
+        with self._lock:
+            deferred = max(self._deferred_s, default=0.0)
+        if deferred:
+            log.error("%s; the running part of this job stops itself (within %.0f s)", self.reason, deferred)
+            deadline = time.monotonic() + deferred
+            while time.monotonic() < deadline and not self._stop.wait(self.interval_s):
+                with self._lock:
+                    if not self._deferred_s:
+                        break
+            if self._stop.is_set():
+                return
+        log.error("%s; stopping this job", self.reason)
+        if not self.raised:  # not yet told by the kernel's parent-death signal
+            os.kill(os.getpid(), signal.SIGHUP)
+        if self._stop.wait(self.grace_s):
+            return
+        log.error("job still running %.0f s after its workflow was lost; ending it", self.grace_s)
+        logging.shutdown()
+        os._exit(128 + signal.SIGHUP)
+
+
+_WATCH: WorkflowWatch | None = None
+
+
+def watch_workflow(
+    workflow: ProcessRef | None = None, *, interval_s: float = 1.0, grace_s: float = WORKFLOW_GRACE_S
+) -> WorkflowWatch | None:
+    """End this job once the Snakemake process that launched it is gone (module docstring).
+
+    Args:
+        workflow: the process to outlive never (default: :func:`workflow_process`).
+        interval_s: seconds between two looks.
+        grace_s: seconds the job has to stop after its SIGHUP.
+
+    Returns:
+        The watch (None when no Snakemake process launched this one: nothing to watch).
+    """
+    global _WATCH
+    workflow = workflow or workflow_process()
+    if workflow is None:
+        return None
+    if _WATCH is not None:
+        _WATCH.stop()
+    watch = WorkflowWatch(workflow, interval_s=interval_s, grace_s=grace_s)
+    if os.getppid() == workflow.pid:  # the kernel tells at once (the shell exec'd the job)
+        watch.armed = set_parent_death_signal(signal.SIGHUP)
+    _WATCH = watch.start()
+    return _WATCH
+
+
+@contextlib.contextmanager
+def deferring_workflow_loss(seconds: float) -> Iterator[None]:
+    """Within the block the job handles the loss of its workflow itself: the watch waits up to
+    ``seconds`` for it before sending SIGHUP (nothing happens without a watch)."""
+    watch = _WATCH
+    if watch is None:
+        yield
+        return
+    with watch.deferring(seconds):
+        yield
 
 
 HELP = "supervise a job's command, or watch a job's processes (used by the workflow's jobs)"

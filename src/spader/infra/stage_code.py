@@ -33,6 +33,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
+from spader.infra.atomic import atomic_write
+
 __all__ = [
     "RESULT_NEUTRAL",
     "STAGE_GROUPS",
@@ -51,7 +53,8 @@ PACKAGE = "spader"
 
 #: Modules whose edits rerun nothing: job glue and MLflow tracking (run records only), the retry
 #: policy (when to try again, not what is computed), the downloader and its transfers (bytes are
-#: checked against their source), integrity records (they check files, never change them), the
+#: checked against their source), integrity records (they check files, never change them), atomic
+#: writes (where bytes go until they are complete), the
 #: process supervisor (how a job's children are stopped), the gated-model token check (a
 #: precondition) and this module.
 RESULT_NEUTRAL = frozenset(
@@ -62,6 +65,7 @@ RESULT_NEUTRAL = frozenset(
         "spader.infra.download",
         "spader.infra.transfer",
         "spader.infra.integrity",
+        "spader.infra.atomic",
         "spader.infra.procs",
         "spader.models.gated",
         "spader.infra.stage_code",
@@ -204,10 +208,7 @@ class _FactsStore:
             facts = module_facts(data.decode("utf-8"), str(path))
             if cached is not None:
                 try:
-                    cached.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-                    tmp.write_text(json.dumps(facts.to_json()), encoding="utf-8")
-                    os.replace(tmp, cached)
+                    atomic_write(cached, json.dumps(facts.to_json()))
                 except OSError:
                     pass
         self._shared[memo] = facts

@@ -18,6 +18,14 @@ cannot be checked from here) that are older than ``mlflow.stale_run_hours``
 Tracking settings are the one part of the config that jobs read from ``snakemake.config`` rather
 than from ``params``: where runs are recorded does not change any result, so editing it must not
 rerun the pipeline.
+
+The store follows its working tree. MLflow records artifact locations as absolute paths (the
+experiment's, and each run's), so a tree copied or moved elsewhere would go on writing its jobs'
+artifacts into the tree it came from. When the store lives in the tree (a relative
+``mlflow.tracking_uri``, the default) and its locations name another tree's artifact directory, the
+first start in the new place rewrites them to this tree's (:func:`follow_tree`): a copy then writes
+only into itself, and finds the artifacts copied with it. A store outside the tree (an absolute
+path, shared by several trees, or a server) is left as it is.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -37,6 +46,7 @@ from typing import Any
 
 from spader import __version__
 from spader.config.model import MlflowConfig
+from spader.infra.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,7 @@ __all__ = [
     "end_pipeline_run",
     "fingerprint",
     "flatten_params",
+    "follow_tree",
     "git_state",
     "job_run",
     "log_dict",
@@ -70,10 +81,15 @@ class MlflowSettings:
             cfg = MlflowConfig.model_validate(dict(cfg))
         root = Path(root).resolve()
         uri = cfg.tracking_uri
+        self.database: Path | None = None  # the SQLite file, when the store is one
+        self.store_in_tree = False  # a relative SQLite path: the store moves with the working tree
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
             db = root / uri[len("sqlite:///") :]
             db.parent.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{db}"
+            self.database, self.store_in_tree = db, True
+        elif uri.startswith("sqlite:////"):
+            self.database = Path(uri[len("sqlite:///") :])
         self.tracking_uri = uri
         self.experiment = cfg.experiment
         self.artifact_root = (root / cfg.artifact_root).resolve()
@@ -123,6 +139,7 @@ def _experiment_id(settings: MlflowSettings) -> str:
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
     exp = client.get_experiment_by_name(settings.experiment)
     if exp is not None:
+        follow_tree(settings, exp.artifact_location)
         return exp.experiment_id
     settings.artifact_root.mkdir(parents=True, exist_ok=True)
     try:
@@ -134,6 +151,54 @@ def _experiment_id(settings: MlflowSettings) -> str:
         if exp is None:
             raise
         return exp.experiment_id
+
+
+# Columns of MLflow's SQLite schema that hold artifact locations (a run's, an experiment's, a
+# logged model's); a table or column a version lacks is skipped.
+_LOCATION_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+)
+
+
+def follow_tree(settings: MlflowSettings, recorded: str) -> bool:
+    """Rewrite the artifact locations of a store that was copied or moved with its working tree.
+
+    Args:
+        settings: the tracking settings of this tree.
+        recorded: the experiment's artifact location as the store records it.
+    Returns:
+        Whether locations were rewritten: only for a store kept in the tree (a relative SQLite
+        path) whose recorded location is not this tree's artifact directory. Every location under
+        the recorded one (the experiment's, its runs', its logged models') is moved to the same
+        place under this tree's, in one transaction.
+    """
+    expected = settings.artifact_root.as_uri()
+    if not settings.store_in_tree or settings.database is None or recorded.rstrip("/") == expected:
+        return False
+    old = recorded.rstrip("/")
+    with contextlib.closing(sqlite3.connect(settings.database, timeout=60)) as con, con:
+        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table, column in _LOCATION_COLUMNS:
+            if table not in tables or column not in {
+                r[1] for r in con.execute(f"PRAGMA table_info({table})")
+            }:
+                continue
+            con.execute(
+                # table and column names come from _LOCATION_COLUMNS, values are parameters
+                f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                f"WHERE {column} = ? OR substr({column}, 1, ?) = ?",
+                (expected, len(old) + 1, old, len(old) + 1, old + "/"),
+            )
+    log.warning(
+        "MLflow store %s was copied or moved with its working tree: its artifact locations now name %s "
+        "(they named %s)",
+        settings.database,
+        expected,
+        recorded,
+    )
+    return True
 
 
 def git_state(root: str | os.PathLike = ".") -> dict[str, str]:
@@ -319,10 +384,7 @@ def start_pipeline_run(
         tags["mlflow.source.git.commit"] = git["commit"]
         tags["git.dirty"] = git["dirty"]
     run = client.create_run(exp_id, run_name="pipeline", tags=tags)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = settings.pipeline_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"experiment_id": exp_id, "run_id": run.info.run_id}))
-    tmp.replace(settings.pipeline_file)
+    atomic_write(settings.pipeline_file, json.dumps({"experiment_id": exp_id, "run_id": run.info.run_id}))
     log.info("MLflow pipeline run %s in %s", run.info.run_id, settings.tracking_uri)
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from spader.infra.atomic import atomic_write
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -87,9 +89,7 @@ def read_meta(part: Path) -> PartMeta | None:
 
 
 def _write_meta(part: Path, meta: PartMeta) -> None:
-    tmp = meta_path(part).with_name(meta_path(part).name + ".tmp")
-    tmp.write_text(json.dumps(asdict(meta)))
-    tmp.replace(meta_path(part))
+    atomic_write(meta_path(part), json.dumps(asdict(meta)))
 
 
 def _restart(part: Path) -> None:

@@ -20,7 +20,13 @@ import sys
 from spader.config.command import CommandParser, run_command
 from spader.config.model import RetrievalConfig
 from spader.retrieval.backend import SearchSettings
-from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
+from spader.retrieval.corpus import CorpusFormatError
+from spader.retrieval.errors import (
+    IndexBuildError,
+    IndexUnavailableError,
+    RerankerUnavailableError,
+    ServiceError,
+)
 
 #: The ``retrieval`` section's defaults (the configuration model's) as the options' defaults.
 _DEFAULTS = SearchSettings.from_config(RetrievalConfig())
@@ -131,14 +137,20 @@ def settings_from_args(args: argparse.Namespace) -> SearchSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``index`` or ``serve``; a missing or broken index, corpus or setting is bad input
-    (one line, exit 2)."""
+    """Run ``index`` or ``serve``; a missing or broken index, corpus, reranker or setting, or a
+    port in use, is bad input (one line, exit 2); 0 after a stop signal ended the service."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
         return _run(args)
-    except (IndexUnavailableError, IndexBuildError) as exc:
+    except (
+        IndexUnavailableError,
+        IndexBuildError,
+        CorpusFormatError,
+        RerankerUnavailableError,
+        ServiceError,
+    ) as exc:
         raise ValueError(str(exc)) from exc
 
 
@@ -184,5 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
+def _exit(status: int) -> None:
+    """End the process once its work is done and its output flushed, without the interpreter's
+    teardown: collecting the JVM's and torch's objects took 10 s after a stopped service."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

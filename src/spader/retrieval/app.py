@@ -24,6 +24,12 @@ framing itself (a bad chunk size, a Content-Length that is negative or given twi
 header, a header or body that does not arrive in time, a connection over the cap) are answered in
 JSON by the service's HTTP protocol (:mod:`spader.retrieval.protocol`).
 
+A stop signal (:func:`spader.retrieval.service.serve`) closes the scheduler first: requests still
+open are answered ``503`` with a JSON error saying the service is shutting down (the client
+retries 5xx), and a request the server has to cut short while it stops gets the same JSON answer,
+never uvicorn's plain-text 500. Request targets in absolute form (``GET http://host:port/health``,
+which HTTP/1.1 servers must accept) are routed like their path.
+
 Large bodies are decoded and checked off the event loop: a body over ``parse_off_loop_bytes``
 (64 KiB; a request of 512 ordinary queries is ~30 KB) is parsed and validated on one worker thread,
 and its answer encoded there too, so a request of several megabytes does not hold up the small
@@ -56,13 +62,13 @@ from starlette.requests import ClientDisconnect
 
 from spader.retrieval.batcher import Batcher, SearchFailedError
 from spader.retrieval.cache import ResultCache
-from spader.retrieval.errors import BadSearchRequestError
+from spader.retrieval.errors import BadSearchRequestError, ServiceClosingError
 from spader.retrieval.monitor import DurationWindow, LoopLagMonitor
 from spader.retrieval.payload import parse_json, read_limited
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PARSE_OFF_LOOP_BYTES", "create_app"]
+__all__ = ["PARSE_OFF_LOOP_BYTES", "close_app", "create_app"]
 
 _FIELDS = {"queries", "topk", "initial_k", "return_scores"}
 #: Bodies larger than this are decoded, checked and answered on the parse thread.
@@ -79,6 +85,52 @@ def _json(payload: Any, status: int = 200) -> Response:
 
 def _error(status: int, message: str) -> Response:
     return _json({"error": message}, status)
+
+
+class _Framing:
+    """ASGI middleware: absolute-form targets routed by their path; a request cut short while the
+    server stops (its task cancelled) answered with a JSON 503 rather than uvicorn's plain 500."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if path[:8].lower().startswith(("http://", "https://")):
+            from urllib.parse import urlsplit
+
+            local = urlsplit(path).path or "/"
+            scope = {**scope, "path": local, "raw_path": local.encode("latin-1", "replace")}
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            body = json.dumps(
+                {"error": "the retrieval service is shutting down and cut this request short; retry it"}
+            ).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+
+def close_app(app: FastAPI, reason: str) -> None:
+    """The service is stopping: open requests are answered 503 now, new ones refused
+    (:meth:`spader.retrieval.batcher.Batcher.close`). Call on the event loop's thread; a no-op
+    before start-up completed."""
+    batcher = getattr(app.state, "batcher", None)
+    if batcher is not None:
+        batcher.close(reason)
 
 
 def _decode(raw: bytes, backend) -> tuple[list[str], int, int, bool]:
@@ -108,7 +160,10 @@ def _encode(results, with_scores: bool) -> Response:
 
 
 def create_app(
-    load_backend: Callable[[], Any], *, parse_off_loop_bytes: int | None = PARSE_OFF_LOOP_BYTES
+    load_backend: Callable[[], Any],
+    *,
+    parse_off_loop_bytes: int | None = PARSE_OFF_LOOP_BYTES,
+    warmed: bool = False,
 ) -> FastAPI:
     """Build the app; ``load_backend()`` runs at start-up (lifespan) and returns the backend.
 
@@ -119,12 +174,15 @@ def create_app(
         parse_off_loop_bytes: bodies larger than this are decoded, checked and answered on the
             parse thread; ``None`` does everything on the event loop (the earlier behaviour, kept
             for the benchmark's side-by-side).
+        warmed: the backend is warmed up already (:func:`spader.retrieval.service.serve` loads
+            and warms it before the server starts).
     """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         backend = await asyncio.to_thread(load_backend)
-        await asyncio.to_thread(backend.warm_up)
+        if not warmed:
+            await asyncio.to_thread(backend.warm_up)
         s = backend.settings
         cache = ResultCache(s.cache_entries, s.cache_bytes, identity=backend.identity())
         app.state.backend = backend
@@ -150,6 +208,7 @@ def create_app(
         }
 
     app = FastAPI(title="spader retrieval", lifespan=lifespan)
+    app.add_middleware(_Framing)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:  # 404, 405: JSON too
@@ -198,6 +257,8 @@ def create_app(
             results = await state.batcher.submit(queries, topk, initial_k)
         except SearchFailedError as exc:
             return _error(500, str(exc))
+        except ServiceClosingError as exc:
+            return _error(503, str(exc))
         if off_loop:
             answer = await loop.run_in_executor(state.parse_pool, _encode, results, with_scores)
         else:

@@ -172,6 +172,11 @@ class Bm25RerankBackend:
                 max_batch_tokens=settings.rerank_max_batch_tokens,
             )
 
+    def abort(self) -> None:
+        """Abandon reranking in progress at its next batch (the service is stopping)."""
+        if self.reranker is not None:
+            self.reranker.abort()
+
     def identity(self) -> tuple:
         """What the results depend on besides the request: index, BM25 and reranker settings.
 

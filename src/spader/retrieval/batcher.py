@@ -17,6 +17,11 @@ is reranked.
 When a stage fails, the slice is split in halves by query and each half is computed again, down
 to single queries: only the queries that fail alone fail, and only the requests that asked for
 them are answered with an error.
+
+:meth:`Batcher.close` (the service received a stop signal) fails every open request at once with
+:class:`~spader.retrieval.errors.ServiceClosingError`, refuses new ones, and asks the backend to
+abandon the reranking in progress at its next batch, so the service stops in about one batch's
+time and no client waits for an answer that will not come.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spader.retrieval.cache import ResultCache
+from spader.retrieval.errors import ServiceClosingError
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +107,34 @@ class Batcher:
         self._search_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
         self._rerank_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank")
         self._task: asyncio.Task | None = None
+        self.closing: str | None = None  # why the service stops, once it does
 
     def start(self) -> None:
         """Start the scheduling loop on the running event loop."""
         self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def close(self, reason: str) -> None:
+        """The service is stopping: answer every open request with :class:`ServiceClosingError`
+        now, refuse new ones, and let the backend abandon its reranking at the next batch. Call on
+        the event loop's thread."""
+        if self.closing is not None:
+            return
+        self.closing = reason
+        error = ServiceClosingError(f"the retrieval service is shutting down ({reason}); retry the request")
+        self._fresh.clear()
+        self._continuing.clear()
+        open_work = list(self._open)
+        for w in open_work:
+            self._inflight.pop(w.key, None)
+            self._open.discard(w)
+            if not w.future.done():
+                w.future.set_exception(error)
+        abort = getattr(self.backend, "abort", None)
+        if abort is not None:
+            abort()
+        if self._task is not None:
+            self._task.cancel()
+        log.warning("%s: %d open queries answered 503", reason, len(open_work))
 
     async def stop(self) -> None:
         """Stop the loop; the stage running now finishes first."""
@@ -139,7 +169,12 @@ class Batcher:
 
         Raises:
             SearchFailedError: the backend failed on one of the queries (the first one is named).
+            ServiceClosingError: the service is shutting down.
         """
+        if self.closing is not None:
+            raise ServiceClosingError(
+                f"the retrieval service is shutting down ({self.closing}); retry the request"
+            )
         loop = asyncio.get_running_loop()
         self.counters.requests += 1
         self.counters.queries += len(queries)
@@ -171,6 +206,8 @@ class Batcher:
         done = iter(await asyncio.gather(*pending, return_exceptions=True))
         results = {q: (next(done) if isinstance(w, asyncio.Future) else w) for q, w in waits.items()}
         for i, q in enumerate(queries):
+            if isinstance(results[q], ServiceClosingError):
+                raise results[q]
             if isinstance(results[q], BaseException):
                 raise SearchFailedError(i, results[q])
         return [results[q] for q in queries]
@@ -202,7 +239,7 @@ class Batcher:
         return out
 
     async def _loop(self) -> None:
-        while True:
+        while self.closing is None:
             try:
                 await self._schedule()
             except Exception as exc:  # a bug here must not leave requests waiting forever
@@ -274,6 +311,8 @@ class Batcher:
     async def _finish(self, items: list[_Work], reranking: asyncio.Future) -> None:
         try:
             ranked = await reranking
+        except ServiceClosingError:
+            return  # closing: close() answered the requests
         except Exception as exc:
             log.exception("reranking a slice of %d queries failed; isolating the failing queries", len(items))
             await self._isolate(items, exc)
@@ -301,6 +340,8 @@ class Batcher:
     async def _isolate(self, items: list[_Work], exc: BaseException) -> None:
         """``items`` failed together with ``exc``: compute them again in halves (by query text),
         down to single queries, which then fail alone."""
+        if self.closing is not None:
+            return  # close() answered the requests; nothing is computed again
         loop = asyncio.get_running_loop()
         texts = list(dict.fromkeys(w.query for w in items))
         if len(texts) == 1:

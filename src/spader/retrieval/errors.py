@@ -6,7 +6,9 @@ __all__ = [
     "BadSearchRequestError",
     "IndexBuildError",
     "IndexUnavailableError",
+    "RerankerUnavailableError",
     "RetrievalError",
+    "ServiceClosingError",
     "ServiceError",
 ]
 
@@ -17,6 +19,11 @@ class RetrievalError(RuntimeError):
 
 class IndexUnavailableError(RetrievalError):
     """The BM25 index is missing, unreadable or lacks raw documents (the message names the path)."""
+
+
+class RerankerUnavailableError(RetrievalError):
+    """The reranker cannot be loaded: its directory lacks weights or a tokenizer, a weights file is
+    cut short, or the loader failed (the message names the model directory)."""
 
 
 class IndexBuildError(RetrievalError):
@@ -33,3 +40,8 @@ class BadSearchRequestError(RetrievalError, ValueError):
 
 class ServiceError(RetrievalError):
     """The retrieval service could not be started, or a request to it failed for good."""
+
+
+class ServiceClosingError(RetrievalError):
+    """The service is shutting down (a stop signal): requests still open are answered 503 with
+    this message, and work in progress is abandoned at its next batch."""

@@ -23,6 +23,9 @@ things and nothing else:
   timeout (75 s, :func:`spader.retrieval.service.serve`).
 * **A connection cap.** A connection beyond ``max_connections`` open ones is answered ``503``
   with a JSON error (the client retries 5xx with backoff) and closed before any request is read.
+* **Requests cut by a shutdown.** When the server stops, a request whose headers or body are still
+  arriving is answered ``503`` with a JSON error at once (uvicorn would wait for it, then cancel it
+  with a plain-text 500).
 
 What the protocol cannot answer, and why: a client that closes its connection or resets it (no
 one is left to answer); an error after the response has started (HTTP has no way to replace a
@@ -124,6 +127,17 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.write_eof()
         self.transport.resume_reading()
         self.loop.call_later(_LINGER_S, self.transport.close)
+
+    def shutdown(self) -> None:
+        """The server stops: a request still arriving is answered now, in JSON."""
+        arriving = self.conn.their_state is h11.SEND_BODY or (
+            self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
+        )
+        if arriving and not (self.cycle is not None and self.cycle.response_started):
+            log.warning("the service is stopping: a request still arriving is answered 503")
+            self._answer(503, "the retrieval service is shutting down and cut this request short; retry it")
+            return
+        super().shutdown()
 
     # ---- timers --------------------------------------------------------------------------------
     def _arm(self, what: str, seconds: float) -> None:

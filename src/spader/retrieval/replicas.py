@@ -99,6 +99,11 @@ class RerankerReplicas:
         self._workers = ThreadPoolExecutor(max_workers=len(self.replicas), thread_name_prefix="rerank")
         log.info("reranker %s: %d replica(s) on %s", model, len(self.replicas), ", ".join(self.devices))
 
+    def abort(self) -> None:
+        """Abandon the scoring in progress at each replica's next batch (the service is stopping)."""
+        for replica in self.replicas:
+            replica.aborted.set()
+
     @property
     def device(self) -> str:
         """The devices, comma-separated (what ``/health`` shows)."""

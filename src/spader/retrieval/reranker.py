@@ -20,15 +20,77 @@ the scores against ``FlagReranker.compute_score``.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
+import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
+from spader.retrieval.errors import RerankerUnavailableError, ServiceClosingError
+
 log = logging.getLogger(__name__)
 
-__all__ = ["CrossEncoderReranker", "chunk_slices", "default_device"]
+__all__ = ["CrossEncoderReranker", "check_model_dir", "chunk_slices", "default_device"]
+
+# What a tokenizer is saved as: the fast tokenizer's JSON, or a slow one's vocabulary files.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.txt",
+    "vocab.json",
+)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file cannot be whole (None when its size is the one its header declares)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > size - 8:
+                return (
+                    f"{path.name} is cut short ({size:,} bytes, its header alone declares {header_len + 8:,})"
+                )
+            header = json.loads(f.read(header_len))
+    except (struct.error, ValueError, UnicodeDecodeError):
+        return f"{path.name} is not a safetensors file (its header does not read)"
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    expected = 8 + header_len + max(ends, default=0)
+    if size != expected:
+        return f"{path.name} has {size:,} bytes where its header declares {expected:,} (cut short or damaged)"
+    return None
+
+
+def check_model_dir(model_dir: str | os.PathLike) -> None:
+    """Check that a local cross-encoder directory can be loaded: a ``config.json``, weights whose
+    safetensors files have the size their headers declare, and a tokenizer (transformers would build
+    an empty one from the configuration alone, and rerank with it).
+
+    Raises:
+        RerankerUnavailableError: naming the directory and what is missing or damaged.
+    """
+    path = Path(model_dir)
+    where = f"reranker model directory {path}"
+    if not (path / "config.json").is_file():
+        raise RerankerUnavailableError(f"{where}: no config.json (not a model directory)")
+    weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+    if not weights:
+        raise RerankerUnavailableError(f"{where}: no weights (*.safetensors or *.bin)")
+    for file in weights:
+        problem = _safetensors_problem(file) if file.suffix == ".safetensors" else None
+        if problem:
+            raise RerankerUnavailableError(f"{where}: {problem}; download it again")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise RerankerUnavailableError(
+            f"{where}: no tokenizer ({', '.join(_TOKENIZER_FILES)} are all missing); download it again"
+        )
+
 
 # Pairs tokenized at a time. Sorting by length happens within a chunk, which is enough for
 # little padding; chunks let tokenization of the next one overlap the model's work on this one.
@@ -95,14 +157,23 @@ class CrossEncoderReranker:
         self.max_batch_tokens = int(max_batch_tokens or self.batch_size * self.max_length)
         self.query_max_length = self.max_length * 3 // 4  # FlagEmbedding's default split
         self.name = str(model)
-        self._flag = FlagReranker(
-            str(model),
-            use_fp16=self.fp16,
-            devices=[self.device],
-            batch_size=self.batch_size,
-            max_length=self.max_length,
-            query_max_length=self.query_max_length,
-        )
+        self.aborted = threading.Event()  # set when the service stops: scoring ends at the next batch
+        if Path(model).is_dir():
+            check_model_dir(model)
+        try:
+            self._flag = FlagReranker(
+                str(model),
+                use_fp16=self.fp16,
+                devices=[self.device],
+                batch_size=self.batch_size,
+                max_length=self.max_length,
+                query_max_length=self.query_max_length,
+            )
+        except Exception as exc:  # the loaders raise many kinds: one line naming the model
+            detail = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise RerankerUnavailableError(
+                f"reranker {model} cannot be loaded: {type(exc).__name__}: {detail}"
+            ) from exc
         self.tokenizer = self._flag.tokenizer
         self.model = self._flag.model
         self._pad_id = self.tokenizer.pad_token_id
@@ -182,6 +253,7 @@ class CrossEncoderReranker:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as pool:
             pending = pool.submit(self._encode, queries[chunks[0]], passages[chunks[0]])
             for k, chunk in enumerate(chunks):
+                self._check_aborted()
                 encoded = pending.result()
                 if k + 1 < len(chunks):
                     nxt = chunks[k + 1]
@@ -251,8 +323,13 @@ class CrossEncoderReranker:
                 scores[np.concatenate(done_rows)] = torch.cat(logits).float().cpu().numpy()
         return scores
 
+    def _check_aborted(self) -> None:
+        if self.aborted.is_set():
+            raise ServiceClosingError("reranking abandoned: the retrieval service is shutting down")
+
     def _logits(self, ids, mask):
         """The model's logits of one batch, left on the device (a flat tensor)."""
+        self._check_aborted()
         mask = None if mask is None else mask.to(self.device, non_blocking=True)
         return self.model(input_ids=ids.to(self.device, non_blocking=True), attention_mask=mask).logits.view(
             -1

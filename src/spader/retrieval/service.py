@@ -10,7 +10,9 @@ process that started it (for systems without that call, and for the moment befor
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -19,11 +21,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from spader.infra.atomic import atomic_write
 from spader.retrieval.backend import SearchSettings
 from spader.retrieval.client import RetrievalClient
 from spader.retrieval.errors import ServiceError
@@ -114,12 +118,24 @@ def _bind(host: str, port: int) -> socket.socket:
     every accepted connection): asyncio turns Nagle's algorithm off only on sockets whose protocol
     is ``IPPROTO_TCP``, and one made with protocol 0 kept it on, so the response's header and body,
     written separately, waited for the client's delayed ACK: ~40 ms added to every request.
+
+    Raises:
+        ServiceError: the address cannot be bound (a port in use, an address not of this host),
+            naming the address.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = " (another process listens there: choose another --port, or 0 for a free one)"
+        raise ServiceError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+            f"{hint if exc.errno == errno.EADDRINUSE else ''}"
+        ) from None
     return sock
 
 
@@ -162,8 +178,11 @@ def serve(
 ) -> None:
     """Serve ``index_dir`` until interrupted (SIGINT/SIGTERM).
 
-    The index is checked before anything else, so a missing or corrupt index stops the start
-    with :class:`~spader.retrieval.errors.IndexUnavailableError` naming the path.
+    The reranker directory, the address and the index are checked before anything slow runs, each
+    failure one error naming what is wrong: :class:`~spader.retrieval.errors.RerankerUnavailableError`
+    (the model directory), :class:`~spader.retrieval.errors.ServiceError` (a port in use),
+    :class:`~spader.retrieval.errors.IndexUnavailableError` (the index path). SIGINT, SIGTERM and
+    SIGHUP stop the service: open requests are answered 503 in JSON and the function returns.
 
     Args:
         index_dir: Lucene index with raw documents.
@@ -184,16 +203,23 @@ def serve(
     from spader.retrieval.backend import Bm25RerankBackend
     from spader.retrieval.index import verify_index
     from spader.retrieval.protocol import Limits, protocol_class
+    from spader.retrieval.reranker import check_model_dir
 
-    verify_index(index_dir)
+    # What can be checked at once first: a damaged reranker download, the port, then the index.
+    if settings.reranker is not None and Path(settings.reranker).is_dir():
+        check_model_dir(settings.reranker)
     sock = _bind(host or settings.host, port)
+    verify_index(index_dir)
     bound = sock.getsockname()[1]
     if port_file is not None:
-        tmp = Path(str(port_file) + ".tmp")
-        tmp.write_text(str(bound))
-        os.replace(tmp, port_file)
+        atomic_write(port_file, str(bound))
     log.info("retrieval service for %s on %s:%d (loading)", index_dir, host or settings.host, bound)
-    app = create_app(lambda: Bm25RerankBackend(index_dir, settings, threads=threads, devices=devices))
+    # Loaded before the server starts, so that a damaged reranker or index ends the start with one
+    # line naming it (an error in the app's start-up would be uvicorn's traceback). Clients wait:
+    # /health answers once the server runs.
+    backend = Bm25RerankBackend(index_dir, settings, threads=threads, devices=devices)
+    backend.warm_up()
+    app = create_app(lambda: backend, warmed=True)
     # Idle keep-alive connections are closed by the client first (httpx: after 5 s), never by the
     # server (uvicorn's default is also 5 s): when both close at once, a request sent on the
     # closing connection fails with a read error (seen under 512 concurrent clients).
@@ -208,7 +234,51 @@ def serve(
         timeout_graceful_shutdown=10,
         timeout_keep_alive=75,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    server = _stoppable_server(config, app)
+    server.run(sockets=[sock])
+    if server.stopped_by:
+        log.info("retrieval service for %s stopped (%s)", index_dir, server.stopped_by)
+
+
+def _stoppable_server(config, app):
+    """uvicorn's server, stopped by SIGINT, SIGTERM or SIGHUP without a traceback: the first signal
+    closes the app's scheduler (open requests get a JSON 503 at once, the reranking in progress is
+    abandoned at its next batch) and starts uvicorn's graceful shutdown; the process then returns
+    from :func:`serve` normally (uvicorn would raise the signal again after shutting down, ending
+    in a KeyboardInterrupt traceback or death by SIGTERM). A second SIGINT forces the exit.
+    ``server.stopped_by`` names the signal."""
+    import uvicorn
+
+    from spader.retrieval.app import close_app
+
+    class Server(uvicorn.Server):
+        stopped_by: str | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig, frame):
+            first = self.stopped_by is None
+            self.stopped_by = self.stopped_by or signal.Signals(sig).name
+            super().handle_exit(sig, frame)
+            if first:
+                reason = f"it received {signal.Signals(sig).name}"
+                try:
+                    asyncio.get_running_loop().call_soon_threadsafe(close_app, app, reason)
+                except RuntimeError:  # no loop runs yet: nothing is open
+                    pass
+
+    return Server(config)
 
 
 def serve_command(

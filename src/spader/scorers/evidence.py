@@ -36,6 +36,7 @@ from spader.core.matching import find_hits
 from spader.core.text import normalize
 from spader.data.readers import iter_jsonl, open_release
 from spader.data.records import MIX_SCHEMA, DataFormatError, read_records
+from spader.infra.atomic import atomic_path, atomic_write
 
 if TYPE_CHECKING:
     from spader.retrieval.backend import SearchSettings
@@ -162,9 +163,7 @@ def build_evidence(
         lambda: {"questions": 0, "entities": 0, "with_evidence": 0}
     )
     out_evidence, out_coverage = Path(out_evidence), Path(out_coverage)
-    out_evidence.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_evidence.with_suffix(out_evidence.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(out_evidence) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for r in rows:
             found = []
             for e, aliases in enumerate(r["answers"]):
@@ -196,9 +195,8 @@ def build_evidence(
                 "evidence": found,
             }
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    tmp.replace(out_evidence)
     coverage = _coverage(stats, settings)
-    out_coverage.write_text(json.dumps(coverage, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write(out_coverage, json.dumps(coverage, indent=2, sort_keys=True) + "\n")
     for name, c in coverage["datasets"].items():
         log.info(
             "evidence %s: %d/%d entities (%.1f%%)",

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from spader.infra.atomic import atomic_write
 from spader.infra.tracking import fingerprint
 from spader.training.checkpoints import portable_path
 from spader.training.launch import log_stream
@@ -125,8 +126,6 @@ def export_checkpoint(
     meta["model_dir"] = portable_path(model_out)
     meta["model_hash"] = fingerprint(model_out)
     meta_out = Path(meta_out)
-    tmp_meta = meta_out.with_suffix(meta_out.suffix + ".tmp")
-    tmp_meta.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    tmp_meta.replace(meta_out)
+    atomic_write(meta_out, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     log.info("exported %s step %s to %s", final.get("variant"), final.get("steps_done"), model_out)
     return meta

@@ -48,8 +48,9 @@ from spader.config.model import (
     TrainingConfig,
     VariantConfig,
 )
+from spader.infra.atomic import atomic_write
 from spader.infra.glue import overlay, retrieval_settings
-from spader.infra.procs import STOP_REQUEST_ENV, Terminated
+from spader.infra.procs import STOP_REQUEST_ENV, Terminated, deferring_workflow_loss
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.integrations.verl.overrides import agent_overrides
 from spader.training.checkpoints import (
@@ -316,10 +317,7 @@ def input_hashes(train_file, val_file, index_dir) -> dict[str, str]:
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _final_metrics(steps: Mapping[int, dict]) -> tuple[dict, dict]:
@@ -559,6 +557,11 @@ def record_start(job: TrainJob, link: RunLink, verl_version: str, resume_from: C
     return Attempt(number, resume_step, lineage, hashes, verl_version)
 
 
+#: How long the job glue's workflow watch lets a training stop verl, Ray and its service by itself
+#: once the workflow is gone (the job's own watch does; measured within two minutes on 2 cores).
+_WORKFLOW_LOSS_DEFERRAL_S = 300.0
+
+
 @dataclass
 class TrainResult:
     """How verl ended: its exit code and what the job's watch and stop control saw."""
@@ -613,6 +616,9 @@ def train(
                 node=judge_node(job),
             ) as (judge_overrides, judge_env),
             ray_for_job(job) as (ray_overrides, ray_env),
+            # the watch stops verl when the workflow is gone, and records why: the job glue's own
+            # watch of the workflow waits for it (it ends the job only if verl does not stop)
+            deferring_workflow_loss(_WORKFLOW_LOSS_DEFERRAL_S),
             JobWatch(
                 workflow=workflow_process(),
                 service=ServiceHealth(url, max_error_rate=job.training.max_search_error_rate),

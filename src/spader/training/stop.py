@@ -81,7 +81,7 @@ class StoppedForResume(Terminated):
     def __init__(self, reason: str, step: int | None):
         self.reason = reason
         self.step = step
-        Exception.__init__(
+        BaseException.__init__(
             self, f"{reason}; stopped after step {step}" if step is not None else f"{reason}; stopped"
         )
         self.signum = int(WARNING_SIGNAL)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from spader.infra.procs import ProcessRef, workflow_process
 
 log = logging.getLogger(__name__)
 
@@ -32,45 +32,6 @@ __all__ = ["SERVICE_CHECK_S", "JobWatch", "ProcessRef", "ServiceHealth", "workfl
 
 #: Seconds between two looks at the retrieval service (its process is checked on each look).
 SERVICE_CHECK_S = 30.0
-
-
-@dataclass(frozen=True)
-class ProcessRef:
-    """A process to outlive never: the Snakemake process a job belongs to, the job's retrieval
-    service (``create_time`` tells a reused PID apart)."""
-
-    pid: int
-    create_time: float
-
-    def alive(self) -> bool:
-        import psutil
-
-        try:
-            proc = psutil.Process(self.pid)
-            return proc.create_time() == self.create_time and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-
-def workflow_process(pid: int | None = None) -> ProcessRef | None:
-    """The nearest ancestor of ``pid`` (default: this process) that runs Snakemake, or None (a
-    job started by hand or by a test)."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid or os.getpid())
-        for parent in proc.parents():
-            try:
-                cmd = parent.cmdline()
-            except (psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            if any(os.path.basename(a) == "snakemake" or a == "snakemake" for a in cmd[:3]) or (
-                len(cmd) > 2 and cmd[1:3] == ["-m", "snakemake"]
-            ):
-                return ProcessRef(parent.pid, parent.create_time())
-    except psutil.NoSuchProcess:
-        return None
-    return None
 
 
 class ServiceHealth:

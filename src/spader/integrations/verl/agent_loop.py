@@ -17,10 +17,12 @@ The agent loop is verl's ``ToolAgentLoop`` with these additions, all through pub
   (:func:`spader.core.prompt.observation_message`) for every backbone, as the authors send it,
   never a ``tool`` message (Llama-3.1's template JSON-escapes that one in an ``ipython`` turn);
   before it, the chat template's turn-closing tokens the model did not write are inserted (mask 0,
-  like verl's other boundary tokens; :func:`spader.agent.conversation.missing_closing`), and
-  verl's continuous-token builder tokenizes the turn on its own. Evaluation builds its
-  conversations with the same rules (:class:`spader.agent.conversation.Conversation`), so the two
-  loops hold the same ids turn by turn;
+  like verl's other boundary tokens; :func:`spader.agent.conversation.missing_closing`), and the
+  turn is tokenized on its own, as verl's continuous-token builder tokenizes an appended user
+  message, except that the observation's text is tokenized as text (a passage holding
+  ``<|im_start|>`` never becomes a special token: :func:`spader.agent.conversation.observation_ids`).
+  Evaluation builds its conversations with the same function
+  (:class:`spader.agent.conversation.Conversation`), so the two loops hold the same ids turn by turn;
 * the chat template gets no tool schemas (``tools`` absent, not an empty list: Llama-3.1's
   template renders a function-calling preamble for any list): the user prompt
   (``spader.core.prompt``) describes the protocol, and evaluation renders the same prompt;
@@ -53,7 +55,7 @@ from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
-from spader.agent.conversation import missing_closing, turn_closing_ids, turn_token_count
+from spader.agent.conversation import missing_closing, observation_ids, turn_closing_ids, turn_token_count
 from spader.config.model import AgentConfig
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
 from spader.core.parsing import malformed_turn, parse_turn
@@ -305,21 +307,17 @@ class SpaderToolAgentLoop(ToolAgentLoop):
                 agent_data.tool_rewards.append(reward)
         # the spader parser makes one call per turn; several would share one observation turn
         text = "\n\n".join(response.text or "" for response, _, _ in responses)
-        previous = list(agent_data.messages)
         agent_data.messages.append(observation_message(text))
-        merged, mask, logprobs = await self.ct_merge_context_msg(
-            previous,
-            agent_data.messages,
-            agent_data.prompt_ids,
-            agent_data.response_mask,
-            agent_data.response_logprobs if agent_data.response_logprobs else None,
-            tools=None,
-        )
+        # The turn's ids as verl's continuous-token builder renders a user message (the turn minus a
+        # fixed context, next assistant header included), with the observation's text tokenized as
+        # text: a passage holding "<|im_start|>" gets no special token (evaluation builds the same).
+        ids = await self.loop.run_in_executor(None, lambda: observation_ids(self.tokenizer, text))
+        mask = [*agent_data.response_mask, *([0] * len(ids))]
         if len(mask) >= self.response_length:
             return AgentState.TERMINATED
-        agent_data.prompt_ids = merged.token_ids
+        agent_data.prompt_ids = [*agent_data.prompt_ids, *ids]
         agent_data.response_mask = mask
         if agent_data.response_logprobs:
-            agent_data.response_logprobs = logprobs or []
+            agent_data.response_logprobs = [*agent_data.response_logprobs, *([0.0] * len(ids))]
         agent_data.user_turns += 1
         return AgentState.GENERATING
