@@ -292,7 +292,7 @@ def test_the_mix_job_reads_the_test_split_of_every_evaluated_dataset():
 
     repo = Path(__file__).resolve().parents[2]
     config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
-    config["mix"]["counts"]["quest"] = 0
+    config.setdefault("mix", {})["counts"] = {"qampari": 6000, "mintaka": 2000, "webqsp": 2000, "quest": 0}
     jobs = dag_jobs(config, "results/paper/data/mix/train.jsonl", repo)
     (inputs,) = [inputs for (rule, _), (_, inputs, _) in jobs.items() if rule == "mix_training_set"]
     tests = {p.split("/")[-2] for p in inputs if p.endswith("/test.jsonl")}

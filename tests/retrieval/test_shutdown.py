@@ -69,7 +69,7 @@ def test_a_port_in_use_is_one_line_naming_the_address(bm25_index):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1] == (
-        f"error: cannot listen on 127.0.0.1:{port}: Address already in use (another process listens there: "
+        f"python -m spader.retrieval: error: cannot listen on 127.0.0.1:{port}: Address already in use (another process listens there: "
         "choose another --port, or 0 for a free one)"
     )
 
@@ -122,7 +122,7 @@ def test_the_service_refuses_a_damaged_reranker_in_one_line(bm25_index, tiny_rer
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1].startswith(
-        f"error: reranker model directory {model}: model.safetensors has "
+        f"python -m spader.retrieval: error: reranker model directory {model}: model.safetensors has "
     )
     assert "Traceback" not in proc.stderr
 
