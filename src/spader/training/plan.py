@@ -721,8 +721,8 @@ def plan_config(
     for b, spec in config.backbones.items():
         if training["device"] == "cuda" and spec.gpus > 0:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
-            nodes = int(training.get("nodes") or 1)
             for v in spec.variants:
+                nodes = config.training_nodes(v)  # variants.<v>.nodes, else training.nodes
                 variant = config.variants[v].model_dump(mode="json")
                 served = (
                     variant.get("reward") == "r3rag" and variant.get("judge") == "llm" and not judge["url"]
