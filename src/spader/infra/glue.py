@@ -18,6 +18,7 @@ from typing import Any
 
 from spader.config import OPERATIONAL_SERVICE_KEYS
 from spader.infra import integrity
+from spader.infra.failures import FAILED_MARK, one_line
 from spader.infra.procs import raise_on_signals, start_watchdog
 from spader.infra.tracking import job_run
 
@@ -36,10 +37,20 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(log_path: str | None) -> None:
-    """Send stderr (tracebacks, tqdm bars) and the logging tree to the job's log file."""
+    """Send stderr (tracebacks, tqdm bars) and the logging tree to the job's log file; a failed
+    job's one-line cause (logger ``spader.failure``) goes to the job's original stderr as well (the
+    console of a local run)."""
+    console = sys.stderr
     if log_path:
         sys.stderr = open(log_path, "w", buffering=1, encoding="utf-8")  # lives as long as the job
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=_FORMAT, force=True)
+    failure = logging.getLogger("spader.failure")
+    for handler in list(failure.handlers):
+        failure.removeHandler(handler)
+    if log_path:
+        handler = logging.StreamHandler(console)
+        handler.setFormatter(logging.Formatter("Error: %(message)s"))
+        failure.addHandler(handler)
 
 
 @contextlib.contextmanager
@@ -66,8 +77,10 @@ def job(smk) -> Iterator[Any]:
             integrity.record_outputs([str(p) for p in smk.output], producer=smk.rule)
             if "code" in dict(smk.params.items()):  # what the stage planned with (stage_code.planned_code)
                 integrity.annotate([str(p) for p in smk.output], code=str(smk.params.code))
-    except Exception:
+    except Exception as exc:
         logging.getLogger("spader").exception("rule %s failed", smk.rule)
+        # the cause as the log's last line, found by the workflow's onerror hook (spader.infra.failures)
+        logging.getLogger("spader.failure").error("%s%s%s", smk.rule, FAILED_MARK, one_line(exc))
         raise
 
 
