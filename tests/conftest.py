@@ -135,6 +135,7 @@ class Smk:
     """What the tests use (conftest modules are not importable under --import-mode=importlib)."""
 
     repo = REPO
+    env = staticmethod(snakemake_env)
     run = staticmethod(run_snakemake)
     dry_run_jobs = staticmethod(dry_run_jobs)
     parse_jobs = staticmethod(parse_jobs)

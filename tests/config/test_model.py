@@ -155,7 +155,7 @@ RULE_CASES = [
     ),
     (lambda c: c["retrieval"].update(topk=60), "config key 'retrieval.topk': 60 is larger"),
     (
-        lambda c: (c["training"].update(nodes=2), c["judge"].update(gpus=9)),
+        lambda c: (c["variants"]["r3rag"].update(nodes=2), c["judge"].update(gpus=9)),
         "config key 'judge.gpus': backbone 'qwen3_8b' trains r3rag on 2 nodes",
     ),
 ]
@@ -169,6 +169,20 @@ def test_every_rule_has_a_case():
 def test_each_rule_between_keys_names_the_key(mutate, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         check_config(_paper(mutate), VERL_DIR)
+
+
+def test_a_variants_nodes_overrides_training_nodes():
+    """training.nodes is every variant's default; variants.<name>.nodes sets one variant's own (R3-RAG
+    takes a second node for its judge while the others stay on one); bounded."""
+    config = check_config(_paper(lambda c: c["variants"]["r3rag"].update(nodes=2)), VERL_DIR)
+    assert config.training_nodes("r3rag") == 2 and config.training_nodes("spader") == 1
+    config = check_config(
+        _paper(lambda c: (c["training"].update(nodes=2), c["variants"]["spader"].update(nodes=1))), VERL_DIR
+    )
+    assert config.training_nodes("spader") == 1 and config.training_nodes("grpo") == 2
+    for bad in (0, 65, 1.5):
+        with pytest.raises(ConfigError, match=r"variants\.r3rag\.nodes"):
+            check_config(_paper(lambda c, n=bad: c["variants"]["r3rag"].update(nodes=n)), VERL_DIR)
 
 
 def test_warmstart_only_for_tiny_backbones():

@@ -180,3 +180,54 @@ def test_runs_left_running_by_a_sigkill_are_marked_killed(work):
     assert all(runs[i].info.status == "KILLED" for i in running)
     assert all("is gone" in runs[i].data.tags["spader.killed_reason"] for i in running)
     assert not [r for r in runs.values() if r.info.status == "RUNNING"]
+
+
+def test_a_failed_job_prints_its_cause_on_the_console(work):
+    """The console shows a failed job's one-line cause, not only "message: None" and a log path: the
+    job writes it to its stderr as it fails, and the run's onerror hook lists every failed job with
+    the cause from its log (what a cluster run, whose jobs' stderr goes to SLURM logs, relies on)."""
+    (work / "overlay.yaml").write_text(
+        "mlflow:\n  enabled: false\n"
+        "datasets:\n  quest:\n    files:\n      test.jsonl: {url: file:resources/demo/quest/gone.jsonl}\n"
+    )
+    rc, out = _finish(_snakemake(work, "resources/demo/datasets/quest/test.jsonl"))
+    assert rc != 0
+    cause = "DownloadError: source file " + str(work / "resources/demo/quest/gone.jsonl") + " does not exist"
+    assert f"Error: download_dataset failed: {cause}" in out, out[-3000:]
+    summary = out.split("Failed jobs and their causes:", 1)[1]
+    assert f"download_dataset (suite=demo, dataset=quest, file=test.jsonl): {cause}" in summary
+    assert "[log: logs/download_dataset/demo/quest/test.jsonl.log]" in summary
+
+
+def test_what_only_the_user_can_supply_stops_the_run_before_any_job(work):
+    """A target that needs WebQSP.zip without its url, or a gated model without a hub token, stops
+    before any job starts, with one line naming the key or the token and what to do (a dry run
+    only warns, as every start does)."""
+    (work / "overlay.yaml").write_text(
+        "mlflow:\n  enabled: false\ndatasets:\n  webqsp:\n    files:\n      WebQSP.zip: {url: null}\n"
+    )
+    rc, out = _finish(_snakemake(work, "results/demo/data/normalized/webqsp/test.jsonl"))
+    assert rc != 0
+    assert (
+        "this run cannot start:\nconfig key 'datasets.webqsp.files.WebQSP.zip.url' is not set: WebQSP is not "
+        "redistributable: download WebQSP.zip from https://www.microsoft.com/en-us/download/details.aspx?id=52763, "
+        "then set this key to its local path\n"
+    ) in out, out[-3000:]
+    assert not (work / "resources/demo/datasets").exists() and not (work / "logs").exists()  # no job ran
+
+    hf_home = work.parent / "hf"  # no token anywhere
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_TOKEN_PATH")}
+    proc = subprocess.run(
+        [SNAKEMAKE, "resources/models/hub/meta-llama--Llama-3.1-8B-Instruct", "--cores", "1",
+         "--configfile", "config/demo.yaml", "overlay.yaml"],
+        cwd=work, env={**env, "HF_HOME": str(hf_home), "XDG_CACHE_HOME": str(work.parent / "cache")},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (
+        "this run cannot start:\nmeta-llama/Llama-3.1-8B-Instruct is a gated model and no hub token is "
+        "configured: accept its licence at https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct with your "
+        f"account, then set HF_TOKEN or run `hf auth login` (it writes {hf_home / 'token'})"
+    ) in out, out[-3000:]
+    assert not (work / "resources/models/hub").exists() and not (work / "logs").exists()

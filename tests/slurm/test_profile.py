@@ -187,6 +187,36 @@ def test_with_two_nodes_every_training_job_asks_for_two_nodes(two_node_jobs, sba
         assert "nodes" not in res or res["nodes"] == 1
 
 
+@pytest.fixture(scope="module")
+def judge_node_jobs(tmp_path_factory):
+    overlay = tmp_path_factory.mktemp("judge") / "judge.yaml"
+    overlay.write_text("variants:\n  r3rag:\n    nodes: 2\n")
+    return _dry_run_jobs("results/qwen3_8b/f1.tsv", "--configfile", "config/config.yaml", str(overlay))
+
+
+def _variant(res: dict) -> str:
+    return dict(kv.split("=") for kv in res["_wildcards"].split(", "))["variant"]
+
+
+def test_r3rag_alone_takes_a_second_node_for_its_judge(judge_node_jobs, sbatch_line):
+    """variants.r3rag.nodes: 2 under the SLURM profile: R3-RAG's training job asks for 2 nodes with
+    the backbone's GPUs on each (--gres per node; --gpus would count the whole job), its judge
+    served on the second; the other nine stay on one node (training.nodes, the default)."""
+    jobs = {_variant(res): res for res in judge_node_jobs["train_policy"]}
+    assert len(jobs) == 10
+    r3rag = jobs.pop("r3rag")
+    assert r3rag["nodes"] == 2 and r3rag["gres"] == "gpu:8" and r3rag["gpu"] == 0
+    line = sbatch_line(_sbatch_args(r3rag))
+    assert " --nodes=2" in line and " --gres=gpu:8" in line and "--gpus" not in line
+    assert "--ntasks" not in line
+    for variant, res in jobs.items():
+        assert res["nodes"] == 1 and res["gpu"] == 8 and not res["gres"], variant
+        line = sbatch_line(_sbatch_args(res))
+        assert " --nodes=1" in line and " --gpus=8" in line and "--gres" not in line, variant
+    for res in judge_node_jobs["evaluate_policy"]:
+        assert "nodes" not in res or res["nodes"] == 1
+
+
 def test_a_smaller_node_described_in_the_config_changes_the_requests(two_node_jobs, sbatch_line):
     """hardware.cores and hardware.host_memory_gib describe the node: the training jobs ask for its
     cores and, per node, the plan's host memory (the reference model and optimizer shards split

@@ -74,8 +74,27 @@ def _copy_workflow(dest: Path) -> Path:
     return dest
 
 
+def _slurm_conf_elsewhere(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of this cluster's slurm.conf at another path, with an `SrunProlog` that records every
+    `srun` that read it: (the copy, the record)."""
+    conf = tmp_path / "slurm-elsewhere" / "slurm.conf"
+    conf.parent.mkdir()
+    record = conf.parent / "srun-read-me.log"
+    prolog = conf.parent / "srun_prolog.sh"
+    prolog.write_text(f'#!/bin/sh\necho "$SLURM_JOB_ID" >> {record}\nexit 0\n')
+    prolog.chmod(0o755)
+    conf.write_text(Path("/etc/slurm/slurm.conf").read_text() + f"\nSrunProlog={prolog}\n")
+    return conf, record
+
+
 def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
+    """The demo DAG through the profile. Its jobs see their SLURM configuration at another path than
+    SLURM's built-in one, named by SLURM_CONF (as on a cluster whose slurmd runs with a config
+    elsewhere; here set by a --precommand in the batch job, since this cluster's slurmd reads
+    /etc/slurm): the srun that the jobstep plugin runs each job with, which the plugin strips of
+    SLURM_CONF, still reads it (an SrunProlog only that copy has records every such srun)."""
     work = _copy_workflow(tmp_path / "repo")
+    conf, srun_record = _slurm_conf_elsewhere(tmp_path)
     # The executor's plumbing is what is tested here: the demo's DAG with one prompting method (its
     # CPU training and the other methods run end to end in tests/workflow/test_demo.py).
     (work / "baselines_only.yaml").write_text(
@@ -91,6 +110,8 @@ def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
             "config/demo.yaml",
             "baselines_only.yaml",
             *NO_ACCOUNTING,
+            "--precommand",
+            f"export SLURM_CONF={conf}",
             "--verbose",
         ],
         cwd=work,
@@ -125,6 +146,9 @@ def test_demo_dag_runs_through_the_slurm_profile(slurm_cluster, tmp_path):
             ).fetchall()
         )
     assert len(tags) == len(calls) and all(v.isdigit() for v in tags.values()), tags
+    # every job's srun read the configuration its allocation named (SLURM_CONF kept for it)
+    assert srun_record.exists(), "no srun read the configuration named by SLURM_CONF"
+    assert set(srun_record.read_text().split()) == set(tags.values())
 
 
 def test_gpu_training_request_gets_one_task(slurm_cluster, tmp_path):
@@ -219,12 +243,26 @@ def cpu_world(tmp_path_factory):
     return build_world(Path(root) if root else tmp_path_factory.getbasetemp() / "cpu_world")
 
 
-def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, tmp_path):
+@pytest.fixture
+def cpu_hog():
+    """Two busy loops beside the test, at the test's own priority: a loaded machine, on which SLURM's
+    one warning can come while the job is still starting (before its handler was once installed,
+    ~40 s into the job: the warning was lost and the training finished in one allocation)."""
+    loop = [sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(["nice", "-n", "0", *loop]) for _ in range(2)]
+    yield
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
+def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, cpu_hog, tmp_path):
     """A CPU training job of 2 steps under a 10-minute limit, warned 9 minutes before it (so within
-    its first minute: SLURM checks the warning times about once a minute): each allocation trains
-    until the next step boundary after the warning, saves, exits with the resumable status, and the
-    rule's retries resume it in a new allocation, until the configured step count. Every step is
-    logged once; MLflow shows one training across the attempts."""
+    its first minute: SLURM checks the warning times about once a minute), beside a CPU hog: each
+    allocation trains until the next step boundary after the warning (or after the job read that
+    its allocation has less than the warning's time left), saves, exits with the resumable status,
+    and the rule's retries resume it in a new allocation, until the configured step count. Every
+    step is logged once; MLflow shows one training across the attempts."""
     import yaml
     from cpu_world import cpu_training
 
@@ -236,7 +274,8 @@ def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cp
     config.update(
         world=str(cpu_world.root),
         backbone={"model": "tiny:qwen3", "gpus": 0},
-        training=cpu_training(max_steps=steps, train_batch_size=2, ppo_mini_batch_size=2, rollout_n=2),
+        training={**cpu_training(max_steps=steps, train_batch_size=2, ppo_mini_batch_size=2, rollout_n=2),
+                  "time_limit": {"warning_s": 540}},  # as the rule's --signal=URG@540
         agent=cpu_world.agent,
         retrieval=cpu_world.retrieval,
         mlflow={"enabled": True, "tracking_uri": "sqlite:///results/mlflow/mlflow.db", "experiment": "spader",
@@ -266,7 +305,9 @@ def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cp
     starts = [h for h in history if h["event"] == "start"]
     ends = [h for h in history if h["event"] == "end"]
     assert len({s["slurm_job_id"] for s in starts}) == len(starts) >= 2  # one allocation per attempt
-    assert [e["status"] for e in ends] == ["stopped"] * (len(ends) - 1) + ["finished"]
+    assert [e["status"] for e in ends] == ["stopped"] * (len(ends) - 1) + ["finished"], history
+    for end in ends[:-1]:  # the warning signal, or the time left that the job read from SLURM
+        assert "time-limit warning (SIGURG)" in end["error"] or "left before its time limit" in end["error"]
     assert [s["snakemake_attempt"] for s in starts] == list(range(1, len(starts) + 1))  # the rule's retries
     assert len(_sbatch_calls(out)) == len(starts)
 

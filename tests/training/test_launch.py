@@ -285,6 +285,11 @@ def test_r3rag_on_two_nodes_serves_its_judge_on_the_second_and_trains_on_the_fir
     assert job.judge_node and job.train_nodes == 1
     plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
     assert plan.get("trainer.nnodes") == "1" and plan.get("trainer.n_gpus_per_node") == "8"
+    # the same with variants.r3rag.nodes alone (the other variants' jobs stay on one node)
+    variants = {**paper_config["variants"], "r3rag": {**paper_config["variants"]["r3rag"], "nodes": 2}}
+    job = _job({**paper_config, "variants": variants}, "r3rag", tmp_path, tmp_path / "model")
+    assert job.training.nodes == 2 and job.judge_node and job.train_nodes == 1
+    assert not _job({**paper_config, "variants": variants}, "spader", tmp_path, tmp_path / "model").judge_node
 
 
 def _routable_ipv4() -> str | None:

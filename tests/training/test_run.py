@@ -379,3 +379,29 @@ def test_an_automatic_retry_after_failures_is_refused(workflow_job, monkeypatch)
         record_attempt(work, {"event": "end", "attempt": 9, "status": "failed"})
     job.attempt = 1
     claim_workdir(job).release()
+
+
+def test_a_failure_before_verl_is_in_the_history_an_automatic_retry_reads(workflow_job):
+    """SLURM records the same exit status for a stop and a failure, so the history decides: an attempt
+    that fails before verl starts (here its preflight: a missing index) leaves its end in
+    attempts.jsonl, and an automatic retry after more such failures than allowed is refused at once,
+    naming the error (on the old code the failure left no record and every retry repeated it)."""
+    from spader.training.preflight import PreflightError
+    from spader.training.run import TrainingError, TrainJob, run_training
+
+    smk, _ = workflow_job
+    smk.config["training"]["time_limit"] = {
+        **smk.config["training"].get("time_limit", {}),
+        "failure_retries": 0,
+    }
+    job = TrainJob.from_snakemake(smk)
+    job.index_dir = Path("results/demo/index/missing")
+    with pytest.raises(PreflightError, match="training input index"):
+        run_training(job, available_gpus=1)
+    history = [json.loads(line) for line in (job.workdir / "attempts.jsonl").read_text().splitlines()]
+    assert [(h["event"], h["status"], h["phase"]) for h in history] == [("end", "failed", "preflight")]
+    assert "PreflightError: training input index" in history[0]["error"]
+    job.attempt = 2  # Snakemake's retry
+    with pytest.raises(TrainingError, match=r"not retried automatically.*training input index"):
+        run_training(job, available_gpus=1)
+    assert not (job.workdir / "trainer.lock").exists()

@@ -18,7 +18,15 @@ import pytest
 
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated, acknowledge_stop, stop_requested
 from spader.training.lineage import lineage_of, retry_refusal
-from spader.training.stop import RESUME_EXIT_CODE, StopControl, read_stop_ack, slurm_signal_option
+from spader.training.stop import (
+    RESUME_EXIT_CODE,
+    StopControl,
+    TimeLimitWatch,
+    catch_stop_requests,
+    parse_slurm_duration,
+    read_stop_ack,
+    slurm_signal_option,
+)
 from spader.training.watch import JobWatch, ProcessRef, ServiceHealth
 
 
@@ -43,6 +51,48 @@ def test_warning_signal_and_first_sigterm_request_a_stop_second_sigterm_stops(tm
     assert read_stop_ack(stop.request_file) == {"step": 7, "early": True}
     stop.clear()
     assert read_stop_ack(stop.request_file) is None and not stop_requested(env)
+
+
+def test_a_warning_before_the_stop_control_exists_is_kept_for_it(tmp_path):
+    """SLURM warns once, possibly while the job is still importing: the job script's first statement
+    catches it, and the job's stop control, once it starts, asks verl to stop at its first step
+    boundary (on the old code the warning was lost: nothing handled SIGURG yet)."""
+    previous = signal.getsignal(signal.SIGURG)
+    try:
+        catch_stop_requests()
+        os.kill(os.getpid(), signal.SIGURG)
+        time.sleep(0.1)
+        stop = StopControl(tmp_path / "stop_request")  # an old request file is cleared...
+        assert not stop.requested and not stop.request_file.exists()
+        with stop:  # ...and the kept warning asks verl to stop as soon as the control is active
+            assert "time-limit warning (SIGURG)" in stop.reason and stop.request_file.exists()
+            os.kill(os.getpid(), signal.SIGURG)  # later warnings reach the active control directly
+            time.sleep(0.1)
+        with StopControl(tmp_path / "stop_request") as again:  # the request was handed over once
+            assert not again.requested
+    finally:
+        signal.signal(signal.SIGURG, previous)
+
+
+def test_the_time_left_in_the_allocation_asks_for_the_stop():
+    """Nothing depends on catching the one warning signal: the job reads the time its allocation has
+    left and asks for the stop itself once that is warning_s or less."""
+    assert parse_slurm_duration("1-02:03:04") == 93784
+    assert parse_slurm_duration("2:03:04") == 7384 and parse_slurm_duration("9:30") == 570
+    assert parse_slurm_duration("UNLIMITED") is None and parse_slurm_duration("NOT_SET") is None
+    left = iter([900.0, None, 610.0, 590.0, 100.0])
+    asked = []
+    watch = TimeLimitWatch(600, job_id="42", time_left=lambda job: next(left), request=asked.append)
+    assert [watch.check() for _ in range(4)] == [False, False, False, True]
+    assert asked == [
+        "SLURM job 42 has 590 s left before its time limit (training.time_limit.warning_s is 600)"
+    ]
+    assert watch.check() and len(asked) == 1  # asked once
+    readings = []
+    with TimeLimitWatch(600, job_id="7", interval_s=0.05, time_left=readings.append, request=asked.append):
+        time.sleep(0.3)
+    assert len(readings) >= 3 and readings[0] == "7"  # read from the start, then every interval
+    assert not TimeLimitWatch(600, job_id="", time_left=readings.append).check()  # no SLURM job: nothing
 
 
 def test_the_warning_signal_is_ignored_by_processes_that_do_not_ask_for_it():

@@ -313,3 +313,77 @@ def test_reward_setting_reruns_only_that_variants_training(demo, smk, tmp_path):
     evals = {j for j in jobs if j[0] == "evaluate_policy"}
     assert len(evals) == 4 and all("method=spader" in j[1] for j in evals)
     assert "warmstart_policy" not in _rules(jobs)
+
+
+def test_a_run_that_would_replace_expensive_results_stops_before_any_job(demo, smk, tmp_path):
+    """A setting that reruns the evaluations, in a real run (not a dry run): the 16 evaluations exist,
+    so the run stops before its first job, naming them and the command that recomputes them on
+    purpose; nothing is replaced."""
+    work = demo["work"]
+    overlay = tmp_path / "eval.yaml"
+    overlay.write_text("evaluation:\n  max_context_tokens: 1536\n")
+    summary = work / "results/demo/eval/spader/quest.json"
+    before = summary.stat().st_mtime_ns
+    proc = smk.run(*smk.demo_args(), str(overlay), cwd=work, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "this run would replace 16 expensive result(s) that exist" in out, out[-4000:]
+    assert "evaluate_policy (" in out and "results/demo/eval/spader/quest.jsonl" in out
+    assert "To recompute them on purpose: python -m spader.infra.rerun results/demo/eval/" in out
+    assert summary.stat().st_mtime_ns == before
+    assert _scheduled(smk, work) == set()
+
+
+def test_retraining_on_purpose_is_one_command(demo, smk):
+    """Moving a finished training's record away plans nothing while the tables are up to date
+    (Snakemake leaves a missing intermediate alone): `python -m spader.infra.rerun <final.json>
+    --from-scratch` plans the training, its export, its evaluations and the tables, and nothing
+    else; run for real (`--touch`: the jobs marked done, not run), the guard lets exactly those
+    through."""
+    import subprocess
+    import sys
+
+    work = demo["work"]
+    final = work / "results/demo/train/spader/final.json"
+    hidden = final.with_name("final.json.away")
+    final.rename(hidden)
+    try:
+        assert _scheduled(smk, work) == set()
+    finally:
+        hidden.rename(final)
+
+    def rerun(*snakemake_args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "spader.infra.rerun", "results/demo/train/spader/final.json"]
+        return subprocess.run(
+            [*command, "--from-scratch", "--", *smk.demo_args(), *snakemake_args],
+            cwd=work, env=smk.env(work), capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+
+    proc = rerun("-n")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    jobs = {
+        (j.rule, ",".join(f"{k}={v}" for k, v in sorted(j.wildcards.items())))
+        for j in smk.parse_jobs(proc.stdout + proc.stderr)
+    }
+    assert {j for j in jobs if j[0] in ("train_policy", "export_checkpoint")} == {
+        ("train_policy", "backbone=demo,variant=spader"),
+        ("export_checkpoint", "backbone=demo,variant=spader"),
+    }
+    evals = {j for j in jobs if j[0] == "evaluate_policy"}
+    assert len(evals) == 4 and all("method=spader" in j[1] for j in evals)
+    assert _rules(jobs) - {"all"} == {
+        "train_policy",
+        "export_checkpoint",
+        "evaluate_policy",
+        "aggregate_results",
+    }
+    assert (final.parent / "work").is_dir()  # a dry run moves nothing
+
+    before = final.stat().st_mtime_ns
+    proc = rerun("--touch")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert final.stat().st_mtime_ns > before
+    (moved,) = final.parent.glob("work.replaced-*")  # from scratch: the checkpoints kept aside
+    assert (moved / "checkpoints").is_dir()
+    moved.rename(final.parent / "work")
+    assert _scheduled(smk, work) == set()

@@ -1,3 +1,4 @@
+import os
 import re
 from pathlib import Path
 
@@ -14,6 +15,10 @@ from spader.config import (
     verl_config_dir,
 )
 from spader.core.prompt import load_template
+from spader.infra.failures import failure_report
+from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
+from spader.infra.slurm_env import keep_slurm_conf_for_srun
+from spader.models.gated import HubTokenError, check_hub_token
 from spader.integrations.verl.overrides import shared_training_runs
 from spader.infra.reruns import canonical, for_rule
 from spader.infra.stage_code import code_cache_dir, planned_code, stage_fingerprints, stage_group
@@ -23,6 +28,11 @@ from spader.training.scorer_launch import judge_params
 # YAMLs, schemas, report captions, bundled demo files) resolve against it; outputs against the
 # working directory (`snakemake -d DIR` or the current directory).
 REPO = Path(workflow.basedir).parent
+
+# Inside a SLURM job: the srun that the SLURM executor runs each job with keeps the allocation's
+# SLURM_CONF, which the plugin removes (spader.infra.slurm_env; docs/cluster.md).
+if workflow.remote_exec:
+    keep_slurm_conf_for_srun(REPO / "profiles" / "slurm" / "bin")
 
 
 def workflow_file(path):
@@ -50,8 +60,12 @@ for _configfile in workflow.configfiles:
 CONFIG = check_config(config, verl_config_dir=VERL_CONFIG_DIR)
 config.clear()
 config.update(CONFIG.model_dump(mode="json"))
-for _key, _hint in CONFIG.missing_sources():
-    logger.warning(f"config key '{_key}' is not set: {_hint} (jobs that need it will fail)")
+# What the user must supply is said at every start (a dry run included); a real run whose jobs need
+# it stops before its first job (check_before_start).
+MISSING_SOURCES = dict(CONFIG.missing_sources())
+if not workflow.remote_exec:
+    for _key, _hint in MISSING_SOURCES.items():
+        logger.warning(f"config key '{_key}' is not set: {_hint} (jobs that need it will fail)")
 
 SUITE = config["suite"]
 VARIANTS = list(config["variants"])
@@ -155,6 +169,21 @@ def model_dir(name):
     if kind == "hub":
         return f"resources/models/hub/{hub_slug(name)}"
     return name
+
+
+# A gated model (Llama) needs a hub token for its download: said at every start, a dry run included
+# (a real run whose jobs download it stops before its first job: check_before_start).
+if not workflow.remote_exec:
+    _hub_models = {
+        spec["model"]
+        for spec in [*config["backbones"].values(), config["judge"], config["retrieval"]["reranker"]]
+        if spec.get("model") and model_kind(spec["model"]) == "hub"
+    }
+    for _model in sorted(_hub_models):
+        try:
+            check_hub_token(_model, model_dir(_model))
+        except HubTokenError as _exc:
+            logger.warning(f"{_exc} (jobs that need it will fail)")
 
 
 def hub_revision(repo):
@@ -351,3 +380,72 @@ def get_evidence_release(wildcards):
         return []
     split = config["datasets"]["qampari"]["splits"]["train"]
     return f"resources/{SUITE}/datasets/qampari/{split['file']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Before the first job, after it: what the user must supply, and why a job failed
+# ---------------------------------------------------------------------------------------------
+def missing_before_start(jobs):
+    """One line per thing the user must supply before `jobs` (those the run would execute) can run:
+    a release file without a configured source (its config key), a gated model without a hub token."""
+    problems = []
+    for job in jobs:
+        wc = job.wildcards
+        if job.rule.name == "download_dataset":
+            key = f"datasets.{wc.dataset}.files.{wc.file}.url"
+            if key in MISSING_SOURCES:
+                problems.append(f"config key '{key}' is not set: {MISSING_SOURCES[key]}")
+        elif job.rule.name == "download_model":
+            try:
+                check_hub_token(wc.repo.replace("--", "/", 1), job.output[0])
+            except HubTokenError as exc:
+                problems.append(str(exc))
+    return sorted(set(problems))
+
+
+def planned_jobs(dag):
+    """The jobs this run would execute, as the expensive-output guard sees them
+    (spader.infra.rerun)."""
+    jobs = list(dag.needrun_jobs())
+    keys = {job: str(i) for i, job in enumerate(jobs)}
+    planned = []
+    for job in jobs:
+        incomplete = {str(f) for f in dag.reason(job).incomplete_output}
+        wildcards = ", ".join(f"{k}={v}" for k, v in job.wildcards.items())
+        existing = [str(f) for f in job.output if os.path.exists(f) and str(f) not in incomplete]
+        upstream = [keys[d] for d in dag.job_dependencies(job) if d in keys]
+        forced = bool(dag.reason(job).forced)
+        # (key, rule, label, existing outputs, forced, upstream keys)
+        planned.append(
+            PlannedJob(keys[job], job.rule.name, f"{job.rule.name} ({wildcards})", existing, forced, upstream)
+        )
+    return planned
+
+
+def check_before_start():
+    """The onstart hook's checks (a real run, main process, before any job): a multi-node training
+    needs a cluster executor, the jobs to run must have what only the user can supply, and no
+    expensive output is replaced unless this run was asked to (spader.infra.rerun)."""
+    check_training_executor()
+    problems = missing_before_start(workflow.dag.needrun_jobs())
+    if problems:
+        raise WorkflowError("this run cannot start:\n" + "\n".join(problems))
+    blocked = unintended_replacements(planned_jobs(workflow.dag))
+    if blocked:
+        raise WorkflowError(guard_message(blocked))
+
+
+def report_failed_jobs():
+    """The onerror hook: each job that failed for good, with the one-line cause from its log."""
+    failed = getattr(getattr(workflow, "scheduler", None), "failed", None) or ()
+    jobs = [j for job in failed for j in getattr(job, "jobs", [job])]  # a group job's members
+    lines = failure_report(
+        (
+            job.rule.name,
+            ", ".join(f"{k}={v}" for k, v in job.wildcards.items()),
+            [str(f) for f in job.log],
+        )
+        for job in sorted(jobs, key=lambda j: (j.rule.name, str(j.wildcards)))
+    )
+    if lines:
+        logger.error("Failed jobs and their causes:\n  " + "\n  ".join(lines))

@@ -2,7 +2,8 @@
 # config: corpus.archive (an already downloaded dump: no download_dump job) and
 # corpus.prebuilt_index (a Lucene index with raw documents: neither job; the retrieval service
 # checks it when it starts). The service itself runs inside the jobs that search
-# (spader.retrieval.service.running_service), so it is always stopped with them.
+# (spader.retrieval.service.running_service), so it is always stopped with them. A built index is
+# replaced only on purpose (spader.infra.rerun, the onstart hook).
 
 
 rule download_dump:

@@ -4,8 +4,7 @@ from spader.infra.tracking import end_pipeline_run, start_pipeline_run
 
 
 onstart:
-    if "check_training_executor" in globals():  # training.smk: nodes > 1 needs a cluster executor
-        check_training_executor()
+    check_before_start()  # common.smk: what a job would fail for, before the first one
     start_pipeline_run(
         config, targets=[str(t) for t in workflow.dag.targetfiles], code_root=workflow.basedir
     )
@@ -16,4 +15,5 @@ onsuccess:
 
 
 onerror:
+    report_failed_jobs()  # common.smk: each failed job's cause on the console
     end_pipeline_run(config, "FAILED")

@@ -1,17 +1,18 @@
 # Training: verl per backbone x variant (logic in spader.training; docs/method.md, docs/cluster.md).
 # Checkpoints are written to results/{backbone}/train/{variant}/work/, which is deliberately not a
 # declared output: Snakemake deletes the outputs of a failed job, and a rerun resumes from the
-# newest complete checkpoint there. The job starts its own retrieval service on the node, and its
+# newest complete checkpoint there (spader.infra.rerun moves it aside to retrain from scratch). A
+# finished training's final.json is replaced only on purpose (spader.infra.rerun, the onstart hook). The job starts its own retrieval service on the node, and its
 # MLflow run receives verl's per-step metrics.
 #
 # Time limits: the job asks SLURM for a warning (SIGURG) training.time_limit.warning_s before its
 # limit, stops verl at the next step boundary after a checkpoint and exits with status 75; the
 # rule's `retries` rerun it, and the rerun resumes. Its runtime is the variant's estimate
 # (training.time_limit.hours) capped by the SLURM profile's `max_runtime` for train_policy.
-# Nodes: training.nodes per job (a Ray cluster across them); more than one needs a cluster
-# executor. CPUs and host memory come from the node's description (hardware.cores,
-# hardware.host_memory_gib) and the job's plan (python -m spader.training.plan); partition,
-# account and GPU model live in profiles/slurm, never here.
+# Nodes: variants.<name>.nodes, else training.nodes, per job (a Ray cluster across them); more
+# than one needs a cluster executor. CPUs and host memory come from the node's description
+# (hardware.cores, hardware.host_memory_gib) and the job's plan (python -m spader.training.plan);
+# partition, account and GPU model live in profiles/slurm, never here.
 
 
 include: "training.smk"
@@ -38,7 +39,7 @@ rule train_policy:
     resources:
         gpu=training_gpus,
         gres=training_gres,
-        nodes=TRAINING.nodes,
+        nodes=training_nodes,
         cpus_per_task=lambda wc: training_request(wc)[0],
         mem_mb=lambda wc: training_request(wc)[1],
         runtime=training_runtime,
@@ -57,15 +58,15 @@ rule train_policy:
         "../scripts/train_policy.py"
 
 
-# The export of a finished training is protected: a rerun that would replace it (changed settings or
-# code upstream) stops with Snakemake's "Write-protected output files" instead of deleting hundreds of
-# GPU-hours' result. To retrain or re-export on purpose, remove it by hand first (docs/cluster.md).
+# The export of a finished training, like the training's record, is guarded: a run that would replace
+# it because something upstream changed stops before its first job (spader.infra.rerun, the onstart
+# hook); `python -m spader.infra.rerun <output>` recomputes on purpose (docs/running.md).
 rule export_checkpoint:
     input:
         final="results/{backbone}/train/{variant}/final.json",
     output:
-        model=protected(directory("results/{backbone}/models/{variant}")),
-        meta=protected("results/{backbone}/models/{variant}.json"),
+        model=directory("results/{backbone}/models/{variant}"),
+        meta="results/{backbone}/models/{variant}.json",
     log:
         "logs/export_checkpoint/{backbone}/{variant}.log",
     benchmark:

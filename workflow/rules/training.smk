@@ -24,30 +24,42 @@ def training_runtime(wildcards):
     return estimate if cap is None else min(estimate, cap)
 
 
+def training_nodes(wildcards):
+    """Nodes of the variant's training job: variants.<name>.nodes, else training.nodes."""
+    return CONFIG.training_nodes(wildcards.variant)
+
+
 def check_training_executor():
-    """Refuse training.nodes > 1 when this run executes its jobs on this machine: only a cluster
-    executor (the SLURM profile) gives a job several nodes. Called by the onstart hook (which
-    runs before any job, never in dry runs or inside cluster jobs); the job itself refuses too
-    outside an allocation (spader.training.run.preflight)."""
+    """Refuse a multi-node training job when this run executes its jobs on this machine: only a
+    cluster executor (the SLURM profile) gives a job several nodes. Called by the onstart hook
+    (which runs before any job, never in dry runs or inside cluster jobs); the job itself refuses
+    too outside an allocation (spader.training.run.preflight)."""
     plugin = workflow.executor_plugin
-    if TRAINING.nodes > 1 and plugin is not None and plugin.common_settings.local_exec:
-        raise WorkflowError(
-            f"config key 'training.nodes' is {TRAINING.nodes}, but this run executes jobs on this "
-            "machine; a multi-node training job needs a cluster executor (snakemake --profile slurm), "
-            "see docs/cluster.md"
-        )
+    if plugin is None or not plugin.common_settings.local_exec:
+        return
+    for job in workflow.dag.needrun_jobs():
+        nodes = training_nodes(job.wildcards) if job.rule.name == "train_policy" else 1
+        if nodes > 1:
+            key = "training.nodes"
+            if CONFIG.variants[job.wildcards.variant].nodes is not None:
+                key = f"variants.{job.wildcards.variant}.nodes"
+            raise WorkflowError(
+                f"config key '{key}' is {nodes}, but this run executes jobs on this machine; a "
+                "multi-node training job needs a cluster executor (snakemake --profile slurm), see "
+                "docs/cluster.md"
+            )
 
 
 def training_gpus(wildcards):
     """GPUs of a single-node job (--gpus); a multi-node job asks per node (training_gres)."""
-    return 0 if TRAINING.nodes > 1 else config["backbones"][wildcards.backbone]["gpus"]
+    return 0 if training_nodes(wildcards) > 1 else config["backbones"][wildcards.backbone]["gpus"]
 
 
 def training_gres(wildcards):
     """`gpu:<n>` per node for a multi-node job (--gres; --gpus would count the whole job), else
     empty."""
     gpus = config["backbones"][wildcards.backbone]["gpus"]
-    return f"gpu:{gpus}" if TRAINING.nodes > 1 and gpus > 0 else ""
+    return f"gpu:{gpus}" if training_nodes(wildcards) > 1 and gpus > 0 else ""
 
 
 _PLANNED = {}

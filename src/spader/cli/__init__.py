@@ -37,6 +37,7 @@ COMMANDS = {
     "stage-code": "spader.cli.stage_code",
     "integrity": "spader.cli.integrity",
     "procs": "spader.cli.procs",
+    "rerun": "spader.cli.rerun",
 }
 
 

@@ -118,9 +118,10 @@ CROSS_KEY_RULES = (
     "`training.ppo_mini_batch_size` <= `training.train_batch_size` <= the instances `mix.counts` draw.",
     "`retrieval.topk` <= `retrieval.initial_k`; `stepsearch.evidence.queries_per_request` and "
     "`agent.max_queries_per_call` <= `retrieval.service.max_queries_per_request`.",
-    "`training.nodes` > 1 with an LLM-judged R3-RAG variant and `judge.url` null: the judge is served on "
-    "the last node (`judge.gpus` <= `backbones.<name>.gpus`) and verl trains on the GPUs of the others, "
-    "whose number must divide `training.train_batch_size * training.rollout_n`.",
+    "More than one node for an LLM-judged R3-RAG variant (its `variants.<name>.nodes`, else "
+    "`training.nodes`) with `judge.url` null: the judge is served on the last node (`judge.gpus` <= "
+    "`backbones.<name>.gpus`) and verl trains on the GPUs of the others, whose number must divide "
+    "`training.train_batch_size * training.rollout_n`.",
 )
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")]
@@ -590,6 +591,13 @@ class VariantConfig(Section):
         description="R3-RAG process scorer: llm (the judge block) or reranker (sigmoid of the "
         "reranker score); reward r3rag only",
     )
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="nodes of this variant's training job (null: training.nodes); e.g. 2 for an "
+        "LLM-judged r3rag, whose judge then has the second node (docs/cluster.md)",
+    )
 
     @model_validator(mode="after")
     def _advantage_trains_reward(self) -> VariantConfig:
@@ -772,8 +780,8 @@ class TrainingConfig(Section):
         le=1024,
         description="nodes per training job, each with the backbone's GPUs: a Ray cluster spans them "
         "and verl trains with trainer.nnodes (an LLM-judged R3-RAG variant keeps the last node for its "
-        "judge, which for now must be given by judge.url); more than one needs a cluster executor "
-        "(docs/cluster.md)",
+        "judge); the default of every variant, variants.<name>.nodes overrides it for one; more than one "
+        "needs a cluster executor (docs/cluster.md)",
     )
     time_limit: TimeLimitConfig = Field(
         default_factory=TimeLimitConfig,
@@ -1249,26 +1257,31 @@ class Config(Section):
         errors = []
         for b, spec in self.backbones.items():
             served = [v for v in spec.variants if v in self.variants and self.variants[v].serves_judge]
-            if not served:
-                continue
-            if self.training.nodes > 1:  # the judge has the last node; verl trains on the others
-                left = spec.gpus * (self.training.nodes - 1)
-                if self.judge.gpus > spec.gpus or per_step % left:
+            for v in served:
+                nodes = self.training_nodes(v)
+                if nodes > 1:  # the judge has the last node; verl trains on the others
+                    left = spec.gpus * (nodes - 1)
+                    if self.judge.gpus > spec.gpus or per_step % left:
+                        errors.append(
+                            f"config key 'judge.gpus': backbone '{b}' trains {v} on {nodes} "
+                            f"nodes of {spec.gpus} GPUs, the judge on {self.judge.gpus} GPUs of the last one; "
+                            f"judge.gpus must be <= {spec.gpus} and the {left} training GPUs must divide the "
+                            f"{per_step} trajectories of a step (or set judge.url)"
+                        )
+                    continue
+                left = spec.gpus - self.judge.gpus
+                if left < 1 or per_step % left:
                     errors.append(
-                        f"config key 'judge.gpus': backbone '{b}' trains {served[0]} on {self.training.nodes} "
-                        f"nodes of {spec.gpus} GPUs, the judge on {self.judge.gpus} GPUs of the last one; "
-                        f"judge.gpus must be <= {spec.gpus} and the {left} training GPUs must divide the "
-                        f"{per_step} trajectories of a step (or set judge.url)"
+                        f"config key 'judge.gpus': backbone '{b}' trains {v} on {spec.gpus} GPUs, "
+                        f"{self.judge.gpus} of them serving the judge; the {max(left, 0)} left must be >= 1 and "
+                        f"divide the {per_step} trajectories of a step (or set judge.url)"
                     )
-                continue
-            left = spec.gpus - self.judge.gpus
-            if left < 1 or per_step % left:
-                errors.append(
-                    f"config key 'judge.gpus': backbone '{b}' trains {served[0]} on {spec.gpus} GPUs, "
-                    f"{self.judge.gpus} of them serving the judge; the {max(left, 0)} left must be >= 1 and "
-                    f"divide the {per_step} trajectories of a step (or set judge.url)"
-                )
         return errors
+
+    def training_nodes(self, variant: str) -> int:
+        """Nodes of ``variant``'s training job: its own ``nodes``, else ``training.nodes``."""
+        own = self.variants[variant].nodes
+        return self.training.nodes if own is None else own
 
     @property
     def evaluation_context_tokens(self) -> int:

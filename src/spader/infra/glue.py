@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spader.infra import integrity
+from spader.infra.failures import FAILED_MARK, one_line
 from spader.infra.procs import Terminated, raise_on_signals, start_watchdog, watch_workflow
 from spader.infra.tracking import job_run
 
@@ -34,10 +35,20 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(log_path: str | None) -> None:
-    """Send stderr (tracebacks, tqdm bars) and the logging tree to the job's log file."""
+    """Send stderr (tracebacks, tqdm bars) and the logging tree to the job's log file; a failed
+    job's one-line cause (logger ``spader.failure``) goes to the job's original stderr as well (the
+    console of a local run)."""
+    console = sys.stderr
     if log_path:
         sys.stderr = open(log_path, "w", buffering=1, encoding="utf-8")  # lives as long as the job
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=_FORMAT, force=True)
+    failure = logging.getLogger("spader.failure")
+    for handler in list(failure.handlers):
+        failure.removeHandler(handler)
+    if log_path:
+        handler = logging.StreamHandler(console)
+        handler.setFormatter(logging.Formatter("Error: %(message)s"))
+        failure.addHandler(handler)
 
 
 @contextlib.contextmanager
@@ -69,8 +80,10 @@ def job(smk) -> Iterator[Any]:
     except Terminated as stop:  # a stop signal, or the workflow is gone: why, not a traceback
         logging.getLogger("spader").error("rule %s stopped: %s", smk.rule, stop)
         raise
-    except Exception:
+    except Exception as exc:
         logging.getLogger("spader").exception("rule %s failed", smk.rule)
+        # the cause as the log's last line, found by the workflow's onerror hook (spader.infra.failures)
+        logging.getLogger("spader.failure").error("%s%s%s", smk.rule, FAILED_MARK, one_line(exc))
         raise
 
 

@@ -1038,7 +1038,6 @@ def plan_config(
         if training["device"] == "cuda" and spec.gpus > 0:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
             measured = calibration.for_shape(shape) if calibration is not None else None
-            nodes = int(training["nodes"])
             runs = shared_training_runs(
                 spec.variants, {k: x.model_dump(mode="json") for k, x in config.variants.items()}, training,
                 verl_config_dir,
@@ -1046,6 +1045,7 @@ def plan_config(
             for v in spec.variants:
                 if only is not None and not only(b, v):
                     continue
+                nodes = config.training_nodes(v)  # variants.<v>.nodes, else training.nodes
                 variant = config.variants[v].model_dump(mode="json")
                 served = config.variants[v].serves_judge and not judge["url"]
                 # verl shards over every training GPU of the job; a served judge takes GPUs of the

@@ -3,16 +3,16 @@
 :func:`run_training` goes through named phases, and nothing touches a GPU before the first four
 pass:
 
-1. :func:`preflight` - pinned verl, base model directory, GPUs, the job's inputs;
-2. :func:`claim_workdir` - the work directory's lock (one trainer at a time,
+1. :func:`claim_workdir` - the work directory's lock (one trainer at a time,
    :mod:`spader.training.workdir`) and, for an automatic retry, whether the history allows it
    (:func:`spader.training.lineage.retry_refusal`);
+2. :func:`preflight` - pinned verl, base model directory, GPUs, the job's inputs;
 3. :func:`resume_point` - the newest complete checkpoint in ``<workdir>/checkpoints``, older ones
    beyond the kept count deleted (:func:`spader.training.checkpoints.prune_checkpoints`);
-4. :func:`prepare_launch` - the verl command, composed and validated in-process with Hydra (a dry
-   run of the launch), written to ``launch.json`` and ``resolved_config.yaml``;
-5. :func:`record_start` - MLflow tags and ``snakemake/`` params on the job's run (verl attaches to
+4. :func:`record_start` - MLflow tags and ``snakemake/`` params on the job's run (verl attaches to
    it), the attempt in ``attempts.jsonl``;
+5. :func:`prepare_launch` - the verl command, composed and validated in-process with Hydra (a dry
+   run of the launch), written to ``launch.json`` and ``resolved_config.yaml``;
 6. :func:`train` - the retrieval service for this job on this node (health checked, the tool
    YAML pointed at it), the R3-RAG judge where served, Ray's place (:mod:`spader.training.ray_cluster`),
    then verl under the job's watch (:mod:`spader.training.watch`) and stop control
@@ -20,6 +20,11 @@ pass:
 7. :func:`conclude` - ``final.json`` (steps done, the checkpoint to export, last metrics, hashes of
    config, data and index, verl version; paths relative to the working directory), or the
    reason the attempt ended early.
+
+Every attempt that got the work directory ends with a record of how it ended in
+``attempts.jsonl`` (a failed preflight too), which is what an automatic retry reads: SLURM records
+the same exit status for a stop and a failure. From its first instant the job also reads the time
+its SLURM allocation has left (:class:`spader.training.stop.TimeLimitWatch`).
 
 The work directory holds everything that must survive a failed, stopped or killed job
 (checkpoints, per-attempt metrics, the attempt history) and is never a Snakemake output, so a
@@ -85,7 +90,7 @@ from spader.training.lineage import (
 )
 from spader.training.preflight import PreflightError, check_job_memory, check_retrieval, static_checks
 from spader.training.scorer_launch import BaselineLaunch, baseline_launch, judge_endpoint, judge_settings
-from spader.training.stop import StopControl, StoppedForResume, read_stop_ack
+from spader.training.stop import StopControl, StoppedForResume, TimeLimitWatch, read_stop_ack
 from spader.training.workdir import WorkdirLock
 
 log = logging.getLogger(__name__)
@@ -131,6 +136,7 @@ class TrainJob:
     applied last (the GPU smoke test). ``attempt`` is Snakemake's attempt number (1: a first run
     or a rerun by hand; more: an automatic retry). ``ray_address`` names a running Ray cluster to
     train on (None: a private instance, or the cluster the job starts across its SLURM nodes).
+    ``training.nodes`` is the job's own: the variant's ``nodes`` where it sets one.
     """
 
     backbone: str
@@ -181,6 +187,9 @@ class TrainJob:
         self.stepsearch = _typed(StepSearchConfig, self.stepsearch)
         self.judge = _typed(JudgeConfig, self.judge)
         self.agent = _typed(AgentConfig, self.agent)
+        nodes = self.variant_spec.nodes
+        if nodes is not None and nodes != self.training.nodes:  # the variant's own node count
+            self.training = self.training.model_copy(update={"nodes": nodes})
 
     @classmethod
     def from_snakemake(cls, smk) -> TrainJob:
@@ -434,7 +443,8 @@ def preflight(job: TrainJob, available_gpus: int | None) -> str:
             raise PreflightError(f"training input {name} {path} does not exist")
     if job.training.nodes > 1 and job.ray_address is None and not os.environ.get("SLURM_JOB_ID"):
         raise PreflightError(
-            f"training.nodes is {job.training.nodes}: a multi-node job runs inside a SLURM allocation "
+            f"{job.variant} trains on {job.training.nodes} nodes (variants.{job.variant}.nodes, else "
+            "training.nodes): a multi-node job runs inside a SLURM allocation "
             "(snakemake --profile slurm), which gives it its nodes; none is here"
         )
     return verl_version
@@ -688,16 +698,36 @@ def run_training(
         StoppedForResume: verl stopped at a step boundary on request; a rerun resumes.
         TrainingError: verl failed (checkpoints stay in the work directory for the rerun).
     """
-    verl_version = preflight(job, available_gpus)
-    lock = claim_workdir(job)
-    try:
-        resume_from = resume_point(job)
-        link = RunLink.from_active_run(run, job.tracking_uri)
-        stop = StopControl(job.stop_file)
-        with stop.handling_signals(sigterm=False):  # a warning before verl runs is kept for it
-            return _attempt(job, link, stop, resume_from, verl_version, lock, service)
-    finally:
-        lock.release()
+    with TimeLimitWatch(job.training.time_limit.warning_s):  # SLURM's time left, from the start
+        lock = claim_workdir(job)
+        try:
+            try:
+                verl_version = preflight(job, available_gpus)
+                resume_from = resume_point(job)
+            except BaseException as exc:
+                _record_early_end(job, exc)
+                raise
+            link = RunLink.from_active_run(run, job.tracking_uri)
+            # a stop asked for before verl runs (the warning, the time left) is kept for it
+            with StopControl(job.stop_file) as stop, stop.handling_signals(sigterm=False):
+                return _attempt(job, link, stop, resume_from, verl_version, lock, service)
+        finally:
+            lock.release()
+
+
+def _record_early_end(job: TrainJob, exc: BaseException) -> None:
+    """The end of an attempt that failed before it started verl (no ``start`` record)."""
+    record_attempt(
+        job.workdir,
+        {
+            "event": "end",
+            "status": _status(exc),
+            "phase": "preflight",
+            "error": f"{type(exc).__name__}: {exc}",
+            "snakemake_attempt": job.attempt,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        },
+    )
 
 
 def _attempt(
@@ -709,12 +739,12 @@ def _attempt(
     lock: WorkdirLock,
     service: Callable | None,
 ) -> dict:
-    """One recorded attempt: the launch prepared, its start recorded, verl run, its outcome in
+    """One recorded attempt: its start recorded, the launch prepared, verl run, its outcome in
     ``attempts.jsonl`` (with the error and the newest checkpoint when it did not finish)."""
-    plan = prepare_launch(job, resume_from, link)
     attempt = record_start(job, link, verl_version, resume_from)
     outcome: dict[str, Any] = {"event": "end", "attempt": attempt.number, "status": "failed"}
     try:
+        plan = prepare_launch(job, resume_from, link)
         result = train(job, plan, stop, lock, service)
         outcome["returncode"] = result.returncode
         final = conclude(job, link, attempt, result)
