@@ -170,7 +170,10 @@ def test_retrieval_service_not_running():
 
 
 def test_run_training_stops_before_launching_anything(tmp_path, paper_config):
-    """A job whose model is missing fails in preflight: no work directory, no process started."""
+    """A job whose model is missing fails in preflight: no process started; the work directory holds
+    only the attempt history, whose record of the failure an automatic retry reads."""
+    import json
+
     from spader.training.run import TrainJob, run_training
 
     marker = tmp_path / "launched"
@@ -196,7 +199,10 @@ def test_run_training_stops_before_launching_anything(tmp_path, paper_config):
         err.value
     )
     assert "8 GPU(s) requested" in str(err.value)
-    assert not marker.exists() and not (tmp_path / "work").exists()
+    assert not marker.exists()
+    attempts = tmp_path / "work" / "attempts.jsonl"
+    (record,) = [json.loads(line) for line in attempts.read_text().splitlines()]
+    assert record["phase"] == "preflight" and "PreflightError" in record["error"]
 
 
 def _fake_nvidia_smi(directory: Path, version: str) -> Path:
