@@ -37,6 +37,9 @@ rule train_policy:
         gpu=training_gpus,
         gres=training_gres,
         nodes=TRAINING.nodes,
+        # one task per node: SLURM shrinks `--nodes=2 --ntasks=1` (what plugin 2.6.1 asks for a job
+        # without GPUs) to one node; a GPU job's request carries no --ntasks (tasks_per_gpu: 0)
+        tasks=TRAINING.nodes,
         mem_mb=lambda wc: max(64000, 60000 * config["backbones"][wc.backbone]["gpus"]),
         runtime=training_runtime,
         slurm_extra=slurm_signal_option(TRAINING.time_limit.warning_s),
