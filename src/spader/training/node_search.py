@@ -190,7 +190,9 @@ class RelayedHealth:
         status_path: its status file.
         proc: its ``srun`` step.
         log_path: its log (named in the messages).
-        max_silence_s: how long the status may go without a refresh before the replica counts as hung.
+        max_silence_s: how long the status may go without a refresh before the replica counts as hung
+            (measured on this node's clock, from when it last saw the status change: the nodes'
+            clocks need not agree).
     """
 
     def __init__(
@@ -207,6 +209,7 @@ class RelayedHealth:
         self.proc = proc
         self.log_path = Path(log_path)
         self.max_silence_s = max_silence_s
+        self._reported: tuple[Any, float] | None = None  # the last report seen, and when (monotonic)
 
     def problem(self) -> str | None:
         """Why the node's replica is unusable now, or None."""
@@ -220,10 +223,14 @@ class RelayedHealth:
                 f"log {self.log_path})"
             )
         reported = status.get("time")
-        if reported is not None:
-            silent = time.time() - float(reported)
-            if silent > self.max_silence_s:
-                return f"the retrieval service on node {self.node} has not reported for {silent:.0f} s"
+        if reported is None:
+            return None
+        now = time.monotonic()
+        if self._reported is None or self._reported[0] != reported:
+            self._reported = (reported, now)
+        silent = now - self._reported[1]
+        if silent > self.max_silence_s:
+            return f"the retrieval service on node {self.node} has not reported for {silent:.0f} s"
         return None
 
 
