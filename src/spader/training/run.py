@@ -13,8 +13,9 @@ pass:
    run of the launch), written to ``launch.json`` and ``resolved_config.yaml``;
 5. :func:`record_start` - MLflow tags and ``snakemake/`` params on the job's run (verl attaches to
    it), the attempt in ``attempts.jsonl``;
-6. :func:`train` - the retrieval service for this job on this node (health checked, the tool
-   YAML pointed at it), the R3-RAG judge where served, Ray's place (:mod:`spader.training.ray_cluster`),
+6. :func:`train` - the retrieval service for this job on this node, or one replica on each node
+   of a multi-node job (:mod:`spader.training.node_search`; health checked, the tool YAML pointed
+   at it), the R3-RAG judge where served, Ray's place (:mod:`spader.training.ray_cluster`),
    then verl under the job's watch (:mod:`spader.training.watch`) and stop control
    (:mod:`spader.training.stop`);
 7. :func:`conclude` - ``final.json`` (steps done, the checkpoint to export, last metrics, hashes of

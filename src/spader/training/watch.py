@@ -9,7 +9,9 @@
 * **Its retrieval service.** verl's search tool turns a failed search into an error observation
   and trains on; a dead service would make every later rollout worthless. The job stops verl
   when the service's process exits, when it stops answering, or when the share of failed queries
-  in a check interval exceeds ``training.max_search_error_rate``.
+  in a check interval exceeds ``training.max_search_error_rate``. A multi-node job has a replica
+  on every node, each judged on its node the same way; the watch reads their verdicts
+  (:class:`spader.training.node_search.RelayedHealth`) and any one failing stops verl.
 
 The watch runs in a thread; when something is wrong it records why and stops verl's process tree
 (SIGTERM to the process supervisor, :func:`spader.training.launch.run_command`'s ``started``).
