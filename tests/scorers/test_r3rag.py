@@ -194,12 +194,10 @@ def test_doc_examples():
 
 def test_the_judge_has_the_original_s_reply_budget():
     """R3-RAG gives its judge 4,096 tokens: a judge that explains at length is not cut before its
-    verdict (the config's default, the trainer's and the client's)."""
+    verdict (the config's default, which the launcher hands the trainer's client)."""
     from spader.config import JudgeConfig
-    from spader.integrations.verl.scorer_rewards import JudgeSettings
-    from spader.scorers.judge import JudgeClient
+    from spader.training.scorer_launch import baseline_launch
 
-    assert JudgeConfig().max_tokens == JudgeSettings().max_tokens == 4096
-    assert (
-        JudgeClient("http://127.0.0.1:1/v1", "judge", timeout=1, retries=0, concurrency=1).max_tokens == 4096
-    )
+    assert JudgeConfig().max_tokens == 4096
+    launch = baseline_launch({"verl_config": "r3rag", "advantage": "turn_gae", "reward": "r3rag"}, judge={})
+    assert "++algorithm.r3rag.judge.max_tokens=4096" in launch.overrides

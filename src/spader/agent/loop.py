@@ -43,15 +43,16 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tqdm.auto import tqdm
 
 from spader.agent.conversation import Conversation, render_ids, turn_token_count
 from spader.agent.generation import Engine, Generation, Sampling
-from spader.config.model import AgentConfig, EvaluationConfig, TrainingConfig
+from spader.config.model import AgentConfig, EvaluationConfig, ServiceConfig
 from spader.core.matching import passage_hits
 from spader.core.metrics import unique_gold
-from spader.core.parsing import TURN_END_TAGS, AnswerParse, malformed_turn, parse_turn
+from spader.core.parsing import AnswerParse, malformed_turn, parse_turn
 from spader.core.prompt import PromptTemplate, build_messages, fit_observation, format_observation
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,10 @@ AGENT_KEYS = (
 )
 
 
-def _training_budget() -> int:
-    """Training's episode budget with the configuration's defaults: prompt plus response tokens."""
-    fields = TrainingConfig.model_fields
-    return int(fields["max_prompt_length"].default) + int(fields["max_response_length"].default)
+class SearchLimits(Protocol):
+    """What the loop reads of the search service it queries (its longest accepted query)."""
+
+    max_query_chars: int
 
 
 class GenerationFailure(RuntimeError):
@@ -99,26 +100,27 @@ class GenerationFailure(RuntimeError):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """Budgets and decoding of the loop: the turn settings of ``config["agent"]`` (the same in
-    training) and the decoding, context budget and error tolerance of ``config["evaluation"]``.
-
-    ``max_context_tokens`` (prompt and response) defaults to training's budget (the defaults of
-    ``training.max_prompt_length`` + ``training.max_response_length``); ``max_turn_tokens`` None
-    means no per-turn cap; ``max_error_share`` None never stops the run for generation errors.
+    """Budgets and decoding of the loop, built by :meth:`from_config` from the typed sections (the
+    configuration model holds every default and description): ``max_turns``,
+    ``max_turn_tokens``, ``max_queries_per_call``, ``max_tool_response_chars``, ``stop`` and
+    ``regenerations`` are ``agent.*`` (the same in training); ``max_context_tokens`` (resolved),
+    ``temperature``, ``top_p``, ``seed`` and ``max_error_share`` are ``evaluation.*``;
+    ``max_query_chars`` is the search service's limit (``retrieval.service.max_query_chars``).
+    ``max_error_share`` None never stops a run for generation errors (tests, benchmarks).
     """
 
-    max_turns: int = 16
-    max_turn_tokens: int | None = None
-    max_context_tokens: int = field(default_factory=lambda: _training_budget())
-    max_queries_per_call: int = 10
-    max_query_chars: int = 1000  # the search service's limit (retrieval.service.max_query_chars)
-    max_tool_response_chars: int = 11000
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = TURN_END_TAGS
-    seed: int = 0
-    regenerations: int = 0
-    max_error_share: float | None = None
+    max_turns: int
+    max_turn_tokens: int | None
+    max_context_tokens: int
+    max_queries_per_call: int
+    max_query_chars: int
+    max_tool_response_chars: int
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+    seed: int
+    regenerations: int
+    max_error_share: float | None
 
     def __post_init__(self):
         positive = (
@@ -146,15 +148,17 @@ class AgentSettings:
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @classmethod
-    def from_config(cls, evaluation: EvaluationConfig, agent: AgentConfig | None = None) -> AgentSettings:
+    def from_config(
+        cls, evaluation: EvaluationConfig, agent: AgentConfig, service: ServiceConfig | SearchLimits
+    ) -> AgentSettings:
         """The loop's settings from the typed sections: turn settings from ``agent``, decoding,
-        context budget and error tolerance from ``evaluation``.
+        context budget and error tolerance from ``evaluation``, the longest query from the
+        retrieval ``service`` (its section, or the search settings the service runs with).
 
         Raises:
             ValueError: ``evaluation.max_context_tokens`` is null (the workflow resolves it to
                 training's budget, :attr:`spader.config.Config.evaluation_context_tokens`).
         """
-        agent = agent or AgentConfig()
         if evaluation.max_context_tokens is None:
             raise ValueError(
                 "evaluation.max_context_tokens is null: resolve it to training's max_prompt_length + "
@@ -164,6 +168,7 @@ class AgentSettings:
             max_turns=agent.max_turns,
             max_turn_tokens=agent.max_turn_tokens,
             max_queries_per_call=agent.max_queries_per_call,
+            max_query_chars=service.max_query_chars,
             max_tool_response_chars=agent.max_tool_response_chars,
             stop=tuple(agent.stop),
             regenerations=agent.regenerations,

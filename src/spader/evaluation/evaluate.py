@@ -190,9 +190,7 @@ def evaluate_policy(
     """
     agent = agent or AgentConfig()
     # queries are cut to what the service accepts, as training's search tool does
-    settings = dataclasses.replace(
-        AgentSettings.from_config(evaluation, agent), max_query_chars=retrieval.max_query_chars
-    )
+    settings = AgentSettings.from_config(evaluation, agent, retrieval)
     template = prompt or load_template()
     items = load_eval_set(records_path)
     tiny = is_tiny(model_dir)

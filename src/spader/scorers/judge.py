@@ -80,8 +80,8 @@ class JudgeClient:
         timeout: float,
         retries: int,
         concurrency: int,
-        max_tokens: int = 4096,
-        temperature: float = 0.0,
+        max_tokens: int,
+        temperature: float,
         backoff: float = 0.5,
         api_key: str | None = None,
     ):

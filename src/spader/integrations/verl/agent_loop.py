@@ -140,17 +140,19 @@ class TurnEndingServer:
 
 def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int]:
     """``(max_turn_tokens, stop, regenerations)`` of the ``spader_agent`` block (config.yaml
-    ``agent``, passed at launch); without the block, the defaults of config.yaml's ``agent``."""
-    defaults = AgentConfig()
+    ``agent``, passed at launch), read as the typed ``agent`` section (a key the block lacks takes
+    the section's default).
+
+    Raises:
+        ValueError: a value out of its bounds (the message names ``spader_agent.<key>``).
+    """
     block = config.get("spader_agent") or {}
-    cap = block.get("max_turn_tokens", defaults.max_turn_tokens)
-    stop = tuple(str(s) for s in (block.get("stop") or defaults.stop))
-    regenerations = int(block.get("regenerations", defaults.regenerations) or 0)
-    if cap is not None and int(cap) < 1:
-        raise ValueError(f"spader_agent.max_turn_tokens must be null or >= 1, got {cap!r}")
-    if regenerations < 0:
-        raise ValueError(f"spader_agent.regenerations must be >= 0, got {regenerations!r}")
-    return (None if cap is None else int(cap)), stop, regenerations
+    plain = {k: (list(v) if k == "stop" else v) for k, v in dict(block).items()}
+    try:
+        agent = AgentConfig.model_validate(plain)
+    except ValueError as exc:
+        raise ValueError(f"spader_agent is invalid: {exc}".replace("\n", "; ")) from exc
+    return agent.max_turn_tokens, tuple(agent.stop), agent.regenerations
 
 
 def end_on_generated(output: AgentLoopOutput) -> AgentLoopOutput:

@@ -35,7 +35,7 @@ def write_tool_config(
     *,
     service_url: str | Mapping[str, str],
     retrieval: Mapping[str, Any],
-    max_queries_per_call: int = 10,
+    max_queries_per_call: int,
     max_chars: int,
     record_turns: bool = False,
 ) -> Path:
@@ -47,7 +47,7 @@ def write_tool_config(
             node of a multi-node job (host name -> URL; every tool instance uses its host's).
         retrieval: the workflow's ``config["retrieval"]`` (``topk``, ``initial_k``,
             ``service.request_timeout_s``, ``service.retries``, ``service.max_query_chars``).
-        max_queries_per_call: queries of one tool call beyond this are not run.
+        max_queries_per_call: queries of one tool call beyond this are not run (``agent.max_queries_per_call``).
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
@@ -65,7 +65,6 @@ def write_tool_config(
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
         )
-    service = retrieval.get("service") or {}
     try:
         config = {
             "type": "native",
@@ -76,9 +75,9 @@ def write_tool_config(
             ),
             "topk": int(retrieval["topk"]),
             "initial_k": int(retrieval["initial_k"]),
-            "timeout": float(service.get("request_timeout_s", 120)),
-            "retries": int(service.get("retries", 3)),
-            "max_query_chars": int(service.get("max_query_chars", 1000)),
+            "timeout": float(retrieval["service"]["request_timeout_s"]),
+            "retries": int(retrieval["service"]["retries"]),
+            "max_query_chars": int(retrieval["service"]["max_query_chars"]),
             "max_queries_per_call": int(max_queries_per_call),
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
