@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from netns_slurm import NetnsSlurm, netns_problem  # noqa: E402
 
+from spader.config import resolved_config  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 NO_ACCOUNTING = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2"]
@@ -121,7 +123,7 @@ def test_two_slurm_nodes_train_and_search_each_on_their_own_replica(cluster, tmp
     work = tmp_path / "repo"
     work.mkdir()
     os.symlink(REPO / "profiles" / "slurm", work / "slurm")
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = resolved_config(REPO / "config" / "config.yaml")
     training = cpu_training(
         nodes=2,
         max_steps=STEPS,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sections import search_settings
 
 from spader.retrieval.backend import SearchSettings
 from spader.training.node_search import RelayedHealth, node_replicas, read_status
@@ -60,7 +61,7 @@ def fake_srun(tmp_path, monkeypatch):
 
 
 def _settings() -> SearchSettings:
-    return SearchSettings(reranker=None, topk=1, initial_k=2, startup_timeout_s=120)
+    return search_settings(reranker=None, topk=1, initial_k=2, startup_timeout_s=120)
 
 
 def _search(url: str, query: str) -> list:
@@ -195,20 +196,31 @@ def test_the_tool_yaml_of_several_nodes_is_loaded_by_verl_on_its_host(tmp_path):
 
     host = socket.gethostname()
     urls = {host: "http://127.0.0.1:4001", "elsewhere": "http://127.0.0.1:4002"}
-    retrieval = {"topk": 2, "initial_k": 5, "service": {}}
-    path = write_tool_config(tmp_path / "tool.yaml", service_url=urls, retrieval=retrieval, max_chars=100)
+    retrieval = {
+        "topk": 2,
+        "initial_k": 5,
+        "service": {"request_timeout_s": 30, "retries": 1, "max_query_chars": 100},
+    }
+    path = write_tool_config(
+        tmp_path / "tool.yaml", service_url=urls, retrieval=retrieval, max_queries_per_call=2, max_chars=100
+    )
     (tool,) = initialize_tools_from_config(str(path))
     assert tool.client.base_url == "http://127.0.0.1:4001"
     with pytest.raises(ValueError, match="http"):
         write_tool_config(
-            tmp_path / "x.yaml", service_url={host: "127.0.0.1:1"}, retrieval=retrieval, max_chars=1
+            tmp_path / "x.yaml",
+            service_url={host: "127.0.0.1:1"},
+            retrieval=retrieval,
+            max_queries_per_call=1,
+            max_chars=1,
         )
 
 
 def test_a_cpu_run_has_an_agent_loop_worker_on_every_node():
+    from spader.config import TrainingConfig
     from spader.training.launch import device_overrides
 
-    training = {"device": "cpu", "rollout_backend": "transformers", "max_steps": 2}
+    training = TrainingConfig(device="cpu", rollout_backend="transformers", max_steps=2)
     assert "actor_rollout_ref.rollout.agent.num_workers=1" in device_overrides(training, threads=2, workers=1)
     two = device_overrides(training, threads=2, workers=1, nnodes=2)
     assert "actor_rollout_ref.rollout.agent.num_workers=2" in two
