@@ -4,6 +4,7 @@ and once through the real entry point's --validate-only)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -277,6 +278,50 @@ def test_multi_node_jobs_join_a_cluster_and_train_on_every_node(paper_config, tm
     job.ray_address = "10.0.0.1:6379"
     plan = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
     assert plan.get("ray_kwargs.ray_init.address") == "10.0.0.1:6379"
+
+
+def _fake_tool(bin_dir: Path, name: str, script: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text("#!/bin/sh\n" + script)
+    (bin_dir / name).chmod(0o755)
+
+
+def test_the_allocations_nodes_come_from_the_controller_not_from_the_step(tmp_path, monkeypatch):
+    """Inside the step Snakemake's SLURM executor starts (`srun -n1` after dropping the job's
+    variables) SLURM_JOB_NODELIST names the step's one node; the job's own record names all.
+    (FAKE squeue and scontrol, answering as SLURM 22.05 did for a two-node job.)"""
+    from spader.training.ray_cluster import slurm_nodes
+
+    bin_dir = tmp_path / "bin"
+    _fake_tool(bin_dir, "squeue", '[ "$3" = 7 ] && echo "gpu[1-2]"\n')
+    _fake_tool(
+        bin_dir, "scontrol", 'case "$3" in "gpu[1-2]") printf "gpu1\\ngpu2\\n";; *) echo "$3";; esac\n'
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert slurm_nodes({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu1"}) == ["gpu1", "gpu2"]
+    # without an answer from the controller, the environment's list
+    assert slurm_nodes({"SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "gpu1"}) == ["gpu1"]
+
+
+def test_a_worker_node_that_fails_to_start_is_started_again(tmp_path, monkeypatch):
+    """A worker node's `ray start` that exits while the cluster starts (Ray's raylet exits when its
+    agents are slow to start) is replaced by a new start; without a replacement the start fails.
+    (FAKE `ray status`, listing two nodes.)"""
+    from spader.training import ray_cluster
+
+    _fake_tool(tmp_path / "bin", "ray", 'echo " 1 node_a"; echo " 1 node_b"\n')
+    monkeypatch.setattr(ray_cluster, "_ray_executable", lambda: [str(tmp_path / "bin" / "ray")])
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    failed.wait()
+    again = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    procs = [failed]
+    try:
+        ray_cluster.wait_for_nodes("x:1", 2, {}, 30, procs, restart=lambda i: again)
+        assert procs == [again]
+    finally:
+        again.kill()
+    with pytest.raises(RuntimeError, match="exited with code 1 while the cluster started"):
+        ray_cluster.wait_for_nodes("x:1", 2, {}, 30, [failed], restart=lambda i: None)
 
 
 def test_r3rag_on_two_nodes_serves_its_judge_on_the_second_and_trains_on_the_first(paper_config, tmp_path):

@@ -40,6 +40,9 @@ rule train_policy:
         gpu=training_gpus,
         gres=training_gres,
         nodes=training_nodes,
+        # one task per node: SLURM shrinks `--nodes=2 --ntasks=1` (what plugin 2.6.1 asks for a job
+        # without GPUs) to one node; a GPU job's request carries no --ntasks (tasks_per_gpu: 0)
+        tasks=training_nodes,
         cpus_per_task=lambda wc: training_request(wc)[0],
         mem_mb=lambda wc: training_request(wc)[1],
         runtime=training_runtime,

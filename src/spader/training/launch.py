@@ -247,7 +247,12 @@ def device_env(training: TrainingConfig | Mapping[str, Any], *, threads: int, wo
 
 
 def device_overrides(
-    training: TrainingConfig | Mapping[str, Any], *, threads: int, workers: int, private_ray: bool = True
+    training: TrainingConfig | Mapping[str, Any],
+    *,
+    threads: int,
+    workers: int,
+    private_ray: bool = True,
+    nnodes: int = 1,
 ) -> list[str]:
     """verl overrides of the configured device and rollout backend.
 
@@ -255,8 +260,9 @@ def device_overrides(
     ``cpu`` and FSDP engines on gloo (attention and padding are the project YAMLs' sdpa without
     packed micro-batches, as on GPUs), fp32 compute without torch.compile (it needs a compiler
     and minutes of warm-up), one tensor-parallel rank per rollout replica served by
-    ``transformers``, and one TransferQueue storage unit, agent-loop worker and reward worker
-    (each is a process; a small machine gains nothing from eight).
+    ``transformers``, and one TransferQueue storage unit, reward worker and agent-loop worker per
+    node (each is a process; a small machine gains nothing from eight; verl places agent-loop
+    workers round-robin over the nodes, so every node runs rollouts and searches its own replica).
 
     Args:
         training: ``config["training"]``.
@@ -264,6 +270,7 @@ def device_overrides(
         workers: training processes (``trainer.n_gpus_per_node``, set by :func:`job_overrides`).
         private_ray: verl starts its own Ray instance (a CPU run then advertises its logical
             device slots there; a cluster's nodes declare theirs when they start).
+        nnodes: nodes verl trains on (a CPU run has one agent-loop worker on each).
     Returns:
         Override strings.
     """
@@ -289,7 +296,7 @@ def device_overrides(
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"++actor_rollout_ref.rollout.engine_kwargs.transformers={{threads:{int(threads)}}}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"actor_rollout_ref.rollout.agent.num_workers={max(1, int(nnodes))}",
         "reward.num_workers=1",
         "data.dataloader_num_workers=0",
     ]

@@ -58,6 +58,7 @@ __all__ = [
     "slurm_nodes",
     "slurm_ray_cluster",
     "srun_on",
+    "training_nodes",
     "wait_for_nodes",
 ]
 
@@ -111,11 +112,27 @@ def _ray_executable() -> list[str]:
 
 
 def slurm_nodes(environ=None) -> list[str]:
-    """Host names of the SLURM allocation this job runs in, first node first."""
+    """Host names of the SLURM allocation this job runs in, first node first.
+
+    Read from the controller's record of the job (``squeue -j $SLURM_JOB_ID -o %N``), not from the
+    environment: a job started by Snakemake's SLURM executor runs in a step that the executor
+    starts with ``srun -n1`` after dropping the allocation's variables, and inside that step
+    ``SLURM_JOB_NODELIST`` names the step's one node (seen on SLURM 22.05). The environment's
+    list is the fallback when the controller does not answer.
+    """
     env = os.environ if environ is None else environ
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    nodelist = ""
+    if job:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True, timeout=60
+            )
+            if out.returncode == 0:
+                nodelist = out.stdout.strip()
+    nodelist = nodelist or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     if not nodelist:
-        raise RuntimeError("not inside a SLURM allocation (no SLURM_JOB_NODELIST)")
+        raise RuntimeError("not inside a SLURM allocation (no SLURM_JOB_ID, no SLURM_JOB_NODELIST)")
     out = subprocess.run(
         ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=60
     )
@@ -173,6 +190,23 @@ def judge_node(job):
     )
 
 
+def training_nodes(job) -> list[str]:
+    """The allocation's nodes verl trains on (``job.train_nodes`` of them), this one first.
+
+    Raises:
+        RuntimeError: the allocation has fewer, or this job does not run on its first node.
+    """
+    nodes = slurm_nodes()[: job.train_nodes]
+    if len(nodes) < job.train_nodes:
+        raise RuntimeError(
+            f"verl trains on {job.train_nodes} nodes but the allocation has {len(nodes)}: {nodes}"
+        )
+    host = socket.gethostname().split(".")[0]
+    if nodes[0].split(".")[0] != host:
+        raise RuntimeError(f"the job runs on {host}, not on the allocation's first node {nodes[0]}")
+    return nodes
+
+
 def route_address(peer: str) -> str:
     """This machine's address on the network that reaches ``peer`` (the interface the nodes share).
     No packet is sent: connecting a UDP socket only picks the route."""
@@ -188,16 +222,28 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_nodes(address: str, count: int, env: dict[str, str], timeout_s: float, procs) -> None:
-    """Until ``count`` nodes are alive in the cluster at ``address`` (``ray status`` lists them)."""
+def wait_for_nodes(
+    address: str, count: int, env: dict[str, str], timeout_s: float, procs, restart=None
+) -> None:
+    """Until ``count`` nodes are alive in the cluster at ``address`` (``ray status`` lists them).
+
+    Args:
+        procs: the nodes' processes (a list; one that exits is an error, unless ``restart``
+            replaces it).
+        restart: called with the index of a process that exited; returns its replacement, or
+            None when that node may not start again.
+    """
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
-        for p in procs:
+        for i, p in enumerate(procs):
             if p.poll() is not None:
-                raise RuntimeError(
-                    f"a Ray node process exited with code {p.returncode} while the cluster started"
-                )
+                again = restart(i) if restart is not None else None
+                if again is None:
+                    raise RuntimeError(
+                        f"a Ray node process exited with code {p.returncode} while the cluster started"
+                    )
+                procs[i] = again
         res = subprocess.run(
             [*_ray_executable(), "status", f"--address={address}"],
             capture_output=True,
@@ -243,6 +289,7 @@ def slurm_ray_cluster(
     log_dir: str | os.PathLike,
     start_timeout_s: float = 600.0,
     grace_s: float = 30.0,
+    worker_starts: int = 3,
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """A Ray cluster over the allocation's ``nodes``: the head here (``nodes[0]``), a worker node on
     each other one (``srun``), all stopped on exit.
@@ -253,6 +300,9 @@ def slurm_ray_cluster(
             :func:`spader.training.launch.ray_cpu_slots`).
         token_file: where the cluster's token is written (shared by all nodes).
         log_dir: the nodes' ``ray start`` output.
+        start_timeout_s: how long the nodes may take to join.
+        grace_s: seconds between SIGTERM and SIGKILL when the cluster stops.
+        worker_starts: how often a worker node's ``ray start`` is tried.
     Yields:
         ``(address, env)``: the head's ``host:port`` and the environment a driver needs.
     """
@@ -292,30 +342,39 @@ def slurm_ray_cluster(
                 )
             )
         log.info("Ray head on %s at %s (log %s)", nodes[0], address, log_dir / "ray_head.log")
-        for node in nodes[1:]:
+
+        def start_worker(node: str) -> subprocess.Popen:
             worker = [*_ray_executable(), "start", f"--address={address}", *common]
-            srun = srun_on(node)
             with open(log_dir / f"ray_{node}.log", "ab") as out:
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            *srun,
-                            sys.executable,
-                            "-m",
-                            "spader.infra.procs",
-                            "--grace",
-                            str(grace_s),
-                            "--",
-                            *worker,
-                        ],
-                        env={**os.environ, **env},
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
+                proc = subprocess.Popen(
+                    [*srun_on(node), sys.executable, "-m", "spader.infra.procs", "--grace", str(grace_s),
+                     "--", *worker],
+                    env={**os.environ, **env},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
             log.info("Ray worker node on %s (log %s)", node, log_dir / f"ray_{node}.log")
-        wait_for_nodes(address, len(nodes), env, start_timeout_s, procs)
+            return proc
+
+        for node in nodes[1:]:
+            procs.append(start_worker(node))
+        starts = dict.fromkeys(nodes[1:], 1)
+
+        def restart(i: int) -> subprocess.Popen | None:
+            # Ray 2.60's raylet gives its node's agents a fixed time to write their port files and
+            # exits when they take longer (a Python start on a loaded node or a slow shared file
+            # system); `ray start` then fails. A worker node gets further starts; the head does not.
+            if i == 0 or starts[nodes[i]] >= worker_starts:
+                return None
+            starts[nodes[i]] += 1
+            log.warning(
+                "the Ray node on %s exited with code %d while starting (log %s); starting it again (%d of %d)",
+                nodes[i], procs[i].returncode, log_dir / f"ray_{nodes[i]}.log", starts[nodes[i]], worker_starts,
+            )  # fmt: skip
+            return start_worker(nodes[i])
+
+        wait_for_nodes(address, len(nodes), env, start_timeout_s, procs, restart=restart)
         log.info("Ray cluster of %d nodes up at %s", len(nodes), address)
         yield address, env
     finally:
@@ -347,10 +406,7 @@ def ray_for_job(job) -> Iterator[tuple[list[str], dict[str, str]]]:
         return
     from spader.training.launch import ray_cpu_slots
 
-    nodes = slurm_nodes()[: job.train_nodes]
-    host = socket.gethostname().split(".")[0]
-    if nodes[0].split(".")[0] != host:
-        raise RuntimeError(f"the job runs on {host}, not on the allocation's first node {nodes[0]}")
+    nodes = training_nodes(job)
     cpus = ray_cpu_slots(
         workers=job.workers, storage_units=1 if job.device == "cpu" else 8, threads=job.threads
     )

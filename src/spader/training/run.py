@@ -13,8 +13,9 @@ pass:
    it), the attempt in ``attempts.jsonl``;
 5. :func:`prepare_launch` - the verl command, composed and validated in-process with Hydra (a dry
    run of the launch), written to ``launch.json`` and ``resolved_config.yaml``;
-6. :func:`train` - the retrieval service for this job on this node (health checked, the tool
-   YAML pointed at it), the R3-RAG judge where served, Ray's place (:mod:`spader.training.ray_cluster`),
+6. :func:`train` - the retrieval service for this job on this node, or one replica on each node
+   of a multi-node job (:mod:`spader.training.node_search`; health checked, the tool YAML pointed
+   at it), the R3-RAG judge where served, Ray's place (:mod:`spader.training.ray_cluster`),
    then verl under the job's watch (:mod:`spader.training.watch`) and stop control
    (:mod:`spader.training.stop`);
 7. :func:`conclude` - ``final.json`` (steps done, the checkpoint to export, last metrics, hashes of
@@ -33,12 +34,13 @@ rerun resumes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,8 @@ __all__ = [
     "record_start",
     "resume_point",
     "run_training",
+    "search_nodes",
+    "search_services",
     "train",
 ]
 
@@ -402,7 +406,13 @@ def plan_launch(
                 nnodes=job.train_nodes,
                 ray_address=job.ray_address,
             ),
-            *device_overrides(training, threads=job.threads, workers=workers, private_ray=private_ray),
+            *device_overrides(
+                training,
+                threads=job.threads,
+                workers=workers,
+                private_ray=private_ray,
+                nnodes=job.train_nodes,
+            ),
             *agent_overrides(job.agent.model_dump()),
             *baseline.overrides,
         ],
@@ -591,25 +601,13 @@ def train(
     (:class:`~spader.training.stop.StopControl`); SIGINT and SIGHUP stop it at once.
     """
     from spader.integrations.verl.tool_config import write_tool_config
-    from spader.retrieval.backend import SearchSettings
-    from spader.retrieval.service import reranker_on_job_gpus
     from spader.training.ray_cluster import judge_node, ray_for_job
-    from spader.training.watch import JobWatch, ServiceHealth, workflow_process
+    from spader.training.watch import JobWatch, workflow_process
 
-    start_service = service
-    if start_service is None:
-        from spader.retrieval.service import running_service as start_service
-    # The service shares the node with verl; an eighth of the job's CPUs serves BM25 + reranking,
-    # and one reranker replica sits on every GPU of the job (equal footprint on each GPU).
-    gpus = job.backbone_spec.gpus if job.device == "cuda" else 0
-    search = SearchSettings.from_config(reranker_on_job_gpus(job.retrieval_settings, gpus))
-    with start_service(
-        job.index_dir, search, log_path=job.service_log, threads=max(1, job.threads // 8)
-    ) as url:
-        check_retrieval(url, timeout=float(job.retrieval.service.request_timeout_s))
+    with search_services(job, service) as (service_url, services):
         write_tool_config(
             job.tool_config,
-            service_url=url,
+            service_url=service_url,
             retrieval=job.retrieval_settings,
             max_chars=int(job.agent.max_tool_response_chars),
             max_queries_per_call=int(job.agent.max_queries_per_call),
@@ -631,7 +629,7 @@ def train(
             deferring_workflow_loss(_WORKFLOW_LOSS_DEFERRAL_S),
             JobWatch(
                 workflow=workflow_process(),
-                service=ServiceHealth(url, max_error_rate=job.training.max_search_error_rate),
+                service=services,
                 heartbeat=lock.heartbeat,
             ) as watch,
             stop.handling_signals(),
@@ -646,6 +644,66 @@ def train(
                 started=watch.attach,
             )
     return TrainResult(rc, watch.kind, watch.reason, stop.reason)
+
+
+def search_nodes(job: TrainJob) -> list[str]:
+    """The nodes that each run a retrieval replica of their own for their agent-loop workers: the
+    training nodes of a multi-node job inside its allocation; none for a single-node job, whose
+    service the job runs itself, and none on a cluster named by ``job.ray_address`` (the
+    caller's, whose nodes must reach this machine's loopback, as the test's nodes on one machine do)."""
+    if job.ray_address is not None or job.train_nodes <= 1:
+        return []
+    from spader.training.ray_cluster import training_nodes
+
+    return training_nodes(job)
+
+
+@contextlib.contextmanager
+def search_services(job: TrainJob, service: Callable | None = None) -> Iterator[tuple[str | dict, list]]:
+    """The job's retrieval service, started and healthy: on one node the job's own, on several one
+    replica per training node, each on its node's loopback (:mod:`spader.training.node_search`).
+
+    Every replica holds the job's search settings: an eighth of the job's CPUs serves BM25 and
+    reranking beside verl, and one reranker replica sits on every GPU of its node (an equal
+    footprint on each GPU).
+
+    Args:
+        job: the job.
+        service: the single-node service's factory (default
+            :func:`spader.retrieval.service.running_service`).
+    Yields:
+        ``(url, healths)``: the URL for the search tool (one, or host name -> URL) and what the
+        job's watch checks (:class:`spader.training.watch.ServiceHealth` and the like).
+    """
+    from spader.retrieval.backend import SearchSettings
+    from spader.retrieval.service import reranker_on_job_gpus
+    from spader.training.node_search import SEARCH_DIR, node_replicas
+    from spader.training.watch import ServiceHealth
+
+    gpus = job.backbone_spec.gpus if job.device == "cuda" else 0
+    search = SearchSettings.from_config(reranker_on_job_gpus(job.retrieval_settings, gpus))
+    threads = max(1, job.threads // 8)
+    max_error_rate = job.training.max_search_error_rate
+    nodes = search_nodes(job)
+    if nodes:
+        with node_replicas(
+            nodes,
+            index_dir=job.index_dir,
+            search=search,
+            threads=threads,
+            max_error_rate=max_error_rate,
+            directory=job.workdir / SEARCH_DIR,
+        ) as replicas:
+            urls = replicas.wait_ready()
+            log.info("retrieval replicas: %s", ", ".join(f"{h} {u}" for h, u in sorted(urls.items())))
+            yield urls, replicas.healths()
+        return
+    start_service = service
+    if start_service is None:
+        from spader.retrieval.service import running_service as start_service
+    with start_service(job.index_dir, search, log_path=job.service_log, threads=threads) as url:
+        check_retrieval(url, timeout=float(job.retrieval.service.request_timeout_s))
+        yield url, [ServiceHealth(url, max_error_rate=max_error_rate)]
 
 
 def conclude(job: TrainJob, link: RunLink, attempt: Attempt, result: TrainResult) -> dict:

@@ -9,7 +9,9 @@
 * **Its retrieval service.** verl's search tool turns a failed search into an error observation
   and trains on; a dead service would make every later rollout worthless. The job stops verl
   when the service's process exits, when it stops answering, or when the share of failed queries
-  in a check interval exceeds ``training.max_search_error_rate``.
+  in a check interval exceeds ``training.max_search_error_rate``. A multi-node job has a replica
+  on every node, each judged on its node the same way; the watch reads their verdicts
+  (:class:`spader.training.node_search.RelayedHealth`) and any one failing stops verl.
 
 The watch runs in a thread; when something is wrong it records why and stops verl's process tree
 (SIGTERM to the process supervisor, :func:`spader.training.launch.run_command`'s ``started``).
@@ -22,7 +24,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from spader.infra.procs import ProcessRef, workflow_process
 
@@ -45,6 +47,7 @@ class ServiceHealth:
             interval say little).
         timeout_s: per request.
         max_silence_s: how long ``/stats`` may go unanswered before the service counts as hung.
+        label: how the messages name the service (default: ``the retrieval service at <url>``).
     """
 
     def __init__(
@@ -55,10 +58,12 @@ class ServiceHealth:
         min_queries: int = 50,
         timeout_s: float = 10.0,
         max_silence_s: float = 300.0,
+        label: str | None = None,
     ):
         import httpx
 
         self.url = url
+        self.label = label or f"the retrieval service at {url}"
         self.max_error_rate = float(max_error_rate)
         self.min_queries = int(min_queries)
         self.timeout_s = timeout_s
@@ -83,7 +88,7 @@ class ServiceHealth:
 
         if self.pid is not None and self._create_time is not None:
             if not ProcessRef(self.pid, self._create_time).alive():
-                return f"the retrieval service at {self.url} (pid {self.pid}) died"
+                return f"{self.label} (pid {self.pid}) died"
         try:
             stats = httpx.get(f"{self.url}/stats", timeout=self.timeout_s, trust_env=False).json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -91,10 +96,7 @@ class ServiceHealth:
                 return None
             silent = time.monotonic() - self._answered
             if silent > self.max_silence_s:
-                return (
-                    f"the retrieval service at {self.url} has not answered for {silent:.0f} s "
-                    f"({type(exc).__name__})"
-                )
+                return f"{self.label} has not answered for {silent:.0f} s ({type(exc).__name__})"
             return None
         self._answered = time.monotonic()
         counts = _counts(stats)
@@ -110,7 +112,7 @@ class ServiceHealth:
         rate = failed / queries
         if rate > self.max_error_rate:
             return (
-                f"the retrieval service at {self.url} failed {failed} of {queries} search queries "
+                f"{self.label} failed {failed} of {queries} search queries "
                 f"({rate:.0%}) in the last interval, above training.max_search_error_rate "
                 f"({self.max_error_rate:.0%})"
             )
@@ -130,7 +132,8 @@ class JobWatch:
 
     Args:
         workflow: the Snakemake process to outlive never (None: not watched).
-        service: the retrieval service (None: not watched).
+        service: the retrieval service (None: not watched), or several (a multi-node job's
+            replicas, one per node: any of them failing stops verl); each has ``problem()``.
         interval_s: seconds between checks of the workflow and the lock; the service is asked
             every ``service_interval_s`` (default :data:`SERVICE_CHECK_S`).
         heartbeat: called every round (exceptions are logged, never fatal).
@@ -140,13 +143,18 @@ class JobWatch:
         self,
         *,
         workflow: ProcessRef | None = None,
-        service: ServiceHealth | None = None,
+        service: ServiceHealth | Sequence[ServiceHealth] | None = None,
         interval_s: float = 1.0,
         service_interval_s: float | None = None,
         heartbeat: Callable[[], None] | None = None,
     ):
         self.workflow = workflow
-        self.service = service
+        if service is None:
+            self.services = []
+        elif hasattr(service, "problem"):
+            self.services = [service]
+        else:
+            self.services = list(service)
         self.interval_s = interval_s
         self.service_interval_s = SERVICE_CHECK_S if service_interval_s is None else service_interval_s
         self.heartbeat = heartbeat
@@ -190,11 +198,13 @@ class JobWatch:
                     f"the workflow that started this job (snakemake, pid {self.workflow.pid}) is gone",
                 )
                 continue
-            if self.service is not None and time.monotonic() >= next_service:
+            if self.services and time.monotonic() >= next_service:
                 next_service = time.monotonic() + self.service_interval_s
-                problem = self.service.problem()
-                if problem:
-                    self._fail("service", problem)
+                for service in self.services:
+                    problem = service.problem()
+                    if problem:
+                        self._fail("service", problem)
+                        break
 
     def __enter__(self) -> JobWatch:
         self._thread = threading.Thread(target=self._run, name="job-watch", daemon=True)

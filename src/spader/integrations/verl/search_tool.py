@@ -13,15 +13,18 @@ The ground-truth entities come in ``create_kwargs["entities"]`` (the ``spader_to
 fills it from the row's ``reward_model.ground_truth``). verl's ``ToolAgentLoop`` calls
 ``create -> execute -> release`` for every call.
 
-Tool YAML ``config`` keys (see :mod:`.tool_config`): ``retrieval_service_url``, ``topk``,
-``initial_k``, ``timeout``, ``retries``, ``max_queries_per_call``, ``max_query_chars``,
-``max_chars``.
+Tool YAML ``config`` keys (see :mod:`.tool_config`): ``retrieval_service_url`` (one service) or
+``retrieval_service_urls`` (host name -> URL: one replica per node of a multi-node job, each on its
+node's loopback; the tool uses the one of the host it runs on), ``topk``, ``initial_k``,
+``timeout``, ``retries``, ``max_queries_per_call``, ``max_query_chars``, ``max_chars``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+from collections.abc import Mapping
 from typing import Any
 from uuid import uuid4
 
@@ -35,7 +38,7 @@ from spader.core.prompt import fit_observation, format_observation
 from spader.integrations.verl.scorer_rewards import turn_fields
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
 
-__all__ = ["SearchTool", "as_alias_lists"]
+__all__ = ["SearchTool", "as_alias_lists", "service_url"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,33 @@ def as_alias_lists(entities: Any) -> list[list[str]]:
         else:
             out.append([str(a) for a in aliases])
     return out
+
+
+def service_url(config: Mapping[str, Any], host: str | None = None) -> str:
+    """The retrieval service this tool instance talks to: ``retrieval_service_url``, or the entry
+    of ``host`` (default: this machine's host name) in ``retrieval_service_urls``.
+
+    Raises:
+        ValueError: neither key, or no replica for ``host`` (a worker on a node where the job
+            started none would otherwise fail every search).
+    """
+    urls = config.get("retrieval_service_urls")
+    if urls:
+        if not isinstance(urls, Mapping):
+            raise ValueError(
+                f"search tool config: 'retrieval_service_urls' must map host names to URLs, got {urls!r}"
+            )
+        host = host or socket.gethostname()
+        if host not in urls:
+            raise ValueError(
+                f"search tool config: no retrieval service for host {host!r} in 'retrieval_service_urls' "
+                f"(replicas run on {sorted(urls)}); every node with agent-loop workers needs its own"
+            )
+        return str(urls[host])
+    url = config.get("retrieval_service_url")
+    if not url:
+        raise ValueError("search tool config: missing key 'retrieval_service_url'")
+    return str(url)
 
 
 def _issued_queries(parameters: Any) -> tuple[list[str], str | None]:
@@ -102,7 +132,8 @@ class SearchTool(BaseTool):
                     f"search tool config: '{key}' must be {kind.__name__}, got {value!r}"
                 ) from exc
 
-        url = setting("retrieval_service_url", str)
+        url = service_url(config)
+        log.info("search tool on %s: retrieval service %s", socket.gethostname(), url)
         self.topk = setting("topk", int, 5)
         self.initial_k = setting("initial_k", int, None)
         self.max_queries = setting("max_queries_per_call", int, 10)

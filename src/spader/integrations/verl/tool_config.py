@@ -33,7 +33,7 @@ TOOL_SCHEMA = {
 def write_tool_config(
     path: str | os.PathLike,
     *,
-    service_url: str,
+    service_url: str | Mapping[str, str],
     retrieval: Mapping[str, Any],
     max_queries_per_call: int,
     max_chars: int,
@@ -43,7 +43,8 @@ def write_tool_config(
 
     Args:
         path: where to write the YAML (parent directories are created).
-        service_url: base URL of the retrieval service (``http://127.0.0.1:<port>``).
+        service_url: base URL of the retrieval service (``http://127.0.0.1:<port>``), or one per
+            node of a multi-node job (host name -> URL; every tool instance uses its host's).
         retrieval: the workflow's ``config["retrieval"]`` (``topk``, ``initial_k``,
             ``service.request_timeout_s``, ``service.retries``, ``service.max_query_chars``).
         max_queries_per_call: queries of one tool call beyond this are not run (``agent.max_queries_per_call``).
@@ -53,8 +54,13 @@ def write_tool_config(
     Returns:
         The written path.
     """
-    if not isinstance(service_url, str) or not service_url.startswith(("http://", "https://")):
-        raise ValueError(f"service_url must be an http(s) URL, got {service_url!r}")
+    urls = {"": service_url} if isinstance(service_url, str) else dict(service_url)
+    if not urls or not all(
+        isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls.values()
+    ):
+        raise ValueError(
+            f"service_url must be an http(s) URL or a mapping of host names to them, got {service_url!r}"
+        )
     if int(max_chars) < 1 or int(max_queries_per_call) < 1:
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
@@ -62,7 +68,11 @@ def write_tool_config(
     try:
         config = {
             "type": "native",
-            "retrieval_service_url": service_url,
+            **(
+                {"retrieval_service_url": service_url}
+                if isinstance(service_url, str)
+                else {"retrieval_service_urls": dict(sorted(urls.items()))}
+            ),
             "topk": int(retrieval["topk"]),
             "initial_k": int(retrieval["initial_k"]),
             "timeout": float(retrieval["service"]["request_timeout_s"]),
