@@ -32,6 +32,7 @@ __all__ = [
     "AGENT_KEYS",
     "ESTIMATORS",
     "TRAINING_KEYS",
+    "actor_path_overrides",
     "agent_overrides",
     "config_overrides",
     "method_overrides",
@@ -237,6 +238,38 @@ def training_overrides(training: Mapping[str, Any]) -> list[str]:
         if name not in training:
             raise KeyError(f"config key 'training.{name}' is missing (verl's {key})")
         out.append(f"{key}={hydra_value(training[name])}")
+    return [*out, *actor_path_overrides(training)]
+
+
+def actor_path_overrides(training: Mapping[str, Any]) -> list[str]:
+    """How the actor, reference and critic passes batch their tokens (``training.remove_padding``,
+    ``training.max_token_len_per_gpu``; docs/gpu.md).
+
+    The packed path is verl's remove-padding path with the project's variable-length attention
+    (:data:`spader.integrations.verl.packed_attention.NAME`) for the policy and the critic; a token
+    cap turns on verl's dynamic micro-batches for every pass (the log-prob passes and the critic's
+    follow the actor's settings in verl's config). The padded path keeps the project YAMLs'
+    ``sdpa`` with an attention mask and fixed micro-batches.
+
+    Raises:
+        KeyError: a key is missing (the message names it).
+    """
+    for name in ("remove_padding", "max_token_len_per_gpu"):
+        if name not in training:
+            raise KeyError(f"config key 'training.{name}' is missing")
+    out: list[str] = []
+    if training["remove_padding"]:
+        from spader.integrations.verl.packed_attention import NAME
+
+        for model in ("actor_rollout_ref.model", "critic.model"):
+            out += [f"{model}.use_remove_padding=true", f"{model}.override_config.attn_implementation={NAME}"]
+    cap = training["max_token_len_per_gpu"]
+    if cap is not None:
+        out += [
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={int(cap)}",
+            f"critic.ppo_max_token_len_per_gpu={int(cap)}",
+        ]
     return out
 
 
