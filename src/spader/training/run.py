@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from spader.config.model import (
-    OPERATIONAL_TRAINING_KEYS,
     AgentConfig,
     BackboneConfig,
     JudgeConfig,
@@ -48,7 +47,7 @@ from spader.config.model import (
     TrainingConfig,
     VariantConfig,
 )
-from spader.infra.glue import retrieval_settings
+from spader.infra.glue import overlay, retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.integrations.verl.overrides import agent_overrides
@@ -187,11 +186,8 @@ class TrainJob:
         params = smk.params
         mlflow_cfg = smk.config.get("mlflow", {})
         settings = MlflowSettings(mlflow_cfg, ".") if mlflow_cfg.get("enabled", False) else None
-        configured = smk.config.get("training") or {}
-        training = {  # the param, plus the operational keys from the config (not params)
-            **dict(params.training),
-            **{k: configured[k] for k in OPERATIONAL_TRAINING_KEYS if k in configured},
-        }
+        # the config's section overlaid with the param: the operational keys are no param
+        training = overlay(smk.config.get("training") or {}, dict(params.training))
         return cls(
             backbone=smk.wildcards.backbone,
             variant=smk.wildcards.variant,
