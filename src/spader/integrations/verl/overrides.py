@@ -251,19 +251,21 @@ def actor_path_overrides(training: Mapping[str, Any]) -> list[str]:
     follow the actor's settings in verl's config). The padded path keeps the project YAMLs'
     ``sdpa`` with an attention mask and fixed micro-batches.
 
-    Raises:
-        KeyError: a key is missing (the message names it).
+    A key the mapping lacks (a ``training`` section as config.yaml writes it, without the keys at
+    their defaults) has the typed model's default.
     """
-    for name in ("remove_padding", "max_token_len_per_gpu"):
-        if name not in training:
-            raise KeyError(f"config key 'training.{name}' is missing")
+    from spader.config.model import TrainingConfig
+
+    def setting(name: str):
+        return training[name] if name in training else TrainingConfig.model_fields[name].default
+
     out: list[str] = []
-    if training["remove_padding"]:
+    if setting("remove_padding"):
         from spader.integrations.verl.packed_attention import NAME
 
         for model in ("actor_rollout_ref.model", "critic.model"):
             out += [f"{model}.use_remove_padding=true", f"{model}.override_config.attn_implementation={NAME}"]
-    cap = training["max_token_len_per_gpu"]
+    cap = setting("max_token_len_per_gpu")
     if cap is not None:
         out += [
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
