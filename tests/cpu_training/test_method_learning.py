@@ -210,6 +210,19 @@ def test_the_exported_checkpoint_loads_in_the_evaluation_engine(runs, tmp_path):
     assert out.error is None and out.completion_tokens > 0
 
 
+def test_the_gpu_smoke_tests_checks_pass_on_the_cpu_path(runs, world):
+    """scripts/gpu_smoke.sh's checks of a finished run (spader.training.smoke.check_run), on this
+    SPADER run through the transformers replica: searches, closed turns and none run past the tag,
+    rewards that differ, non-zero advantages, the replica's seed (training.seed + rank 0) and
+    changed weights (merged by verl's model merger), at every step."""
+    from spader.training.smoke import check_run
+
+    job, _ = runs["spader"]
+    results = check_run(job, start_model=world.model, replicas=1, steps=STEPS)
+    assert [r.name for r in results if not r.ok] == [], "\n".join(r.line() for r in results)
+    assert len(results) == 7
+
+
 def test_report_spader_against_grpo(runs, record_property):
     """Reported, not asserted: per step, each run's terminal reward (F1, -1 for an invalid answer),
     discovered entities and searches per trajectory, and valid-format rate."""

@@ -312,6 +312,11 @@ VALUES: dict[str, Any] = {
         "training.rollout_backend": "transformers" if c["training"]["device"] == "cuda" else "sglang",
         "training.device": "cpu" if c["training"]["device"] == "cuda" else "cuda",
     },
+    "training.max_token_len_per_gpu": lambda c, k: {
+        "training.remove_padding": True,
+        "training.max_token_len_per_gpu": 2
+        * (c["training"]["max_prompt_length"] + c["training"]["max_response_length"]),
+    },
     "training.divergences.cost_warmup": {"free_steps": 10, "ramp_steps": 10},
     "training.time_limit.hours": lambda c, k: {
         "training.time_limit.hours": {**c["training"]["time_limit"]["hours"], "default": 41.0}

@@ -373,17 +373,15 @@ def test_job_memory_of_a_train_job(tiny_model):
     assert check_job_memory(SimpleNamespace(device="cpu"), verl_cfg()) == []
 
 
-def test_a_training_job_refuses_the_packed_path_until_it_exists():
-    """training.remove_padding: the plan models the packed path; a training job refuses it, first
-    thing, with what to do."""
-    from types import SimpleNamespace
+def test_the_plan_models_the_packed_path_a_job_launches():
+    """training.remove_padding with a token cap: the plan composes the job as the launch does (the
+    packed path, dynamic micro-batches), accepts the cap and plans its tokens."""
+    from spader.config import load_config
+    from spader.training.plan import plan_config
 
-    from spader.config.model import TrainingConfig
-    from spader.training.preflight import PreflightError
-    from spader.training.run import preflight
-
-    job = SimpleNamespace(training=TrainingConfig(remove_padding=True))
-    with pytest.raises(
-        PreflightError, match=r"training.remove_padding is true.*not implemented yet; set it to false"
-    ):
-        preflight(job, available_gpus=8)
+    cfg = load_config(REPO / "config" / "config.yaml", verl_config_dir=REPO / "config" / "verl")
+    training = cfg.training.model_copy(update={"remove_padding": True, "max_token_len_per_gpu": 17408})
+    packed = cfg.model_copy(update={"training": training})
+    jobs = {j.name: j for j in plan_config(packed, REPO / "config" / "verl", only=lambda b, v: v == "spader")}
+    job = jobs["train qwen3_8b/spader"]
+    assert job.path == "packed" and job.refused is None and job.fits

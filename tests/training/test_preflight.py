@@ -109,6 +109,8 @@ def test_static_checks_report_every_problem(tmp_path):
             gpus=4,
             available_gpus=1,
             verl_version="0.0.1",
+            glibc="glibc 2.35",
+            nvcc="Cuda compilation tools, release 13.0, V13.0.88",
         )
     lines = str(err.value).splitlines()
     assert lines[0] == "training cannot start:"
@@ -262,3 +264,65 @@ def test_static_checks_name_the_driver_and_the_token(tmp_path, monkeypatch):
     with pytest.raises(PreflightError) as err:
         static_checks(backbone="b", model="Org/M", model_dir=tmp_path / "m", gpus=0, device="cpu")
     assert "NVIDIA" not in str(err.value)
+
+
+def test_glibc_must_be_2_34_or_newer():
+    """sglang 0.5.14's wheels are manylinux_2_34: faked C library versions."""
+    from spader.training.preflight import MIN_GLIBC, check_glibc, glibc_version
+
+    assert MIN_GLIBC == (2, 34)
+    assert check_glibc("glibc 2.34") == "glibc 2.34" and check_glibc("glibc 2.39") == "glibc 2.39"
+    with pytest.raises(
+        PreflightError, match=r"glibc 2.31 is older than glibc 2.34.*manylinux_2_34.*Ubuntu 22.04"
+    ):
+        check_glibc("glibc 2.31")
+    with pytest.raises(PreflightError, match=r"not a readable glibc \('musl'\)"):
+        check_glibc("musl")
+    assert check_glibc(glibc_version())  # this machine's
+
+
+def _fake_nvcc(tmp_path: Path, release: str) -> Path:
+    home = tmp_path / f"cuda-{release}"
+    (home / "bin").mkdir(parents=True)
+    exe = home / "bin" / "nvcc"
+    exe.write_text(
+        f"#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\necho 'Cuda compilation tools, release {release}, V{release}.88'\n"
+    )
+    exe.chmod(0o755)
+    return home
+
+
+def test_nvcc_must_be_the_cuda_13_toolkit(tmp_path, monkeypatch):
+    """flashinfer compiles sglang's missing kernels with nvcc at first use: faked toolkits."""
+    from spader.training.preflight import check_nvcc, nvcc_version
+
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("CUDA_HOME", str(_fake_nvcc(tmp_path, "12.4")))
+    path, output = nvcc_version()
+    assert path == str(tmp_path / "cuda-12.4" / "bin" / "nvcc") and "release 12.4" in output
+    with pytest.raises(
+        PreflightError, match=r"nvcc \(.*cuda-12.4/bin/nvcc\) is CUDA 12.4, but the gpu extra is a CUDA 13"
+    ):
+        check_nvcc()
+    monkeypatch.setenv("CUDA_HOME", str(_fake_nvcc(tmp_path, "13.0")))
+    assert check_nvcc() == "13.0"
+    from spader.training import preflight
+
+    monkeypatch.setattr(preflight, "nvcc_version", lambda: (None, None))  # no toolkit anywhere
+    with pytest.raises(PreflightError, match=r"no nvcc \(CUDA 13 toolkit\).*set CUDA_HOME"):
+        check_nvcc()
+    with pytest.raises(PreflightError, match="unreadable nvcc version"):
+        check_nvcc("nvcc: command crashed")
+
+
+def test_a_gpu_run_checks_glibc_and_nvcc(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path, "580.65.06")))
+    with pytest.raises(PreflightError) as err:
+        static_checks(backbone="b", model="Org/M", model_dir=tmp_path / "m", gpus=1, available_gpus=1,
+                      glibc="glibc 2.28", nvcc="Cuda compilation tools, release 12.8, V12.8.61")  # fmt: skip
+    text = str(err.value)
+    assert "glibc 2.28 is older than glibc 2.34" in text and "is CUDA 12.8" in text
+    with pytest.raises(PreflightError) as err:  # a CPU run checks neither
+        static_checks(backbone="b", model="Org/M", model_dir=tmp_path / "m", gpus=0, device="cpu",
+                      glibc="glibc 2.28", nvcc="release 12.8")  # fmt: skip
+    assert "older than glibc" not in str(err.value) and "is CUDA 12.8" not in str(err.value)

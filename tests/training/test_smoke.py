@@ -1,5 +1,7 @@
 """scripts/gpu_smoke.sh on CPU: the command it composes (the train_policy command plus the smoke
-overrides, checked by Hydra and verl), the inputs it builds, and the script itself."""
+overrides, checked by Hydra and verl), the inputs it builds, its policy, the checks it makes of a
+finished run (on synthetic metrics here; on a real CPU training in
+tests/cpu_training/test_method_learning.py), and the script itself."""
 
 from __future__ import annotations
 
@@ -30,11 +32,14 @@ DEMO = [REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml"]
 
 @pytest.fixture
 def smoke_root(tmp_path, tiny_model) -> Path:
-    """A project root with the repository's config and the tiny model where the workflow builds it."""
+    """A project root with the repository's config, the tiny model where the workflow builds it and,
+    standing in for the demo's warm start (rule warmstart_policy, minutes), the same tiny model."""
     os.symlink(REPO / "config", tmp_path / "config")
     os.symlink(REPO / "workflow", tmp_path / "workflow")
     (tmp_path / "results" / "models" / "tiny").mkdir(parents=True)
     os.symlink(tiny_model, tmp_path / "results" / "models" / "tiny" / "qwen3")
+    (tmp_path / "results" / "demo" / "warmstart").mkdir(parents=True)
+    os.symlink(tiny_model, tmp_path / "results" / "demo" / "warmstart" / "model")
     return tmp_path
 
 
@@ -47,10 +52,11 @@ def _plan(job):
 @pytest.mark.slow
 def test_smoke_command_trains_on_the_gpu_with_sglang_at_the_paper_length(smoke_root):
     """The demo config trains on the CPU with the transformers replica; the smoke job composes
-    verl's GPU platform, sglang and the paper config's response length."""
+    verl's GPU platform, sglang, the paper config's response length and the packed actor path."""
     import dataclasses
 
-    from spader.integrations.verl.overrides import AGENT_KEYS, TRAINING_KEYS
+    from spader.integrations.verl.overrides import AGENT_KEYS, TRAINING_KEYS, actor_path_overrides
+    from spader.integrations.verl.packed_attention import NAME
     from spader.training.launch import device_overrides
 
     config = load_config(DEMO, REPO)
@@ -63,11 +69,18 @@ def test_smoke_command_trains_on_the_gpu_with_sglang_at_the_paper_length(smoke_r
     assert (cfg.trainer.device, cfg.actor_rollout_ref.rollout.name) == ("cuda", "sglang")
     assert cfg.data.max_response_length == paper == 8192
     assert cfg.data.max_prompt_length == SMOKE_TRAINING["max_prompt_length"]
-    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1
-    assert OmegaConf.select(cfg, "spader_agent.max_turn_tokens") is None  # one turn may fill the budget
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 2
+    # the demo's turn: its cap and stop tags, which the warm-started policy ends its turns on
+    assert OmegaConf.select(cfg, "spader_agent.max_turn_tokens") == config["agent"]["max_turn_tokens"]
+    assert list(OmegaConf.select(cfg, "spader_agent.stop")) == ["</tool_call>", "</answer>"]
     assert cfg.trainer.total_training_steps == 2
     assert (cfg.trainer.n_gpus_per_node, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size) == (1, 1)
-    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.trainer.save_freq) == (2, 2, 1)
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.trainer.save_freq) == (4, 4, 1)
+    # the packed path with token-capped micro-batches (two of the longest sequences)
+    assert cfg.actor_rollout_ref.model.use_remove_padding is True
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == NAME
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is True
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 2 * (2048 + 8192)
     assert cfg.algorithm.adv_estimator == "spader_spa"
     assert cfg.algorithm.spader.beta == config["variants"]["spader"]["beta"]
     assert cfg.actor_rollout_ref.model.path == str(smoke_root / "results" / "gpu_smoke" / "policy")
@@ -87,6 +100,7 @@ def test_smoke_command_trains_on_the_gpu_with_sglang_at_the_paper_length(smoke_r
         {TRAINING_KEYS[k] for k in (*SMOKE_TRAINING, "max_response_length") if k in TRAINING_KEYS}
         | {AGENT_KEYS[k] for k in SMOKE_AGENT}
         | {override_key(o) for o in SMOKE_OVERRIDES}
+        | {override_key(o) for o in actor_path_overrides(job.training.model_dump())}
         | devices
         | {
             f"ray_kwargs.ray_init.{k}"
@@ -115,42 +129,73 @@ def test_dry_run_cli_prints_the_command(smoke_root, capsys):
     assert (resolved["trainer.device"], resolved["actor_rollout_ref.rollout.name"]) == ("cuda", "sglang")
     assert resolved["data.max_response_length"] == 8192
     assert "trainer.device=cuda" in checks["device"] and "name=sglang" in checks["rollout"]
-    assert "every response runs to 8192 tokens" in checks["full_length_micro_batch"]
-    # the smoke policy was built from the tiny model, so the dry run plans the job's memory too
+    assert "packed sequences" in checks["actor_path"] and "spader_varlen" in checks["actor_path"]
+    assert any("the seeds sglang reports" in line for line in checks["after_the_run"])
+    # the smoke policy was built from the warm start, so the dry run plans the job's memory too
     assert (out / "policy" / "config.json").is_file()
     assert any("train smoke/spader" in line and "fits" in line for line in checks["memory_plan"])
 
 
-def test_the_smoke_policy_fills_the_response_budget(tiny_model, tmp_path):
-    """The policy repeats its prompt's last token at temperature 1: no end-of-turn, no stop tag,
-    so every response runs to the response length (a full-length micro-batch on the GPU)."""
+def test_the_smoke_policy_is_the_warm_start_with_its_head_untied(tiny_model, tmp_path):
+    """The same function as the warm start (equal logits), with the output projection a parameter
+    of its own, as FSDP2 shards it for the 8B backbones."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from spader.training.smoke import build_smoke_policy
 
-    policy = build_smoke_policy(tiny_model, tmp_path / "policy")
-    model = AutoModelForCausalLM.from_pretrained(policy)
-    tok = AutoTokenizer.from_pretrained(policy)
-    assert model.config.tie_word_embeddings is False  # the head is its own FSDP2 unit, as for 8B backbones
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "Which films did Ilse Varga direct?"}],
-        add_generation_prompt=True,
-        tokenize=False,
+    policy = AutoModelForCausalLM.from_pretrained(build_smoke_policy(tiny_model, tmp_path / "policy"))
+    warm = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert warm.config.tie_word_embeddings is True and policy.config.tie_word_embeddings is False
+    assert policy.lm_head.weight.data_ptr() != policy.get_input_embeddings().weight.data_ptr()
+    ids = torch.tensor([[5, 17, 99, 3]])
+    assert torch.allclose(policy(ids).logits, warm(ids).logits, atol=1e-6)
+
+
+def _step(searches=1.0, closed=0.5, cut=0.0, lo=-1.0, hi=0.5, std=0.7, seeds=(1.0, 1.0, 1.0)):
+    return {
+        "critic/score/mean": (lo + hi) / 2, "critic/score/min": lo, "critic/score/max": hi,
+        "episode/searches": searches, "episode/turns_closed": closed, "episode/turns_cut": cut,
+        "episode/advantage_std": std, "episode/rollout_seed_min": seeds[0], "episode/rollout_seed_max": seeds[1],
+        "episode/rollout_seeds": seeds[2],
+    }  # fmt: skip
+
+
+def test_the_checks_fail_on_a_run_that_does_not_search_or_stop(tmp_path):
+    """check_run on metrics written as verl's file logger writes them (no training here: the real
+    run's checks pass in tests/cpu_training/test_method_learning.py)."""
+    from types import SimpleNamespace
+
+    from spader.training.smoke import check_run
+
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    bad = {1: _step(), 2: _step(searches=0.0, cut=0.25, lo=0.5, std=0.0, seeds=(1.0, 2.0, 2.0))}
+    with open(metrics / "attempt_001.jsonl", "w") as f:
+        for step, data in bad.items():
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+    job = SimpleNamespace(
+        metrics_dir=metrics, training=SimpleNamespace(seed=1), final_json=tmp_path / "final.json"
     )
-    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
-    torch.manual_seed(0)
-    out = model.generate(
-        ids, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=256, min_new_tokens=256
-    )
-    new = out[0, ids.shape[1] :].tolist()
-    assert len(new) == 256 and set(new) == {ids[0, -1].item()}
-    assert tok.eos_token_id not in new
-    text = tok.decode(new)
-    assert "</tool_call>" not in text and "</answer>" not in text
-    # without min_new_tokens it does not stop either
-    free = model.generate(ids, do_sample=True, temperature=1.0, max_new_tokens=128)
-    assert free.shape[1] - ids.shape[1] == 128
+    results = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}
+    assert results["steps"].ok
+    failed = {name for name, r in results.items() if not r.ok}
+    assert failed == {
+        "searches", "turns end at a closing tag", "rewards differ", "advantages", "rollout seeds", "weights changed",
+    }  # fmt: skip
+    assert "step 2: 0.00 per trajectory" in results["searches"].detail
+    assert "25% run past the tag" in results["turns end at a closing tag"].detail
+    assert "2 seed(s) 1..2 (expected 1: 1..1)" in results["rollout seeds"].detail
+    assert results["rollout seeds"].line().startswith("FAIL")
+    # two replicas: seeds 1 and 2 are what is expected
+    two = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=2)}
+    assert not two["rollout seeds"].ok  # step 1 reported one seed only
+
+
+def test_two_gpus_are_used_when_visible():
+    from spader.training.smoke import smoke_gpus
+
+    assert [smoke_gpus(n) for n in (0, 1, 2, 8)] == [1, 1, 2, 2]
 
 
 def test_prepare_builds_the_inputs_with_the_workflow():
@@ -158,7 +203,7 @@ def test_prepare_builds_the_inputs_with_the_workflow():
     cmd = prepare_command(config, ["config/config.yaml", "config/demo.yaml"], cores=2)
     proc = subprocess.run([*cmd, "-n"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for rule in ("export_rl_dataset", "build_bm25_index", "build_tiny_model"):
+    for rule in ("export_rl_dataset", "build_bm25_index", "build_tiny_model", "warmstart_policy"):
         assert rule in proc.stdout
     assert "train_policy" not in proc.stdout and "evaluate_policy" not in proc.stdout
 

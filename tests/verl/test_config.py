@@ -234,6 +234,52 @@ def _gpu_extra() -> list[str]:
         return tomllib.load(f)["project"]["optional-dependencies"]["gpu"]
 
 
+@pytest.mark.parametrize("name", ["spader", "ppo"])
+def test_the_packed_path_composes_with_token_capped_micro_batches(name, tiny_model):
+    """training.remove_padding + max_token_len_per_gpu: verl's remove-padding path for the actor,
+    reference and critic, with the plug-in's varlen attention, and dynamic micro-batches capped at
+    the configured tokens for every pass; verl's validation passes."""
+    from spader.config.model import TrainingConfig
+    from spader.integrations.verl.compose import gpu_path_settings
+    from spader.integrations.verl.packed_attention import NAME
+
+    training = TrainingConfig(
+        **{**TRAINING, "remove_padding": True, "max_token_len_per_gpu": 12000}
+    ).model_dump()
+    spec = VARIANTS[name]
+    cfg = compose(
+        spec["verl_config"], [*config_overrides(spec, training, AGENT), *launch_overrides(tiny_model)]
+    )
+    validate(cfg)
+    s = gpu_path_settings(cfg)
+    assert s["actor_rollout_ref.model.use_remove_padding"] is True
+    assert s["actor_rollout_ref.model.override_config.attn_implementation"] == NAME
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    actor, rollout = resolved["actor_rollout_ref"]["actor"], resolved["actor_rollout_ref"]["rollout"]
+    ref = resolved["actor_rollout_ref"]["ref"]
+    assert actor["use_dynamic_bsz"] and actor["ppo_max_token_len_per_gpu"] == 12000
+    assert rollout["log_prob_use_dynamic_bsz"] and rollout["log_prob_max_token_len_per_gpu"] == 12000
+    assert ref["log_prob_use_dynamic_bsz"] and ref["log_prob_max_token_len_per_gpu"] == 12000
+    critic = resolved["critic"]
+    assert critic["use_dynamic_bsz"] and critic["ppo_max_token_len_per_gpu"] == 12000
+    if s["critic.enable"]:
+        assert s["critic.model.use_remove_padding"] is True
+        assert s["critic.model.override_config.attn_implementation"] == NAME
+
+
+def test_token_capped_micro_batches_need_the_packed_path():
+    from pydantic import ValidationError
+
+    from spader.config.model import TrainingConfig
+
+    with pytest.raises(
+        ValidationError, match="max_token_len_per_gpu: token-capped micro-batches need remove_padding"
+    ):
+        TrainingConfig(max_token_len_per_gpu=12000)
+    with pytest.raises(ValidationError, match="below the longest sequence"):
+        TrainingConfig(remove_padding=True, max_token_len_per_gpu=4096)
+
+
 def test_composed_configs_load_every_model_with_what_the_gpu_extra_installs(composed):
     from spader.integrations.verl.compose import gpu_path_settings
 
@@ -244,7 +290,7 @@ def test_composed_configs_load_every_model_with_what_the_gpu_extra_installs(comp
     for name, cfg in composed.items():
         s = gpu_path_settings(cfg)
         assert s["actor_rollout_ref.model.override_config.attn_implementation"] in provided, name
-        # packed micro-batches need flash-attention's varlen kernels; sdpa keeps padding + mask
+        # the paper config keeps the padded path (sdpa with a mask); training.remove_padding packs
         assert s["actor_rollout_ref.model.use_remove_padding"] is False, name
         # actor, reference (built from the actor's model config) and critic are FSDP2
         assert s["actor_rollout_ref.actor.strategy"] == s["actor_rollout_ref.ref.strategy"] == "fsdp2", name

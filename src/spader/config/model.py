@@ -699,7 +699,7 @@ class TimeLimitConfig(Section):
 
 #: Training settings that cannot change a trained model: how the job survives time limits and when it
 #: gives up on a failing search service. They are not params of train_policy (editing them reruns nothing).
-OPERATIONAL_TRAINING_KEYS = ("time_limit", "max_search_error_rate")
+OPERATIONAL_TRAINING_KEYS = ("time_limit", "max_search_error_rate", "rollout_timeout_s")
 
 
 class TrainingConfig(Section):
@@ -771,8 +771,17 @@ class TrainingConfig(Section):
     remove_padding: bool = Field(
         False,
         description="packed micro-batches (verl's remove-padding path) for the actor's, reference's and "
-        "critic's passes instead of padded ones with an attention mask; the plan models both paths, the "
-        "packed path's implementation is pending (a training job refuses it until then)",
+        "critic's passes instead of padded ones with an attention mask: the real tokens only, through "
+        "PyTorch's variable-length attention (the project's `spader_varlen` attention; docs/gpu.md)",
+    )
+    max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        le=1_048_576,
+        description="token-capped micro-batches (verl's use_dynamic_bsz): each micro-batch holds as many "
+        "sequences as fit in this many real tokens, instead of ppo_micro_batch_size_per_gpu sequences; "
+        "needs remove_padding (the padded path pads every sequence to the longest, which a token cap does "
+        "not bound) and at least max_prompt_length + max_response_length; null: fixed micro-batches",
     )
     nodes: StrictInt = Field(
         1,
@@ -786,6 +795,14 @@ class TrainingConfig(Section):
     time_limit: TimeLimitConfig = Field(
         default_factory=TimeLimitConfig,
         description="How a training job lives with a scheduler's time limit (docs/cluster.md).",
+    )
+    rollout_timeout_s: StrictFloat = Field(
+        1800.0,
+        ge=10,
+        le=86400,
+        description="a training job stops with an error when the rollout engine (sglang, or the CPU replica) "
+        "leaves one generation request of a turn unanswered this long, or its server died: a hung or dead "
+        "engine would otherwise score every later episode 0; one turn of the paper's sizes takes minutes at most",
     )
     max_search_error_rate: StrictFloat = Field(
         0.2,
@@ -801,6 +818,24 @@ class TrainingConfig(Section):
             raise ValueError(
                 f"rollout_backend: {self.rollout_backend!r} cannot serve device {self.device!r} "
                 "(cuda trains with sglang, cpu with transformers)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _token_cap_on_the_packed_path(self) -> TrainingConfig:
+        if self.max_token_len_per_gpu is None:
+            return self
+        if not self.remove_padding:
+            raise ValueError(
+                "max_token_len_per_gpu: token-capped micro-batches need remove_padding: true (the padded "
+                "path pads every sequence of a micro-batch to its longest, so a cap on real tokens does not "
+                "bound the tokens computed)"
+            )
+        longest = self.max_prompt_length + self.max_response_length
+        if self.max_token_len_per_gpu < longest:
+            raise ValueError(
+                f"max_token_len_per_gpu: {self.max_token_len_per_gpu} is below the longest sequence "
+                f"(max_prompt_length + max_response_length = {longest}), which must fit in one micro-batch"
             )
         return self
 

@@ -281,9 +281,11 @@ TABLE: tuple[Rerun, ...] = (
         (
             "training.time_limit.*",
             "training.max_search_error_rate",
+            "training.rollout_timeout_s",
         ),
         NOTHING,
-        "how a training job lives with time limits and when it gives up on a failing service",
+        "how a training job lives with time limits and when it gives up on a failing service or a hung "
+        "rollout engine",
     ),
     Rerun(("training.*", "training.divergences.*"), _TRAINED, "verl's training settings: every training"),
     Rerun(

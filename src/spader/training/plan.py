@@ -964,11 +964,6 @@ def _compose_resolved(
     return cache[key]
 
 
-#: Overrides that select the packed path (verl's remove-padding path) for the actor, reference and
-#: critic: what ``training.remove_padding`` asks of verl.
-PACKED_OVERRIDES = ("actor_rollout_ref.model.use_remove_padding=true", "critic.model.use_remove_padding=true")
-
-
 def load_record(config: Any, root: str | os.PathLike = ".") -> Calibration | None:
     """The calibration record ``hardware.calibration`` names (relative paths: under ``root``)."""
     path = config.hardware.calibration
@@ -1057,7 +1052,6 @@ def plan_config(
                 overrides = [
                     *config_overrides(variant, training, agent),
                     *device_overrides(training, threads=1, workers=gpus),
-                    *(PACKED_OVERRIDES if training["remove_padding"] else ()),
                 ]
                 cfg = _compose_resolved(variant["verl_config"], overrides, Path(verl_config_dir))
                 on_gpus = replica if reranker_on_gpus(retrieval) else 0.0

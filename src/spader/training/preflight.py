@@ -7,22 +7,30 @@ what is wrong and where to fix it.
   needs none);
 * the installed verl is the version this project pins;
 * the NVIDIA driver runs the `gpu` extra's CUDA 13 stack (driver 580 or newer; GPU runs);
+* the C library is glibc 2.34 or newer (sglang's wheels are ``manylinux_2_34``; GPU runs);
+* ``nvcc`` of CUDA 13 is there for flashinfer's kernels compiled at first use (``CUDA_HOME``,
+  ``PATH`` or ``/usr/local/cuda``; GPU runs);
 * a gated hub model (Llama-3.1) whose weights are not here yet has a hub token to fetch them;
 * the job's memory plan fits its GPUs (:func:`check_job_memory`, after the launch is composed:
   :mod:`spader.training.plan` on the job's own verl config and model shape);
 * the retrieval service answers ``/health``.
 
-:func:`static_checks` runs the first six together and reports every failure at once; the memory
+:func:`static_checks` runs the first eight together and reports every failure at once; the memory
 plan runs once the launch is composed, the service check once the job has started the service.
+``python -m spader.training.preflight`` runs the environment's checks (driver, glibc, nvcc, GPUs,
+verl, sglang) on their own, the first step of a GPU node's first hour (docs/gpu.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,18 +44,26 @@ log = logging.getLogger(__name__)
 __all__ = [
     "GATED_MODELS",
     "MIN_DRIVER",
+    "MIN_GLIBC",
+    "NVCC_MAJOR",
     "PreflightError",
     "check_driver",
+    "check_glibc",
     "check_gpus",
     "check_hub_token",
     "check_job_memory",
     "check_memory",
     "check_model_dir",
+    "check_nvcc",
     "check_retrieval",
     "check_verl_version",
     "driver_version",
+    "environment_checks",
+    "glibc_version",
     "gpu_memory_gib",
     "hub_token_configured",
+    "main",
+    "nvcc_version",
     "select",
     "static_checks",
 ]
@@ -55,6 +71,11 @@ __all__ = [
 #: Oldest NVIDIA driver series that runs the `gpu` extra: torch 2.11 and sglang 0.5.14 are CUDA 13
 #: builds, and CUDA 13.0 needs a 580 driver (docs/gpu.md).
 MIN_DRIVER = 580
+#: Oldest glibc the `gpu` extra installs on: sglang 0.5.14's wheels are built for manylinux_2_34.
+MIN_GLIBC = (2, 34)
+#: CUDA major version of the `gpu` extra's stack, whose nvcc flashinfer needs for kernels it compiles
+#: at first use.
+NVCC_MAJOR = 13
 
 
 class PreflightError(RuntimeError):
@@ -210,6 +231,95 @@ def check_driver(version: str | None = None, *, minimum: int = MIN_DRIVER) -> st
     return version
 
 
+def glibc_version() -> str | None:
+    """The C library's version string (``"glibc 2.36"``), or None when it is not glibc."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_glibc(version: str | None = None, *, minimum: tuple[int, int] = MIN_GLIBC) -> str:
+    """The C library is glibc ``minimum`` or newer; returns its version.
+
+    Args:
+        version: what ``os.confstr("CS_GNU_LIBC_VERSION")`` reports (``"glibc 2.36"``); read when None.
+    Raises:
+        PreflightError: no glibc, an unreadable version, or an older one.
+    """
+    version = version if version is not None else glibc_version()
+    want = ".".join(map(str, minimum))
+    found = re.fullmatch(r"\s*glibc\s+(\d+)\.(\d+).*", version or "")
+    if not found:
+        raise PreflightError(
+            f"the C library is not a readable glibc ({version!r}); the gpu extra's wheels (sglang 0.5.14: "
+            f"manylinux_2_{minimum[1]}) need glibc {want} or newer (docs/gpu.md)"
+        )
+    if (int(found.group(1)), int(found.group(2))) < minimum:
+        raise PreflightError(
+            f"{version.strip()} is older than glibc {want}, which the gpu extra's wheels need (sglang 0.5.14 is "
+            f"built for manylinux_2_{minimum[1]}: RHEL 9, Ubuntu 22.04 or later); run on a newer system (docs/gpu.md)"
+        )
+    return version.strip()
+
+
+def _nvcc_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """nvcc as CUDA tools find it: ``$CUDA_HOME/bin/nvcc``, then ``PATH``, then /usr/local/cuda."""
+    environ = os.environ if environ is None else environ
+    for home in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH")):
+        if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+            return os.path.join(home, "bin", "nvcc")
+    found = shutil.which("nvcc", path=environ.get("PATH"))
+    if found:
+        return found
+    fallback = "/usr/local/cuda/bin/nvcc"
+    return fallback if os.access(fallback, os.X_OK) else None
+
+
+def nvcc_version(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """``(path, output of nvcc --version)``; ``(None, None)`` without nvcc."""
+    exe = _nvcc_path(environ)
+    if exe is None:
+        return None, None
+    try:
+        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return exe, f"could not run: {exc}"
+    return exe, proc.stdout + proc.stderr
+
+
+def check_nvcc(output: str | None = None, *, path: str | None = None, major: int = NVCC_MAJOR) -> str:
+    """``nvcc`` of CUDA ``major`` is there (flashinfer compiles the kernels its wheel lacks with it);
+    returns its release.
+
+    Args:
+        output: what ``nvcc --version`` printed (``... release 13.0, V13.0.88``); run when None.
+        path: where that nvcc is (for the message).
+    Raises:
+        PreflightError: no nvcc, an unreadable version, or another CUDA major version.
+    """
+    if output is None:
+        path, output = nvcc_version()
+    if output is None:
+        raise PreflightError(
+            f"no nvcc (CUDA {major} toolkit) in $CUDA_HOME/bin, on PATH or in /usr/local/cuda: flashinfer "
+            "compiles the sglang kernels its wheel lacks at first use and fails without it; install the CUDA "
+            f"{major} toolkit and set CUDA_HOME (docs/gpu.md)"
+        )
+    found = re.search(r"release\s+(\d+)\.(\d+)", output)
+    where = f" ({path})" if path else ""
+    if not found:
+        raise PreflightError(f"unreadable nvcc version{where}: {output.strip()[:200]!r}")
+    release = f"{found.group(1)}.{found.group(2)}"
+    if int(found.group(1)) != major:
+        raise PreflightError(
+            f"nvcc{where} is CUDA {release}, but the gpu extra is a CUDA {major} stack (torch 2.11, sglang "
+            f"0.5.14): flashinfer would compile kernels for the wrong CUDA; point CUDA_HOME at a CUDA {major} "
+            "toolkit (docs/gpu.md)"
+        )
+    return release
+
+
 def check_hub_token(
     model: str, model_dir: str | os.PathLike | None = None, *, environ: Mapping[str, str] | None = None
 ) -> None:
@@ -234,13 +344,16 @@ def static_checks(
     verl_version: str = VERL_VERSION,
     device: str = "cuda",
     driver: str | None = None,
+    glibc: str | None = None,
+    nvcc: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> str:
-    """Run the model, GPU, driver, hub-token and verl-version checks; raise one error listing every
-    failure.
+    """Run the model, GPU, driver, glibc, nvcc, hub-token and verl-version checks; raise one error
+    listing every failure.
 
-    ``device`` is ``training.device``: a ``cpu`` run needs no GPU, so the GPU and driver checks are
-    skipped. ``driver`` replaces the version ``nvidia-smi`` reports (tests).
+    ``device`` is ``training.device``: a ``cpu`` run needs no GPU, so the GPU, driver, glibc and
+    nvcc checks are skipped. ``driver``, ``glibc`` and ``nvcc`` replace what ``nvidia-smi``,
+    ``os.confstr`` and ``nvcc --version`` report (tests).
 
     Returns:
         The installed verl version.
@@ -256,6 +369,8 @@ def static_checks(
         checks += [
             lambda: check_driver(driver),
             lambda: check_gpus(gpus, backbone=backbone, available=available_gpus),
+            lambda: check_glibc(glibc),
+            lambda: check_nvcc(nvcc),
         ]
     try:
         installed = check_verl_version(verl_version)
@@ -389,3 +504,61 @@ def check_job_memory(job: Any, verl_config: Any, *, capacity_gib: float | None =
         judge_model_dir=getattr(job, "judge_model_dir", None),
         capacity_gib=capacity_gib,
     )
+
+
+def _sglang_version() -> str:
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        raise PreflightError(
+            "sglang is not installed: a GPU node installs the gpu extra "
+            "(pip install -c requirements/gpu-lock.txt -e '.[gpu]'; docs/gpu.md)"
+        ) from None
+
+
+def environment_checks(*, gpu: bool = True) -> list[tuple[str, Callable[[], Any]]]:
+    """The node's checks, in order, as ``(name, check)``; without ``gpu`` only those a CPU
+    machine can pass (verl's version)."""
+    checks: list[tuple[str, Callable[[], Any]]] = [("verl", check_verl_version)]
+    if gpu:
+        checks += [
+            ("sglang", _sglang_version),
+            ("driver", lambda: check_driver() or "unknown (no nvidia-smi)"),
+            ("glibc", check_glibc),
+            ("nvcc", check_nvcc),
+            ("gpus", _gpus_visible),
+        ]
+    return checks
+
+
+def _gpus_visible() -> str:
+    count = visible_gpus()
+    if not count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise PreflightError(
+            f"torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES={visible if visible is not None else 'unset'}); "
+            "check the driver line above, the allocation's --gpus, and that torch is the gpu extra's CUDA build"
+        )
+    return f"{count} visible"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m spader.training.preflight [--cpu]``: the node's checks, one line each; exit 1 at
+    any failure (every check still runs)."""
+    parser = argparse.ArgumentParser(prog="python -m spader.training.preflight", description=main.__doc__)
+    parser.add_argument("--cpu", action="store_true", help="a machine without GPUs: skip the GPU checks")
+    args = parser.parse_args(argv)
+    failed = 0
+    for name, check in environment_checks(gpu=not args.cpu):
+        try:
+            print(f"ok    {name}: {check()}")  # noqa: T201
+        except PreflightError as exc:
+            failed += 1
+            print(f"FAIL  {name}: {exc}")  # noqa: T201
+    if args.cpu:
+        print("skip  sglang, driver, glibc, nvcc, gpus: GPU checks (--cpu)")  # noqa: T201
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -413,6 +413,8 @@ def plan_launch(
                 private_ray=private_ray,
                 nnodes=job.train_nodes,
             ),
+            # operational (not a param of the rule): how long a generation may go unanswered
+            f"++spader_agent.rollout_timeout_s={float(training.rollout_timeout_s)}",
             *agent_overrides(job.agent.model_dump()),
             *baseline.overrides,
         ],
@@ -434,12 +436,6 @@ def preflight(job: TrainJob, available_gpus: int | None) -> str:
     Raises:
         PreflightError: a check failed.
     """
-    if job.training.remove_padding:
-        raise PreflightError(
-            "training.remove_padding is true, but the packed path (verl's remove-padding path with an "
-            "attention kernel the installed stack has) is not implemented yet; set it to false (the plan, "
-            "python -m spader.training.plan, models both paths)"
-        )
     verl_version = static_checks(
         backbone=job.backbone,
         model=str(job.backbone_spec.model or job.model_dir),

@@ -1,31 +1,33 @@
-"""GPU smoke test: two verl steps of the SPADER variant on one GPU, with sglang, at the paper's
-response length, against the demo corpus.
+"""GPU smoke test: two verl steps of the SPADER variant with sglang, with a policy that searches,
+against the demo corpus; then the checks of what only a GPU run shows.
 
 Validates a GPU install (the ``gpu`` extra: verl + sglang) in minutes. It builds the same
 :class:`~spader.training.run.TrainJob` as rule ``train_policy`` from the demo config and runs it
 through the same :func:`~spader.training.run.run_training` (preflight with the memory plan,
-retrieval service, composed verl command, checkpoints, final.json); :data:`SMOKE_TRAINING`,
-:data:`SMOKE_AGENT` and :data:`SMOKE_OVERRIDES` shrink the run and put it on the GPU whatever
-the demo config says (it trains on the CPU with the transformers rollout replica):
-``training.device: cuda``, ``training.rollout_backend: sglang`` and the paper config's
-``training.max_response_length`` (8,192 tokens).
+retrieval service, composed verl command, checkpoints, final.json); :data:`SMOKE_TRAINING` and
+:data:`SMOKE_OVERRIDES` shrink the run and put it on the GPU whatever the demo config says (it
+trains on the CPU with the transformers rollout replica): ``training.device: cuda``,
+``training.rollout_backend: sglang``, the paper config's ``training.max_response_length`` as the
+episode's budget, and the packed actor path (``training.remove_padding`` with a token cap;
+``--padded`` runs the padded one).
 
-Every response runs to that length: the policy is the demo's tiny Qwen3 rebuilt by
-:func:`build_smoke_policy` so that it repeats the last token of its prompt and never writes an
-end-of-turn token or a stop tag. Each episode is then one turn of the whole response budget, and
-every training micro-batch is a full-length one (prompt + 8,192 tokens, padded): the log-prob,
-reference and update passes, the fused log-prob kernel and sglang's KV cache run at the paper's
-length (with a tiny model's memory, so the 8B memory plan is checked by
-``python -m spader.training.plan`` and the calibration script instead). ``scripts/gpu_smoke.sh``
-runs::
+The policy is the demo's warm-started tiny Qwen3 (rule ``warmstart_policy``: it searches, reads
+and answers in the agent's format, ending its turns on the closing tags), copied with its output
+projection untied by :func:`build_smoke_policy`, so that FSDP2 shards it as a unit of its own as
+for Qwen3-8B and Llama-3.1-8B. After the run, :func:`check_run` reads its per-step metrics and
+checkpoint and requires, at every step: searches, turns that end at a closing tag and none that
+sglang ran past (sglang stops at the stop strings itself), rewards that differ and non-zero
+advantages, the seeds sglang's servers report (the training seed + each replica's rank); and
+weights that changed. With two or more GPUs visible it trains on two (FSDP2's collectives over
+NCCL, two sglang replicas with their own seeds). ``scripts/gpu_smoke.sh`` runs::
 
-    python -m spader.training.smoke --prepare --out results/gpu_smoke  # inputs via Snakemake, then train
+    python -m spader.training.smoke --prepare --out results/gpu_smoke  # inputs via Snakemake, train, check
 
 ``--prepare`` first builds the inputs with the workflow's own CPU rules (demo data in verl's
-format, the demo corpus's BM25 index, the tiny models); ``--dry-run`` prints the composed
-command (checked by Hydra and verl's config validation), the settings it resolves to (device,
-rollout backend, lengths, attention, FSDP strategy, fused log-probs, stop tags, seeds...) and what
-the run will check, instead of training.
+format, the demo corpus's BM25 index, the tiny models and the warm start); ``--dry-run`` prints
+the composed command (checked by Hydra and verl's config validation), the settings it resolves to
+(device, rollout backend, lengths, attention, FSDP strategy, fused log-probs, stop tags, seeds...)
+and what the run will check, instead of training.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ import argparse
 import copy
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,48 +53,59 @@ log = logging.getLogger(__name__)
 __all__ = [
     "SMOKE_AGENT",
     "SMOKE_OVERRIDES",
+    "SMOKE_STEPS",
     "SMOKE_TRAINING",
+    "Check",
     "build_smoke_policy",
+    "changed_weights",
+    "check_run",
     "load_config",
     "main",
     "paper_response_length",
     "prepare_command",
+    "smoke_gpus",
     "smoke_inputs",
     "smoke_job",
+    "warm_backbone",
+    "warm_start_dir",
 ]
 
-# config["training"] values for a run on one GPU with sglang that takes two steps; the response
-# length is the paper config's (paper_response_length), not the demo's.
+# config["training"] values for a run on the GPU with sglang that takes two steps; the response
+# budget is the paper config's (paper_response_length), not the demo's. 16 trajectories a step
+# (4 prompts x 4 rollouts) make a step without a search, or with equal rewards, unlikely.
 SMOKE_TRAINING = {
     "device": "cuda",
     "rollout_backend": "sglang",
     "max_steps": None,
     "epochs": 1,
-    "train_batch_size": 2,
-    "ppo_mini_batch_size": 2,
-    "ppo_micro_batch_size_per_gpu": 1,
-    "rollout_n": 2,
+    "train_batch_size": 4,
+    "ppo_mini_batch_size": 4,
+    "ppo_micro_batch_size_per_gpu": 2,
+    "rollout_n": 4,
     "max_prompt_length": 2048,
     "gpu_memory_utilization": 0.3,
     "save_freq": 1,
     "test_freq": 2,
+    "remove_padding": True,
 }
 
-# config["agent"] values: no per-turn cap, so the one turn of an episode may use the whole response
-# budget (the stop tags and the rest as configured).
-SMOKE_AGENT = {"max_turns": 2, "max_turn_tokens": None}
+#: config["agent"] values of the smoke run: the demo's turn (its per-turn cap and stop tags).
+SMOKE_AGENT: dict[str, Any] = {}
 
 #: The paper setup, whose response length the smoke run trains at.
 PAPER_CONFIG = "config/config.yaml"
 
-# verl keys with no config counterpart: stop after 2 steps, one GPU, few workers, few samples.
+#: Steps the smoke run trains (each checked).
+SMOKE_STEPS = 2
+
+# verl keys with no config counterpart: stop after 2 steps, few workers, few samples.
 SMOKE_OVERRIDES = (
-    "trainer.total_training_steps=2",
+    f"trainer.total_training_steps={SMOKE_STEPS}",
     "trainer.val_before_train=false",
     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     "actor_rollout_ref.rollout.agent.num_workers=1",
     "reward.num_workers=1",
-    "data.train_max_samples=4",
+    "data.train_max_samples=8",
     "data.val_max_samples=2",
     "data.dataloader_num_workers=0",
     "data.filter_overlong_prompts=true",
@@ -111,16 +126,10 @@ def paper_response_length(root: str | os.PathLike = ".") -> int:
     return int(config.training.max_response_length)
 
 
-def build_smoke_policy(tiny_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """A copy of the tiny Qwen3 at ``tiny_dir`` that never ends its turn, saved to ``out``.
-
-    Its decoder layers write nothing into the residual stream (attention and MLP output
-    projections zeroed) and its token embeddings have unit variance, so the last hidden state of
-    a position is its token's embedding and the largest logit, by about 80 over a vocabulary of
-    ~2,000 at temperature 1, is that same token: the model repeats the last token of its prompt,
-    never an end-of-turn token or a stop tag, until the response budget is spent. The output
-    projection is untied from the embedding (a copy), so FSDP2 shards it as a unit of its own, as
-    it does for Qwen3-8B and Llama-3.1-8B. Gradients still flow through every weight.
+def build_smoke_policy(model_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A copy of the warm-started tiny Qwen3 at ``model_dir`` with its output projection untied
+    (a copy of the embedding), saved to ``out``: the same function, but FSDP2 shards the head as a
+    unit of its own, as it does for Qwen3-8B and Llama-3.1-8B (the plug-in's fused log-prob route).
 
     Returns:
         ``out``.
@@ -129,23 +138,20 @@ def build_smoke_policy(tiny_dir: str | os.PathLike, out: str | os.PathLike) -> P
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = Path(out)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     embeddings = model.get_input_embeddings().weight
-    with torch.no_grad():
-        embeddings.copy_(torch.randn(embeddings.shape, generator=torch.Generator().manual_seed(0)))
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
     model.config.tie_word_embeddings = False
+    if hasattr(model.config, "get_text_config"):
+        model.config.get_text_config().tie_word_embeddings = False
     model.lm_head.weight = torch.nn.Parameter(embeddings.detach().clone())
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     for name in ("TINY_MODEL.json",):
-        if (Path(tiny_dir) / name).is_file():
-            (out / name).write_text((Path(tiny_dir) / name).read_text())
-    log.info("smoke policy (repeats its prompt's last token, never stops) saved to %s", out)
+        if (Path(model_dir) / name).is_file():
+            (out / name).write_text((Path(model_dir) / name).read_text())
+    log.info("smoke policy (the warm start, head untied) saved to %s", out)
     return out
 
 
@@ -157,21 +163,44 @@ def _tiny_dir(name: str | None, root: Path) -> str | None:
     return str(root / "results" / "models" / "tiny" / name.split(":", 1)[1])
 
 
+def warm_backbone(config: Mapping[str, Any]) -> str:
+    """The demo backbone whose warm start the smoke run trains (the first with ``warmstart``)."""
+    for name, spec in config["backbones"].items():
+        if spec.get("warmstart"):
+            return name
+    raise ValueError(
+        "the GPU smoke test trains the demo's warm-started policy, but no backbone of the config has "
+        "backbones.<name>.warmstart (run it with config/demo.yaml)"
+    )
+
+
+def warm_start_dir(config: Mapping[str, Any], root: str | os.PathLike = ".") -> Path:
+    """Where rule ``warmstart_policy`` writes the warm-started policy."""
+    return Path(root) / "results" / warm_backbone(config) / "warmstart" / "model"
+
+
 def smoke_job(
     config: Mapping[str, Any],
     out: str | os.PathLike,
     *,
     root: str | os.PathLike = ".",
     threads: int | None = None,
+    gpus: int = 1,
+    device: str = "cuda",
+    padded: bool = False,
 ):
-    """The smoke test's :class:`~spader.training.run.TrainJob` (variant ``spader``, 1 GPU, sglang,
-    the paper's response length, the smoke policy of :func:`build_smoke_policy` in ``out/policy``).
+    """The smoke test's :class:`~spader.training.run.TrainJob` (variant ``spader``, sglang, the
+    paper's response budget, the policy of :func:`build_smoke_policy` in ``out/policy``).
 
     Args:
         config: the demo config (:func:`load_config` of config.yaml + demo.yaml).
         out: output directory (work directory, final.json, the smoke policy).
         root: repository root holding results/ and config/verl.
         threads: CPUs for Ray (default: all of this machine's).
+        gpus: GPUs (training workers, one sglang replica each) to train on.
+        device: ``cuda`` (sglang) or ``cpu`` (the transformers replica, ``gpus`` FSDP ranks): the
+            same job on the CPU path.
+        padded: the padded actor path instead of the packed one.
     """
     from spader.training.run import TrainJob
 
@@ -184,12 +213,21 @@ def smoke_job(
         reranker["path"] = reranker_dir
     retrieval["reranker"] = reranker
     out = Path(out)
+    training = {**config["training"], **SMOKE_TRAINING, "max_response_length": paper_response_length(root)}
+    if padded:
+        training["remove_padding"] = False
+    else:  # token-capped micro-batches: room for the two longest sequences
+        training["max_token_len_per_gpu"] = 2 * (
+            training["max_prompt_length"] + training["max_response_length"]
+        )
+    if device == "cpu":
+        training.update(device="cpu", rollout_backend="transformers", cpu_workers=int(gpus))
     return TrainJob(
         backbone="smoke",
         variant="spader",
-        backbone_spec={"model": "tiny:qwen3", "gpus": 1, "variants": ["spader"], "prompting": []},
+        backbone_spec={"model": "tiny:qwen3", "gpus": int(gpus), "variants": ["spader"], "prompting": []},
         variant_spec=dict(config["variants"]["spader"]),
-        training={**config["training"], **SMOKE_TRAINING, "max_response_length": paper_response_length(root)},
+        training=training,
         agent={**config["agent"], **SMOKE_AGENT},
         retrieval=retrieval,
         train_file=root / "results" / suite / "data" / "verl" / "train.parquet",
@@ -206,13 +244,13 @@ def smoke_job(
 
 def smoke_inputs(config: Mapping[str, Any]) -> list[str]:
     """The workflow targets the smoke run reads: demo data in verl's format, the BM25 index of the
-    demo corpus, the tiny policy (and the tiny reranker when the demo reranks)."""
+    demo corpus, the warm-started policy (and the tiny reranker when the demo reranks)."""
     suite = config["suite"]
     targets = [
         f"results/{suite}/data/verl/train.parquet",
         f"results/{suite}/data/verl/val.parquet",
         f"results/{suite}/index/bm25",
-        "results/models/tiny/qwen3",
+        f"results/{warm_backbone(config)}/warmstart/model",
     ]
     if str(config["retrieval"]["reranker"]["model"]).startswith("tiny:"):
         targets.append("results/models/tiny/" + config["retrieval"]["reranker"]["model"].split(":", 1)[1])
@@ -236,7 +274,19 @@ def prepare_command(
     ]
 
 
-HELP = "GPU smoke test: two verl steps of SPADER on one GPU with sglang at the paper's response length"
+def visible_gpus() -> int:
+    """CUDA devices this process sees (0 without torch's CUDA)."""
+    from spader.training.preflight import visible_gpus as count
+
+    return count()
+
+
+def smoke_gpus(visible: int) -> int:
+    """GPUs the smoke run trains on: two when two or more are visible (the collectives), else one."""
+    return 2 if visible >= 2 else 1
+
+
+HELP = "GPU smoke test: two verl steps of SPADER with sglang that search, on one GPU (two when visible)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,6 +298,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", type=int, default=4, help="cores for --prepare (default: %(default)s)")
     parser.add_argument(
         "--dry-run", action="store_true", help="compose and check the verl command, print it, stop"
+    )
+    parser.add_argument(
+        "--padded", action="store_true", help="the padded actor path instead of the packed one"
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs to train on (default: 2 when 2 or more are visible, else 1)",
     )
 
 
@@ -267,10 +326,11 @@ def run(args: argparse.Namespace) -> int:
         cmd = prepare_command(config, overlays, args.cores)
         log.info("building the inputs: %s", " ".join(cmd))
         subprocess.run(cmd, cwd=root, check=True)
-    job = smoke_job(config, args.out, root=root)
-    tiny = Path(_tiny_dir("tiny:qwen3", root))
-    if (tiny / "config.json").is_file() and not (job.model_dir / "config.json").is_file():
-        build_smoke_policy(tiny, job.model_dir)
+    gpus = args.gpus or (1 if args.dry_run else smoke_gpus(visible_gpus()))
+    job = smoke_job(config, args.out, root=root, gpus=gpus, padded=args.padded)
+    warm = warm_start_dir(config, root)
+    if (warm / "config.json").is_file() and not (job.model_dir / "config.json").is_file():
+        build_smoke_policy(warm, job.model_dir)
     if args.dry_run:
         from spader.training.checkpoints import latest_checkpoint, new_metrics_file
         from spader.training.launch import compose_config
@@ -296,25 +356,39 @@ def run(args: argparse.Namespace) -> int:
 
     final = run_training(job)
     print(json.dumps({k: final[k] for k in ("steps_done", "checkpoint", "metrics")}, indent=2))  # noqa: T201
-    return 0
+    results = check_run(job, start_model=job.model_dir, replicas=gpus)
+    for result in results:
+        print(result.line())  # noqa: T201
+    failed = [r for r in results if not r.ok]
+    print(f"smoke test: {len(results) - len(failed)} of {len(results)} checks passed")  # noqa: T201
+    return 1 if failed else 0
 
 
 def checks(job, cfg) -> dict[str, Any]:
     """What a run of the smoke job exercises, as the dry run states it."""
     data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
-    micro = int(cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)
+    actor = cfg.actor_rollout_ref.actor
+    packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
     out: dict[str, Any] = {
         "device": f"trainer.device={cfg.trainer.device}: verl trains on the GPU",
         "rollout": f"actor_rollout_ref.rollout.name={rollout.name}: sglang generates the rollouts",
         "lengths": (
             f"max_prompt_length={data.max_prompt_length}, max_response_length={data.max_response_length} "
-            "(the paper config's response length)"
+            "(the paper config's response length: an episode's budget)"
         ),
-        "full_length_micro_batch": (
-            f"every response runs to {data.max_response_length} tokens (the smoke policy never ends a turn), "
-            f"so each micro-batch of {micro} holds up to {micro * (data.max_prompt_length + data.max_response_length)} "
-            "padded tokens through the log-prob, reference and update passes"
+        "actor_path": (
+            f"packed sequences (verl's remove-padding path, attention "
+            f"{cfg.actor_rollout_ref.model.override_config.attn_implementation}), micro-batches of up to "
+            f"{actor.ppo_max_token_len_per_gpu} tokens"
+            if packed
+            else f"padded micro-batches of {actor.ppo_micro_batch_size_per_gpu} sequences (sdpa with a mask)"
         ),
+        "after_the_run": [
+            f"steps 1..{SMOKE_STEPS} trained, and at each: searches, turns ending at a closing tag, none that "
+            "sglang ran past, rewards that differ, non-zero advantages, the seeds sglang reports "
+            f"(training.seed + replica rank, {job.workers} replica(s))",
+            "the last checkpoint's weights differ from the policy's",
+        ],
     }
     if (Path(job.model_dir) / "config.json").is_file():
         from spader.training.preflight import check_job_memory
@@ -326,6 +400,127 @@ def checks(job, cfg) -> dict[str, Any]:
     else:
         out["memory_plan"] = f"built at the run, from {job.model_dir} (prepare the inputs first)"
     return out
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of a finished smoke run."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
+
+
+def _per_step(steps: Mapping[int, Mapping[str, float]], name: str, what, describe) -> Check:
+    bad = {s: m for s, m in steps.items() if not what(m)}
+    detail = "; ".join(f"step {s}: {describe(m)}" for s, m in sorted(steps.items()))
+    return Check(name, bool(steps) and not bad, detail or "no step logged")
+
+
+def _value(m: Mapping[str, float], key: str) -> float:
+    value = m.get(key)
+    return math.nan if value is None else float(value)
+
+
+def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int = SMOKE_STEPS) -> list[Check]:
+    """The smoke run's checks on its per-step metrics and its last checkpoint.
+
+    Args:
+        job: the finished :class:`~spader.training.run.TrainJob` (its metrics and checkpoints).
+        start_model: the policy it started from (its weights are compared with the checkpoint's).
+        replicas: rollout replicas (one per GPU): the seeds expected are ``training.seed`` + rank.
+        steps: training steps the run took.
+    Returns:
+        One :class:`Check` per property (see the module docstring).
+    """
+    from spader.training.checkpoints import read_step_metrics
+
+    logged = {s: m for s, m in read_step_metrics(job.metrics_dir).items() if "critic/score/mean" in m}
+    seed = int(job.training.seed)
+    expected = (float(seed), float(seed + replicas - 1), float(replicas))
+    results = [
+        Check(
+            "steps",
+            sorted(logged) == list(range(1, steps + 1)),
+            f"steps logged {sorted(logged)}, expected 1..{steps}",
+        ),
+        _per_step(
+            logged,
+            "searches",
+            lambda m: _value(m, "episode/searches") > 0,
+            lambda m: f"{_value(m, 'episode/searches'):.2f} per trajectory",
+        ),
+        _per_step(
+            logged,
+            "turns end at a closing tag",
+            lambda m: _value(m, "episode/turns_closed") > 0 and _value(m, "episode/turns_cut") == 0,
+            lambda m: (
+                f"{_value(m, 'episode/turns_closed'):.0%} closed, {_value(m, 'episode/turns_cut'):.0%} "
+                "run past the tag by the engine"
+            ),
+        ),
+        _per_step(
+            logged,
+            "rewards differ",
+            lambda m: _value(m, "critic/score/max") > _value(m, "critic/score/min"),
+            lambda m: f"{_value(m, 'critic/score/min'):.3f}..{_value(m, 'critic/score/max'):.3f}",
+        ),
+        _per_step(
+            logged,
+            "advantages",
+            lambda m: _value(m, "episode/advantage_std") > 0,
+            lambda m: f"std {_value(m, 'episode/advantage_std'):.4f}",
+        ),
+        _per_step(
+            logged,
+            "rollout seeds",
+            lambda m: (
+                (
+                    _value(m, "episode/rollout_seed_min"),
+                    _value(m, "episode/rollout_seed_max"),
+                    _value(m, "episode/rollout_seeds"),
+                )
+                == expected
+            ),
+            lambda m: (
+                f"{_value(m, 'episode/rollout_seeds'):.0f} seed(s) "
+                f"{_value(m, 'episode/rollout_seed_min'):.0f}..{_value(m, 'episode/rollout_seed_max'):.0f} "
+                f"(expected {replicas}: {seed}..{seed + replicas - 1})"
+            ),
+        ),
+        changed_weights(job, start_model),
+    ]
+    return results
+
+
+def changed_weights(job, start_model: str | os.PathLike) -> Check:
+    """The last checkpoint, merged by verl's model merger, against the starting policy: finite,
+    and most tensors changed."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from spader.training.hf_export import export_checkpoint
+
+    if not Path(job.final_json).is_file():
+        return Check("weights changed", False, f"no {job.final_json}")
+    with tempfile.TemporaryDirectory(dir=Path(job.final_json).parent) as tmp:
+        export_checkpoint(job.final_json, Path(tmp) / "model", Path(tmp) / "model.json")
+        trained = AutoModelForCausalLM.from_pretrained(Path(tmp) / "model", dtype=torch.float32).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(start_model, dtype=torch.float32).state_dict()
+    changed = sum(
+        int(not torch.equal(value, start[name])) for name, value in trained.items() if name in start
+    )
+    finite = all(torch.isfinite(value).all() for value in trained.values())
+    return Check(
+        "weights changed",
+        finite and changed > len(trained) // 2,
+        f"{changed} of {len(trained)} tensors differ from the policy's, {'all' if finite else 'not all'} finite",
+    )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,15 @@ The agent loop is verl's ``ToolAgentLoop`` with these additions, all through pub
   rollout's extra fields (:data:`spader.core.densify.FINAL_TURN_KEY`) for the terminal reward;
 * an episode that raises for any reason is returned as a failed episode (one masked token,
   :data:`spader.core.densify.FAILURE_KEY` holding the reason) that scores 0, trains nothing and
-  is no peer in any group (the estimators leave rows without a generated token out).
+  is no peer in any group (the estimators leave rows without a generated token out) - except a
+  rollout engine that hangs or died: a generation that does not answer within
+  ``spader_agent.rollout_timeout_s`` (config.yaml ``training.rollout_timeout_s``), or whose
+  server is gone, raises :class:`RolloutEngineError`, which stops the training with that message
+  instead of scoring every later episode 0;
+* every turn is counted in the episode's extra fields (:data:`TURN_STATS`): turns, turns that end
+  at a closing tag, turns the server ran past the tag (the loop cut them), and the seed the
+  rollout engine samples with (:data:`SEED_FIELD`, as the server reports it), which the step's
+  ``episode/`` metrics summarise (:mod:`.episode_metrics`).
 """
 
 from __future__ import annotations
@@ -60,12 +68,16 @@ from spader.config.model import AgentConfig
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
 from spader.core.parsing import malformed_turn, parse_turn
 from spader.core.prompt import observation_message
+from spader.integrations.verl.episode_metrics import SEED_FIELD, TURN_STATS
 from spader.integrations.verl.reward import gold_entities
 from spader.integrations.verl.tool_config import TOOL_NAME
 
 __all__ = [
     "AGENT_LOOP",
     "PARSER",
+    "SEED_FIELD",
+    "TURN_STATS",
+    "RolloutEngineError",
     "SpaderToolAgentLoop",
     "SpaderToolParser",
     "TurnEndingServer",
@@ -78,6 +90,12 @@ log = logging.getLogger(__name__)
 
 PARSER = "spader"
 AGENT_LOOP = "spader_tool_agent"
+
+
+class RolloutEngineError(RuntimeError):
+    """The rollout engine hung or died: the training cannot go on (never a failed episode)."""
+
+
 _TOOL_CALL_BLOCK = "<tool_call>"
 
 
@@ -113,25 +131,50 @@ class SpaderToolParser(ToolParser):
 
 
 class TurnEndingServer:
-    """verl's server manager, with every generation cut after the first stop tag.
+    """verl's server manager, with every generation cut after the first stop tag and bounded in time.
 
     sglang honours ``stop`` itself (and keeps the tag in ``output_ids`` with ``no_stop_trim``);
     this makes the turn end there whatever the server did (a backend that ignores ``stop``, a
     token that completes the tag and continues past it), so the recorded turn is exactly what the
-    parser reads. Every other attribute is the wrapped manager's.
+    parser reads. A request that gets no answer within ``timeout_s`` seconds (a hung engine), or
+    whose server actor is gone (a dead one), raises :class:`RolloutEngineError`. What happened to
+    each request is kept in :attr:`last` (by request id) for the agent loop's turn counters. Every
+    other attribute is the wrapped manager's.
     """
 
-    def __init__(self, server, tokenizer, stop: tuple[str, ...]):
+    def __init__(self, server, tokenizer, stop: tuple[str, ...], timeout_s: float | None = None):
         self._server, self._tokenizer, self._stop = server, tokenizer, tuple(stop)
+        self._timeout_s = timeout_s
+        self.last: dict[str, dict[str, Any]] = {}
 
     def __getattr__(self, name):
         return getattr(self._server, name)
 
+    async def _answer(self, args, kwargs):
+        try:
+            return await asyncio.wait_for(self._server.generate(*args, **kwargs), self._timeout_s)
+        except TimeoutError:
+            raise RolloutEngineError(
+                f"the rollout engine did not answer a generation request within {self._timeout_s:.0f} s: it hung "
+                "or is overloaded beyond recovery; the training stops (config key training.rollout_timeout_s)"
+            ) from None
+        except Exception as exc:
+            if _actor_gone(exc):
+                raise RolloutEngineError(
+                    f"the rollout engine died during a generation ({type(exc).__name__}: {str(exc)[:300]}); "
+                    "the training stops"
+                ) from exc
+            raise
+
     async def generate(self, *args, **kwargs):
         """``server_manager.generate`` with the output cut after the first stop tag."""
-        output = await self._server.generate(*args, **kwargs)
+        output = await self._answer(args, kwargs)
         ids = list(output.token_ids)
         keep = turn_token_count(self._tokenizer, ids, self._stop)
+        record = {"cut": keep < len(ids), SEED_FIELD: (output.extra_fields or {}).get(SEED_FIELD)}
+        request = kwargs.get("request_id")
+        if request is not None:
+            self.last[str(request)] = record
         if keep == len(ids):
             return output
         update: dict[str, Any] = {"token_ids": ids[:keep]}
@@ -140,21 +183,40 @@ class TurnEndingServer:
         return output.model_copy(update=update)
 
 
-def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int]:
-    """``(max_turn_tokens, stop, regenerations)`` of the ``spader_agent`` block (config.yaml
-    ``agent``, passed at launch), read as the typed ``agent`` section (a key the block lacks takes
-    the section's default).
+def _actor_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says a Ray actor (a rollout server) died or cannot be reached."""
+    try:
+        import ray.exceptions as ray_errors
+    except ImportError:  # pragma: no cover  (verl always brings Ray)
+        return False
+    return isinstance(exc, ray_errors.RayActorError | ray_errors.ActorUnavailableError)
+
+
+def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int, float | None]:
+    """``(max_turn_tokens, stop, regenerations, rollout_timeout_s)`` of the ``spader_agent`` block
+    (config.yaml ``agent``, and ``training.rollout_timeout_s``, passed at launch), read as the typed
+    ``agent`` and ``training`` sections (a key the block lacks takes the section's default).
 
     Raises:
         ValueError: a value out of its bounds (the message names ``spader_agent.<key>``).
     """
-    block = config.get("spader_agent") or {}
-    plain = {k: (list(v) if k == "stop" else v) for k, v in dict(block).items()}
+    from spader.config.model import TrainingConfig
+
+    block = dict(config.get("spader_agent") or {})
+    timeout = block.pop("rollout_timeout_s", TrainingConfig().rollout_timeout_s)
+    plain = {k: (list(v) if k == "stop" else v) for k, v in block.items()}
     try:
         agent = AgentConfig.model_validate(plain)
     except ValueError as exc:
         raise ValueError(f"spader_agent is invalid: {exc}".replace("\n", "; ")) from exc
-    return agent.max_turn_tokens, tuple(agent.stop), agent.regenerations
+    if timeout is not None and float(timeout) <= 0:
+        raise ValueError(f"spader_agent.rollout_timeout_s must be null or > 0, got {timeout!r}")
+    return (
+        agent.max_turn_tokens,
+        tuple(agent.stop),
+        agent.regenerations,
+        (None if timeout is None else float(timeout)),
+    )
 
 
 def end_on_generated(output: AgentLoopOutput) -> AgentLoopOutput:
@@ -184,8 +246,8 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         # no tool schemas reach the chat template: `tools` absent, as in evaluation
         self.tool_schemas = None
-        self.max_turn_tokens, self.stop, self.regenerations = _turn_settings(self.config)
-        self.server_manager = TurnEndingServer(self.server_manager, self.tokenizer, self.stop)
+        self.max_turn_tokens, self.stop, self.regenerations, timeout = _turn_settings(self.config)
+        self.server_manager = TurnEndingServer(self.server_manager, self.tokenizer, self.stop, timeout)
         self.closing_ids = list(turn_closing_ids(self.tokenizer))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
@@ -204,6 +266,8 @@ class SpaderToolAgentLoop(ToolAgentLoop):
                 tools_kwargs[name] = per_tool
             kwargs["tools_kwargs"] = tools_kwargs
             return end_on_generated(await super().run(sampling_params, **kwargs))
+        except RolloutEngineError:
+            raise  # the engine is gone or hung: the training stops with the message
         except Exception as exc:  # noqa: BLE001 (one bad episode must not fail the rollout batch)
             return await self._failed_episode(sampling_params, kwargs, exc)
 
@@ -280,9 +344,18 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         overflow = len(agent_data.response_mask) - self.response_length
         if overflow > 0:
             turn_ids = turn_ids[: max(0, len(turn_ids) - overflow)]
-        agent_data.extra_fields[FINAL_TURN_KEY] = await self.loop.run_in_executor(
+        text = await self.loop.run_in_executor(
             None, lambda: self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         )
+        agent_data.extra_fields[FINAL_TURN_KEY] = text
+        served = self.server_manager.last.pop(str(agent_data.request_id), {})
+        turns, closed, cut = (int(agent_data.extra_fields.get(k, 0)) for k in TURN_STATS)
+        closed += int(text.rstrip().endswith(self.stop))
+        agent_data.extra_fields.update(
+            dict(zip(TURN_STATS, (turns + 1, closed, cut + int(bool(served.get("cut")))), strict=True))
+        )
+        if served.get(SEED_FIELD) is not None:
+            agent_data.extra_fields[SEED_FIELD] = int(served[SEED_FIELD])
         return state
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:

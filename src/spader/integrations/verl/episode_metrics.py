@@ -12,6 +12,11 @@ reads what the rollouts left in TransferQueue and adds, under ``episode/``:
 * ``failed`` - trajectories whose episode failed for an infrastructure reason (scored 0, no peer
   in any group: the estimators leave them out of their groups' statistics);
 * ``advantage_std`` - spread of the token advantages over the trained (assistant) tokens;
+* ``turns_closed`` - share of the assistant turns that end at a closing tag (``agent.stop``), and
+  ``turns_cut`` - share the rollout engine ran past the tag (the agent loop cut them: an engine
+  that does not stop at the stop strings);
+* ``rollout_seeds``, ``rollout_seed_min``, ``rollout_seed_max`` - the distinct seeds the rollout
+  engines sampled the batch with, as each server reported its own (one per replica);
 * ``seconds/generate``, ``seconds/search``, ``seconds/reward`` - time the batch's episodes spent
   waiting for generation, for the search tool and for the reward (verl's per-episode timers,
   summed over the episodes: episodes run concurrently, so these add up to more than the step's
@@ -27,9 +32,16 @@ import math
 
 import torch
 
-__all__ = ["episode_metrics"]
+__all__ = ["SEED_FIELD", "TURN_STATS", "episode_metrics"]
 
 log = logging.getLogger(__name__)
+
+#: A rollout server's ``TokenOutput.extra_fields`` key for the seed its engine samples with (the
+#: project's sglang server and the CPU replica report it); the agent loop keeps it per episode.
+SEED_FIELD = "rollout_seed"
+#: Per-episode turn counters the agent loop keeps in the extra fields: turns generated, turns that
+#: end at a closing tag, turns the server ran past the tag (cut by the agent loop).
+TURN_STATS = ("spader_turns", "spader_turns_closed", "spader_turns_cut")
 
 
 def _padded(t: torch.Tensor, value) -> torch.Tensor:
@@ -76,6 +88,13 @@ def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[st
         "failed": float(sum(bool((e or {}).get(FAILURE_KEY)) for e in extra)),
         "entities": _mean([float(_entities((e or {}).get(STEPS_KEY))) for e in extra]),
     }
+    turns, closed, cut = (sum(int((e or {}).get(k) or 0) for e in extra) for k in TURN_STATS)
+    out["turns_closed"] = closed / turns if turns else math.nan
+    out["turns_cut"] = cut / turns if turns else math.nan
+    seeds = {int(e[SEED_FIELD]) for e in extra if (e or {}).get(SEED_FIELD) is not None}
+    out["rollout_seeds"] = float(len(seeds))
+    out["rollout_seed_min"] = float(min(seeds)) if seeds else math.nan
+    out["rollout_seed_max"] = float(max(seeds)) if seeds else math.nan
     timers = [t or {} for t in rows("metrics")]
     for name, key in (
         ("generate", "generate_sequences"),

@@ -33,6 +33,7 @@ __all__ = [
     "AGENT_KEYS",
     "ESTIMATORS",
     "TRAINING_KEYS",
+    "actor_path_overrides",
     "agent_overrides",
     "config_overrides",
     "method_overrides",
@@ -204,6 +205,40 @@ def training_overrides(training: Mapping[str, Any]) -> list[str]:
         if name not in training:
             raise KeyError(f"config key 'training.{name}' is missing (verl's {key})")
         out.append(f"{key}={hydra_value(training[name])}")
+    return [*out, *actor_path_overrides(training)]
+
+
+def actor_path_overrides(training: Mapping[str, Any]) -> list[str]:
+    """How the actor, reference and critic passes batch their tokens (``training.remove_padding``,
+    ``training.max_token_len_per_gpu``; docs/gpu.md).
+
+    The packed path is verl's remove-padding path with the project's variable-length attention
+    (:data:`spader.integrations.verl.packed_attention.NAME`) for the policy and the critic; a token
+    cap turns on verl's dynamic micro-batches for every pass (the log-prob passes and the critic's
+    follow the actor's settings in verl's config). The padded path keeps the project YAMLs'
+    ``sdpa`` with an attention mask and fixed micro-batches.
+
+    A key the mapping lacks (a ``training`` section as config.yaml writes it, without the keys at
+    their defaults) has the typed model's default.
+    """
+    from spader.config.model import TrainingConfig
+
+    def setting(name: str):
+        return training[name] if name in training else TrainingConfig.model_fields[name].default
+
+    out: list[str] = []
+    if setting("remove_padding"):
+        from spader.integrations.verl.packed_attention import NAME
+
+        for model in ("actor_rollout_ref.model", "critic.model"):
+            out += [f"{model}.use_remove_padding=true", f"{model}.override_config.attn_implementation={NAME}"]
+    cap = setting("max_token_len_per_gpu")
+    if cap is not None:
+        out += [
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={int(cap)}",
+            f"critic.ppo_max_token_len_per_gpu={int(cap)}",
+        ]
     return out
 
 

@@ -13,8 +13,12 @@ Registers:
 * tool parser ``spader`` and agent loop ``spader_tool_agent`` (:mod:`.agent_loop`);
 * the critic's value-model loader honours the configured attention implementation
   (:mod:`.attention`: verl 0.9.1 hard-codes flash-attention 2 there);
+* the attention implementation ``spader_varlen`` for verl's remove-padding path (packed sequences
+  through PyTorch's variable-length attention; :mod:`.packed_attention`);
 * verl's fused log-prob kernel runs through the ``lm_head`` module, so it works under FSDP2 for
   untied backbones (:mod:`.fused_logprobs`);
+* verl's ``sglang`` rollout replica with a seed per replica (the configured seed + the replica's
+  rank, as verl's vLLM server), reported with every generation (:mod:`.sglang_replica`);
 * the CPU platform ``cpu``, verl's FSDP engines for the ``cpu`` device and the rollout backend
   ``transformers`` (:mod:`.cpu`), inactive unless a run selects them. They are registered first:
   importing verl's trainer modules already asks for the platform.
@@ -37,12 +41,20 @@ from spader.integrations.verl import cpu  # noqa: E402  (registration, before th
 
 _CPU = cpu.register()
 
+from spader.integrations.verl import sglang_replica  # noqa: E402
+
+# sglang replicas seeded seed + replica rank (.sglang_replica)
+sglang_replica.register()
+
 from spader.integrations.verl import agent_loop, attention, estimators, trainer, turn_gae  # noqa: E402  (registration)
 
 # the critic's value model loads with critic.model.override_config.attn_implementation (.attention)
 attention.install()
 
-from spader.integrations.verl import fused_logprobs  # noqa: E402
+from spader.integrations.verl import fused_logprobs, packed_attention  # noqa: E402
+
+# packed sequences (training.remove_padding) attend through attn_implementation=spader_varlen
+packed_attention.register()
 
 # verl's fused log-probs (use_fused_kernels) through the lm_head's FSDP2 unit (.fused_logprobs)
 fused_logprobs.install()
@@ -50,6 +62,7 @@ fused_logprobs.install()
 REGISTERED = {
     "adv_estimators": (estimators.SPA, estimators.TRAJ, estimators.GRPO, turn_gae.TURN_GAE),
     "trainer_modes": (trainer.MODE,),
+    "attention": (packed_attention.NAME,),
     "tool_parsers": (agent_loop.PARSER,),
     "agent_loops": (agent_loop.AGENT_LOOP,),
     **_CPU,

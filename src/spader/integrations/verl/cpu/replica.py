@@ -20,7 +20,10 @@ sglang's; this module supplies CPU ones with the same contract:
 
 Registered under the rollout name ``transformers`` (``actor_rollout_ref.rollout.name``).
 Sizing knobs come from ``actor_rollout_ref.rollout.engine_kwargs.transformers``: ``threads``
-(torch threads of the server), ``batch_size`` (requests per forward batch), ``batch_wait_ms``.
+(torch threads of the server), ``batch_size`` (requests per forward batch), ``batch_wait_ms``;
+``test_hang_after`` (tests only) makes the server stop answering after that many requests, as a
+hung engine would. Each replica samples with ``rollout.seed`` + its rank (as verl's vLLM server
+seeds its replicas) and reports that seed with every generation.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl.workers.rollout.utils import ensure_async_iterator, get_max_position_embeddings
+
+from spader.integrations.verl.episode_metrics import SEED_FIELD
 
 __all__ = [
     "NAME",
@@ -63,11 +68,11 @@ def server_name(replica_rank: int, suffix: str = "") -> str:
 
 def _engine_kwargs(config: RolloutConfig) -> dict:
     kwargs = dict((config.engine_kwargs or {}).get(NAME) or {})
-    unknown = set(kwargs) - {"threads", "batch_size", "batch_wait_ms"}
+    unknown = set(kwargs) - {"threads", "batch_size", "batch_wait_ms", "test_hang_after"}
     if unknown:
         raise ValueError(
             f"actor_rollout_ref.rollout.engine_kwargs.{NAME}: unknown key(s) {sorted(unknown)} "
-            "(threads, batch_size, batch_wait_ms)"
+            "(threads, batch_size, batch_wait_ms, test_hang_after)"
         )
     return kwargs
 
@@ -103,7 +108,10 @@ class TransformersServer:
         self._pending: list[tuple[list[int], Any, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None
         self.global_steps = None
-        self.seed = int(self.config.seed)
+        # one seed per replica, as verl's vLLM server (rollout.seed + replica rank)
+        self.seed = int(self.config.seed) + int(replica_rank)
+        hang = kwargs.get("test_hang_after")
+        self._hang_after = None if hang is None else int(hang)
         self._seen: dict[bytes, int] = {}
         self.stats = {"requests": 0, "batches": 0, "decode_s": 0.0, "weight_updates": 0, "weight_load_s": 0.0}
 
@@ -141,6 +149,9 @@ class TransformersServer:
 
         if image_data or video_data or kwargs.get("audio_data"):
             raise ValueError("the transformers rollout replica serves text-only models")
+        if self._hang_after is not None and self.stats["requests"] + len(self._pending) >= self._hang_after:
+            log.warning("test_hang_after=%d: this rollout server stops answering", self._hang_after)
+            await asyncio.Event().wait()  # never set: a hung engine
         prompt = [int(t) for t in prompt_ids]
         params = dict(sampling_params)
         budget = self._budget(len(prompt), params)
@@ -156,7 +167,7 @@ class TransformersServer:
             token_ids=result.token_ids,
             log_probs=result.log_probs,
             stop_reason=result.finish,
-            extra_fields={"global_steps": self.global_steps},
+            extra_fields={"global_steps": self.global_steps, SEED_FIELD: self.seed},
         )
 
     def _derived_seed(self, prompt: list[int]) -> int:

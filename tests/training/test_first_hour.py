@@ -1,0 +1,73 @@
+"""scripts/gpu_first_hour.sh on a machine without GPUs: with --cpu it runs the steps the CPU path
+has (the preflight's CPU checks, the plan, the smoke test's dry run) and says which GPU-only step
+it skips; without it, the preflight fails here (no sglang, no GPU) and nothing after it runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_first_hour.sh"
+
+
+def _run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_the_steps_are_the_documented_ones_in_order():
+    from spader.training.first_hour import STEPS, steps
+
+    assert [s.name for s in STEPS] == ["preflight", "plan", "calibration", "smoke"]
+    planned = dict(
+        (s.name, argv) for s, argv in steps(cpu=True, configfiles=["a.yaml", "b.yaml"], python="py")
+    )
+    assert planned["calibration"] is None  # GPU-only
+    assert planned["plan"] == [
+        "py",
+        "-m",
+        "spader.training.plan",
+        "--configfile",
+        "a.yaml",
+        "--configfile",
+        "b.yaml",
+    ]
+    assert planned["smoke"][-1] == "--dry-run" and planned["preflight"][-1] == "--cpu"
+    gpu = dict((s.name, argv) for s, argv in steps(cpu=False, configfiles=["c.yaml"], python="py"))
+    assert gpu["smoke"] == ["bash", "scripts/gpu_smoke.sh"] and "--cpu" not in gpu["preflight"]
+    docs = (REPO / "docs" / "gpu.md").read_text()
+    for step in STEPS:  # docs/gpu.md lists every command with what it prints and how long it takes
+        assert " ".join(a for a in step.argv if a != "{configfiles}").replace("{python}", "python") in docs
+        assert step.duration in docs
+
+
+@pytest.mark.slow
+def test_cpu_mode_runs_what_the_cpu_path_has_and_skips_the_gpu_steps():
+    proc = _run("--cpu")
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "== step 1/4: preflight passed" in out and "ok    verl: 0.9.1" in out
+    assert "== step 2/4: plan passed" in out and "0 of 22 job(s) do not fit" in out
+    assert "== step 3/4: calibration: skipped (GPU-only; run on a GPU node without --cpu)" in out
+    assert "== step 4/4: smoke passed" in out and '"trainer.device": "cuda"' in out
+    assert out.rstrip().endswith("== first hour: every step passed")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is not None, reason="a GPU node's environment: its preflight may pass"
+)
+def test_it_stops_at_the_first_failing_step():
+    proc = _run()  # this machine has no sglang and no GPU: the preflight fails
+    out = proc.stdout
+    assert proc.returncode == 1
+    assert "FAIL  sglang: sglang is not installed" in out and "FAIL  gpus: torch sees no CUDA GPU" in out
+    assert "== FAILED at step 1/4: preflight (exit 1" in out and "not run: plan, calibration, smoke" in out
+    assert "== step 2/4" not in out
