@@ -130,9 +130,9 @@ def test_every_training_key_reaches_verl():
     # where verl trains and the CPU run's size, read by the launcher (spader.training.launch)
     by_launcher = {"device", "rollout_backend", "cpu_workers", "max_steps", "nodes"}
     # how the job lives with time limits and a failing search service (not the trained model)
-    by_launcher |= {"time_limit", "max_search_error_rate"}
-    # the packed path, added by the plan's job overrides (spader.training.plan.PACKED_OVERRIDES)
-    by_launcher |= {"remove_padding"}
+    by_launcher |= {"time_limit", "max_search_error_rate", "rollout_timeout_s"}
+    # the packed path and token-capped micro-batches (spader.integrations.verl.overrides, tested below)
+    by_launcher |= {"remove_padding", "max_token_len_per_gpu"}
     assert set(TRAINING) - by_method - by_launcher == set(TRAINING_KEYS)
 
 
