@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
-from spader.config import verl_config_chain
+from spader.config import load_config, verl_config_chain
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import (
     AGENT_KEYS,
@@ -23,7 +23,8 @@ from spader.integrations.verl.overrides import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+# config.yaml with every default of the config model filled in, as the workflow's params carry it
+CONFIG = load_config(REPO / "config" / "config.yaml").model_dump()
 VARIANTS = CONFIG["variants"]
 TRAINING = CONFIG["training"]
 AGENT = CONFIG["agent"]
@@ -103,10 +104,10 @@ def test_config_yaml_values_reach_the_composed_config(name, composed):
     for key, value in method_settings(VARIANTS[name], TRAINING).items():
         got = OmegaConf.select(cfg, key)
         assert (OmegaConf.to_container(got) if OmegaConf.is_config(got) else got) == value, key
-    assert (
-        cfg.reward.custom_reward_function.reward_kwargs.invalid_format_reward
-        == TRAINING["divergences"]["invalid_format_reward"]
-    )
+    kwargs = cfg.reward.custom_reward_function.reward_kwargs
+    assert kwargs.invalid_format_reward == VARIANTS[name]["invalid_format_reward"]
+    assert (kwargs.parser, kwargs.aliases) == (AGENT["parser"], TRAINING["divergences"]["aliases"])
+    assert cfg.actor_rollout_ref.rollout.multi_turn.format == "spader"
 
 
 def test_a_yaml_composed_without_the_overrides_has_verls_defaults():
@@ -123,20 +124,22 @@ def test_every_training_key_reaches_verl():
     """Each config.yaml training key is either mapped to a verl key or set by method_overrides."""
     by_method = {"gamma", "divergences"}
     # where verl trains and the CPU run's size, read by the launcher (spader.training.launch)
-    by_launcher = {"device", "rollout_backend", "cpu_workers", "max_steps"}
-    assert set(TRAINING) - by_method - by_launcher == set(TRAINING_KEYS)
+    by_launcher = {"device", "rollout_backend", "cpu_workers", "max_steps", "nodes"}
+    # how the job lives with time limits and a failing search service (never a training setting)
+    operational = {"time_limit", "max_search_error_rate"}
+    assert set(TRAINING) - by_method - by_launcher - operational == set(TRAINING_KEYS)
 
 
 def test_method_overrides_set_the_divergence_options():
-    spec = dict(VARIANTS["spader"], beta=2.5)
+    spec = dict(VARIANTS["spader"], beta=2.5, invalid_format_reward=0.0)
     training = dict(
         TRAINING,
         gamma=0.8,
         divergences={
             "novelty": "exp_decay",
-            "invalid_format_reward": 0.0,
             "cost_warmup": {"free_steps": 100, "ramp_steps": 100},
             "epsilon": "inside_sqrt",
+            "aliases": "blind",
         },
     )
     cfg = compose("spader", method_overrides(spec, training))
@@ -150,6 +153,10 @@ def test_method_overrides_set_the_divergence_options():
         "epsilon": "inside_sqrt",
     }
     assert cfg.reward.custom_reward_function.reward_kwargs.invalid_format_reward == 0.0
+    assert cfg.reward.custom_reward_function.reward_kwargs.aliases == cfg.spader_agent.aliases == "blind"
+    # the invalid-format reward is the variant's: the authors' GRPO keeps -1 beside SPADER's 0
+    grpo = compose("grpo", method_overrides(dict(VARIANTS["grpo"], invalid_format_reward=-1.0), training))
+    assert grpo.reward.custom_reward_function.reward_kwargs.invalid_format_reward == -1.0
     # a step-reward variant over a YAML without the spader structure still composes
     cfg = compose("grpo", method_overrides(VARIANTS["no_spa"], TRAINING))
     assert cfg.algorithm.adv_estimator == "spader_traj" and cfg.algorithm.spader.beta == 4.0

@@ -28,6 +28,8 @@ from spader.config.model import (
     TrainingConfig,
     VariantConfig,
     model_kind,
+    named_run_root,
+    rebase_run_paths,
 )
 
 __all__ = [
@@ -49,6 +51,8 @@ __all__ = [
     "hub_slug",
     "load_config",
     "model_kind",
+    "named_run_root",
+    "rebase_run_paths",
     "verl_config_chain",
     "verl_config_dir",
 ]

@@ -37,7 +37,7 @@ __all__ = [
 OPERATIONAL_JUDGE_KEYS = ("url", "startup_timeout_s", "timeout_s", "retries", "concurrency")
 
 # The judge settings the trainer's client reads (algorithm.r3rag.judge.<key>: judge.<key>).
-_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature")
+_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature", "unparsable")
 
 
 @dataclass(frozen=True)

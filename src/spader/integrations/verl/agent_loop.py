@@ -32,7 +32,11 @@ The agent loop is verl's ``ToolAgentLoop`` with these additions, all through pub
   again up to that many times before it counts;
 * the search tool receives the row's ground-truth entities in ``create_kwargs["entities"]``
   (from ``reward_model.ground_truth``), so the data export does not have to copy them into
-  ``tools_kwargs``;
+  ``tools_kwargs``; with ``spader_agent.aliases: blind`` (the authors' code) each entity's alias
+  list is one string (:func:`spader.core.metrics.alias_blind`);
+* the authors' protocol (``spader_agent.parser: authors``, tool parser ``spader_authors``; an
+  empty ``stop``): a turn runs to its end, its last ``<tool_call>`` is the call, and the
+  observation is in ``spader_agent.observation_format``;
 * the text of the last assistant turn (the part inside the response budget) is kept in the
   rollout's extra fields (:data:`spader.core.densify.FINAL_TURN_KEY`) for the terminal reward;
 * an episode that raises for any reason is returned as a failed episode (one masked token,
@@ -56,6 +60,7 @@ from verl.utils.ray_utils import get_event_loop
 from spader.agent.conversation import missing_closing, turn_closing_ids, turn_token_count
 from spader.config.model import AgentConfig
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
+from spader.core.metrics import alias_blind
 from spader.core.parsing import malformed_turn, parse_turn
 from spader.core.prompt import observation_message
 from spader.integrations.verl.reward import gold_entities
@@ -63,7 +68,9 @@ from spader.integrations.verl.tool_config import TOOL_NAME
 
 __all__ = [
     "AGENT_LOOP",
+    "AUTHORS_PARSER",
     "PARSER",
+    "AuthorsToolParser",
     "SpaderToolAgentLoop",
     "SpaderToolParser",
     "TurnEndingServer",
@@ -75,6 +82,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PARSER = "spader"
+AUTHORS_PARSER = "spader_authors"
 AGENT_LOOP = "spader_tool_agent"
 _TOOL_CALL_BLOCK = "<tool_call>"
 
@@ -90,6 +98,8 @@ def _tool_name(tools) -> str:
 class SpaderToolParser(ToolParser):
     """``<tool_call>["q1", "q2"]</tool_call>`` -> one ``search`` call with ``{"queries": [...]}``."""
 
+    parser = "spader"
+
     async def extract_tool_calls(
         self, responses_ids: list[int], tools=None
     ) -> tuple[str, list[FunctionCall]]:
@@ -98,7 +108,7 @@ class SpaderToolParser(ToolParser):
         text = await loop.run_in_executor(
             None, lambda: self.tokenizer.decode(responses_ids, skip_special_tokens=False)
         )
-        turn = parse_turn(text)
+        turn = parse_turn(text, parser=self.parser)
         if turn.kind != "search":
             return text, []
         call = turn.tool_call
@@ -108,6 +118,14 @@ class SpaderToolParser(ToolParser):
         # like hermes: the call itself is carried by the message's tool_calls, not by its content
         content = turn.text[: turn.text.rfind(_TOOL_CALL_BLOCK)]
         return content, [FunctionCall(name=_tool_name(tools), arguments=json.dumps(args, ensure_ascii=False))]
+
+
+@ToolParser.register(AUTHORS_PARSER)
+class AuthorsToolParser(SpaderToolParser):
+    """The authors' reading of a turn: its last ``<tool_call>`` block is the call
+    (:func:`spader.core.parsing.authors_tool_call`), a malformed one comes back with their message."""
+
+    parser = "authors"
 
 
 class TurnEndingServer:
@@ -138,19 +156,21 @@ class TurnEndingServer:
         return output.model_copy(update=update)
 
 
-def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int]:
-    """``(max_turn_tokens, stop, regenerations)`` of the ``spader_agent`` block (config.yaml
-    ``agent``, passed at launch); without the block, the defaults of config.yaml's ``agent``."""
-    defaults = AgentConfig()
+def _turn_settings(config) -> tuple[AgentConfig, str]:
+    """The turn settings of the ``spader_agent`` block (config.yaml ``agent``, passed at launch;
+    ``aliases`` from ``training.divergences``), checked by the config model; keys the block lacks
+    take the model's defaults. Returns the ``agent`` section and the alias mode."""
     block = config.get("spader_agent") or {}
-    cap = block.get("max_turn_tokens", defaults.max_turn_tokens)
-    stop = tuple(str(s) for s in (block.get("stop") or defaults.stop))
-    regenerations = int(block.get("regenerations", defaults.regenerations) or 0)
-    if cap is not None and int(cap) < 1:
-        raise ValueError(f"spader_agent.max_turn_tokens must be null or >= 1, got {cap!r}")
-    if regenerations < 0:
-        raise ValueError(f"spader_agent.regenerations must be >= 0, got {regenerations!r}")
-    return (None if cap is None else int(cap)), stop, regenerations
+    if hasattr(block, "items"):
+        block = {k: (list(v) if k == "stop" and v is not None else v) for k, v in block.items()}
+    fields = {k: v for k, v in block.items() if k in AgentConfig.model_fields}
+    aliases = str(block.get("aliases") or "aware")
+    if aliases not in ("aware", "blind"):
+        raise ValueError(f"spader_agent.aliases must be aware or blind, got {aliases!r}")
+    try:
+        return AgentConfig.model_validate(fields), aliases
+    except ValueError as exc:
+        raise ValueError(f"spader_agent: {exc}") from exc
 
 
 def end_on_generated(output: AgentLoopOutput) -> AgentLoopOutput:
@@ -180,7 +200,10 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         # no tool schemas reach the chat template: `tools` absent, as in evaluation
         self.tool_schemas = None
-        self.max_turn_tokens, self.stop, self.regenerations = _turn_settings(self.config)
+        agent, self.aliases = _turn_settings(self.config)
+        self.max_turn_tokens, self.stop = agent.max_turn_tokens, tuple(agent.stop)
+        self.regenerations, self.parser = agent.regenerations, agent.parser
+        self.observation_format = agent.observation_format
         self.server_manager = TurnEndingServer(self.server_manager, self.tokenizer, self.stop)
         self.closing_ids = list(turn_closing_ids(self.tokenizer))
 
@@ -191,6 +214,8 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         try:
             reward_model = kwargs.get("reward_model") or {}
             entities = gold_entities(reward_model.get("ground_truth"))
+            if self.aliases == "blind":  # the authors' reward: one string per alias list
+                entities = alias_blind(entities)
             tools_kwargs = dict(kwargs.get("tools_kwargs") or {})
             for name in self.tools:
                 per_tool = dict(tools_kwargs.get(name) or {})
@@ -249,7 +274,7 @@ class SpaderToolAgentLoop(ToolAgentLoop):
                 agent_data.tool_calls = []
             state = await self._generate_turn(agent_data, sampling_params, ignore_termination)
             if attempt == self.regenerations or not malformed_turn(
-                agent_data.extra_fields[FINAL_TURN_KEY], self.stop
+                agent_data.extra_fields[FINAL_TURN_KEY], self.stop, self.parser
             ):
                 break
         if attempt:
@@ -265,11 +290,12 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         budget = left if self.max_turn_tokens is None else min(self.max_turn_tokens, left)
         turn_params = {
             **sampling_params,
-            "stop": list(self.stop),
             # keep the tag in the turn: sglang otherwise trims it from the text (ids come back whole)
             "no_stop_trim": True,
             "max_new_tokens": max(1, budget),
         }
+        if self.stop:  # no stop string (the authors' code): the turn runs to the end of turn
+            turn_params["stop"] = list(self.stop)
         state = await super()._handle_generating_state(agent_data, turn_params, ignore_termination)
         turn_ids = list(agent_data.response_ids)
         # the response is cut at response_length; only the part inside it is the trained turn
@@ -304,7 +330,7 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         # the spader parser makes one call per turn; several would share one observation turn
         text = "\n\n".join(response.text or "" for response, _, _ in responses)
         previous = list(agent_data.messages)
-        agent_data.messages.append(observation_message(text))
+        agent_data.messages.append(observation_message(text, self.observation_format))
         merged, mask, logprobs = await self.ct_merge_context_msg(
             previous,
             agent_data.messages,

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spader.config.model import AgentConfig
 from spader.integrations.verl.hydra import hydra_value
 
 __all__ = [
@@ -76,6 +77,7 @@ TRAINING_KEYS = {
     # base.yaml points data.seed (prompt order), the critic's mini-batch seed, verl's rollout seed
     # and sglang's random_seed at this key, so the one value seeds them all
     "seed": "actor_rollout_ref.actor.data_loader_seed",
+    "shuffle": "data.shuffle",
 }
 
 #: Keys of the project's own blocks, which verl's ppo_trainer does not define: their overrides are
@@ -99,18 +101,16 @@ AGENT_KEYS = {
     "max_turn_tokens": "spader_agent.max_turn_tokens",
     "stop": "spader_agent.stop",
     "regenerations": "spader_agent.regenerations",
+    "parser": "spader_agent.parser",
+    "observation_format": "spader_agent.observation_format",
 }
+#: ``agent.parser`` -> the tool parser verl's multi-turn rollout uses (``multi_turn.format``) and
+#: the terminal reward reads answers with (``reward_kwargs.parser``).
+PARSER_FORMATS = {"spader": "spader", "authors": "spader_authors"}
 
 
 #: config.yaml's ``agent`` defaults (the schema's), for jobs built without a workflow config.
-AGENT_DEFAULTS = {
-    "max_turns": 16,
-    "max_turn_tokens": None,
-    "regenerations": 0,
-    "max_tool_response_chars": 11000,
-    "max_queries_per_call": 10,
-    "stop": ["</tool_call>", "</answer>"],
-}
+AGENT_DEFAULTS = AgentConfig().model_dump()
 
 
 def _num(value: Any, key: str) -> float:
@@ -125,7 +125,7 @@ def method_settings(variant: Mapping[str, Any], training: Mapping[str, Any]) -> 
 
     Args:
         variant: ``config["variants"][name]`` (``advantage``, ``reward``, ``alpha``, ``beta``,
-            ``cost``).
+            ``cost``, ``invalid_format_reward``).
         training: ``config["training"]`` (``gamma`` and ``divergences`` are used).
     Returns:
         ``{dotted verl key: value}`` in a fixed order.
@@ -148,11 +148,16 @@ def method_settings(variant: Mapping[str, Any], training: Mapping[str, Any]) -> 
     if advantage in ("spa", "grpo_return") and reward != "step":
         raise ValueError(f"advantage {advantage!r} is defined on the step rewards (reward: step)")
     divergences = training.get("divergences") or {}
+    aliases = divergences.get("aliases", "aware")
+    if aliases not in ("aware", "blind"):
+        raise ValueError(f"training.divergences.aliases must be aware or blind, got {aliases!r}")
     out: dict[str, Any] = {
         "algorithm.adv_estimator": ESTIMATORS[advantage],
         "reward.custom_reward_function.reward_kwargs.invalid_format_reward": _num(
-            divergences.get("invalid_format_reward", -1.0), "training.divergences.invalid_format_reward"
+            variant.get("invalid_format_reward", -1.0), "variant invalid_format_reward"
         ),
+        "reward.custom_reward_function.reward_kwargs.aliases": aliases,
+        "spader_agent.aliases": aliases,
     }
     if reward == "terminal":
         out["trainer.v1.trainer_mode"] = "sync"
@@ -197,10 +202,12 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
         blocks are written ``++key=value`` (set, or add when missing): no YAML carries them.
 
     >>> grpo = {"advantage": "grpo", "reward": "terminal", "alpha": 0, "beta": 0, "cost": 0}
-    >>> for o in method_overrides(grpo, {"gamma": 0.9, "divergences": {"invalid_format_reward": -1.0}}):
+    >>> for o in method_overrides({**grpo, "invalid_format_reward": -1.0}, {"gamma": 0.9}):
     ...     print(o)
     algorithm.adv_estimator=grpo
     ++reward.custom_reward_function.reward_kwargs.invalid_format_reward=-1.0
+    ++reward.custom_reward_function.reward_kwargs.aliases=aware
+    ++spader_agent.aliases=aware
     trainer.v1.trainer_mode=sync
     """
     out = []
@@ -223,6 +230,11 @@ def agent_overrides(agent: Mapping[str, Any]) -> list[str]:
         value = agent[name]
         prefix = "++" if key.startswith(_PROJECT_KEYS) else ""
         out.append(f"{prefix}{key}={hydra_value(list(value) if name == 'stop' else value)}")
+    parser = agent["parser"]
+    if parser not in PARSER_FORMATS:
+        raise ValueError(f"config key 'agent.parser' must be one of {sorted(PARSER_FORMATS)}, got {parser!r}")
+    out.append(f"actor_rollout_ref.rollout.multi_turn.format={PARSER_FORMATS[parser]}")
+    out.append(f"++reward.custom_reward_function.reward_kwargs.parser={parser}")
     return out
 
 

@@ -110,11 +110,14 @@ class JudgeSettings:
     retries: int = 3
     concurrency: int = 64
     max_tokens: int = 4096
-    temperature: float = 0.0
+    temperature: float | None = 0.0
+    unparsable: str = "zero"
 
     def __post_init__(self):
         if self.kind not in JUDGES:
             raise ValueError(f"algorithm.r3rag.judge.kind must be one of {JUDGES}, got {self.kind!r}")
+        if self.unparsable not in ("zero", "raise"):
+            raise ValueError(f"algorithm.r3rag.judge.unparsable must be zero or raise, got {self.unparsable!r}")
 
     @classmethod
     def from_config(cls, cfg: Any) -> JudgeSettings:
@@ -130,7 +133,8 @@ class JudgeSettings:
                 retries=int(j.get("retries", cls.retries)),
                 concurrency=int(j.get("concurrency", cls.concurrency)),
                 max_tokens=int(j.get("max_tokens", cls.max_tokens)),
-                temperature=float(j.get("temperature", cls.temperature)),
+                temperature=None if j.get("temperature", cls.temperature) is None else float(j["temperature"]),
+                unparsable=str(j.get("unparsable", cls.unparsable)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ValueError) and str(exc).startswith("algorithm."):
@@ -256,6 +260,7 @@ class R3RagRewards(_BatchRewards):
                 concurrency=settings.concurrency,
                 max_tokens=settings.max_tokens,
                 temperature=settings.temperature,
+                unparsable=settings.unparsable,
             )
             self.client.check()
         self.unparsed = 0

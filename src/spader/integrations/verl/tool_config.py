@@ -35,9 +35,10 @@ def write_tool_config(
     *,
     service_url: str,
     retrieval: Mapping[str, Any],
-    max_queries_per_call: int = 10,
+    max_queries_per_call: int | None = 10,
     max_chars: int,
     record_turns: bool = False,
+    observation_format: str = "spader",
 ) -> Path:
     """Write verl's tool YAML for :class:`spader.integrations.verl.search_tool.SearchTool`.
 
@@ -46,16 +47,17 @@ def write_tool_config(
         service_url: base URL of the retrieval service (``http://127.0.0.1:<port>``).
         retrieval: the workflow's ``config["retrieval"]`` (``topk``, ``initial_k``,
             ``service.request_timeout_s``, ``service.retries``, ``service.max_query_chars``).
-        max_queries_per_call: queries of one tool call beyond this are not run.
+        max_queries_per_call: queries of one tool call beyond this are not run (None: all run).
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
+        observation_format: ``spader`` or ``authors`` (``agent.observation_format``).
     Returns:
         The written path.
     """
     if not isinstance(service_url, str) or not service_url.startswith(("http://", "https://")):
         raise ValueError(f"service_url must be an http(s) URL, got {service_url!r}")
-    if int(max_chars) < 1 or int(max_queries_per_call) < 1:
+    if int(max_chars) < 1 or (max_queries_per_call is not None and int(max_queries_per_call) < 1):
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
         )
@@ -68,10 +70,12 @@ def write_tool_config(
             "initial_k": int(retrieval["initial_k"]),
             "timeout": float(service.get("request_timeout_s", 120)),
             "retries": int(service.get("retries", 3)),
-            "max_query_chars": int(service.get("max_query_chars", 1000)),
-            "max_queries_per_call": int(max_queries_per_call),
+            "max_query_chars": int(service["max_query_chars"]),
+            "max_queries_per_request": int(service["max_queries_per_request"]),
+            "max_queries_per_call": None if max_queries_per_call is None else int(max_queries_per_call),
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
+            "observation_format": str(observation_format),
         }
     except KeyError as exc:
         raise ValueError(
