@@ -117,7 +117,9 @@ class JudgeSettings:
         if self.kind not in JUDGES:
             raise ValueError(f"algorithm.r3rag.judge.kind must be one of {JUDGES}, got {self.kind!r}")
         if self.unparsable not in ("zero", "raise"):
-            raise ValueError(f"algorithm.r3rag.judge.unparsable must be zero or raise, got {self.unparsable!r}")
+            raise ValueError(
+                f"algorithm.r3rag.judge.unparsable must be zero or raise, got {self.unparsable!r}"
+            )
 
     @classmethod
     def from_config(cls, cfg: Any) -> JudgeSettings:
@@ -133,7 +135,9 @@ class JudgeSettings:
                 retries=int(j.get("retries", cls.retries)),
                 concurrency=int(j.get("concurrency", cls.concurrency)),
                 max_tokens=int(j.get("max_tokens", cls.max_tokens)),
-                temperature=None if j.get("temperature", cls.temperature) is None else float(j["temperature"]),
+                temperature=None
+                if j.get("temperature", cls.temperature) is None
+                else float(j["temperature"]),
                 unparsable=str(j.get("unparsable", cls.unparsable)),
             )
         except (KeyError, TypeError, ValueError) as exc:
