@@ -143,3 +143,16 @@ def test_launcher_starts_waits_for_and_stops_the_server(tiny_model, tmp_path):
     with pytest.raises(JudgeUnavailableError, match=r"exited with code 3(.|\n)*no GPU here"):
         with running_judge(tiny_model, gpus=["0"], served_name="judge", startup_timeout_s=60, command=crash):
             pass
+
+
+def test_their_judge_call_leaves_the_temperature_to_the_server_and_fails_on_no_verdict():
+    """R3-RAG's code: no temperature in the request (the server's default), an unparsable reply an
+    error; the defaults send temperature 0 and score such a reply 0."""
+    with TestServer(create_app(None, script=["no verdict here"])) as server:
+        with client(server.url) as judge:
+            assert judge.judge(MESSAGES).score == 0.0
+        with client(server.url, temperature=None, unparsable="raise") as judge:
+            with pytest.raises(JudgeError, match="without a 'Relevance"):
+                judge.judge(MESSAGES)
+        first, second = server.counters.bodies
+    assert first["temperature"] == 0.0 and "temperature" not in second

@@ -203,3 +203,25 @@ def test_the_judge_has_the_original_s_reply_budget():
     assert (
         JudgeClient("http://127.0.0.1:1/v1", "judge", timeout=1, retries=0, concurrency=1).max_tokens == 4096
     )
+
+
+def test_the_judge_options_reach_the_trainers_client():
+    """judge.temperature null (the server's default) and judge.unparsable raise travel from the
+    config through the launch overrides to the trainer's settings."""
+    from omegaconf import OmegaConf
+
+    from spader.config import JudgeConfig
+    from spader.integrations.verl.scorer_rewards import JudgeSettings
+    from spader.training.scorer_launch import baseline_launch
+
+    theirs = JudgeConfig(temperature=None, unparsable="raise").model_dump()
+    launch = baseline_launch({"reward": "r3rag", "judge": "llm"}, judge=theirs)
+    cfg = OmegaConf.from_dotlist(
+        [o.removeprefix("++") for o in launch.overrides] + ["algorithm.r3rag.judge.kind=llm"]
+    )
+    settings = JudgeSettings.from_config(cfg)
+    assert (settings.temperature, settings.unparsable) == (None, "raise")
+    default = JudgeSettings.from_config(
+        OmegaConf.create({"algorithm": {"r3rag": {"judge": {"kind": "llm"}}}})
+    )
+    assert (default.temperature, default.unparsable) == (0.0, "zero")

@@ -203,7 +203,8 @@ class Turn:
 def parse_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS, parser: str = "spader") -> Turn:
     """Classify one assistant turn (see :class:`Turn`); text after its end is ignored.
 
-    With ``parser="authors"`` the turn's call is its last complete ``<tool_call>`` block
+    With ``parser="authors"`` the whole text is the turn (``stop`` is not read: the loops end a
+    turn where generation ended it), its call is its last complete ``<tool_call>`` block
     (:func:`authors_tool_call`) and a turn without one is the answer step; its ``answer`` is read
     from this turn's text alone (the loops read the episode's answer with :func:`authors_answer`).
 
@@ -213,8 +214,6 @@ def parse_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS, par
     ['b']
     """
     if parser == "authors":
-        end = end_of_turn(text, stop) if stop else None
-        text = text if end is None else text[:end]
         call = authors_tool_call(text)
         if call is not None:
             return Turn("search", tool_call=call, text=text)

@@ -135,15 +135,17 @@ class JudgeSettings:
                 retries=int(j.get("retries", cls.retries)),
                 concurrency=int(j.get("concurrency", cls.concurrency)),
                 max_tokens=int(j.get("max_tokens", cls.max_tokens)),
-                temperature=None
-                if j.get("temperature", cls.temperature) is None
-                else float(j["temperature"]),
+                temperature=_optional_float(j.get("temperature", cls.temperature)),
                 unparsable=str(j.get("unparsable", cls.unparsable)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ValueError) and str(exc).startswith("algorithm."):
                 raise
             raise ValueError(f"algorithm.r3rag.judge is malformed ({type(exc).__name__}: {exc})") from exc
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def turn_fields(
