@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from spader.config.model import ServiceConfig
+
 __all__ = ["TOOL_CLASS", "TOOL_NAME", "TOOL_SCHEMA", "write_tool_config"]
 
 TOOL_CLASS = "spader.integrations.verl.search_tool.SearchTool"
@@ -61,17 +63,18 @@ def write_tool_config(
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
         )
-    service = retrieval.get("service") or {}
+    # the service section as the config model reads it: keys it does not set take the model's defaults
+    service = ServiceConfig.model_validate(retrieval.get("service") or {})
     try:
         config = {
             "type": "native",
             "retrieval_service_url": service_url,
             "topk": int(retrieval["topk"]),
             "initial_k": int(retrieval["initial_k"]),
-            "timeout": float(service.get("request_timeout_s", 120)),
-            "retries": int(service.get("retries", 3)),
-            "max_query_chars": int(service["max_query_chars"]),
-            "max_queries_per_request": int(service["max_queries_per_request"]),
+            "timeout": float(service.request_timeout_s),
+            "retries": int(service.retries),
+            "max_query_chars": int(service.max_query_chars),
+            "max_queries_per_request": int(service.max_queries_per_request),
             "max_queries_per_call": None if max_queries_per_call is None else int(max_queries_per_call),
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
