@@ -139,7 +139,8 @@ def test_their_loop_scores_a_generation_error_and_drops_a_failed_instance(script
     assert recs[0]["f1"] == 0.0
     # an episode that failed otherwise is left out of their means, never out of the project's
     failed = [dict(recs[0], status="episode_error", dropped=True, f1=0.0), dict(recs[1], f1=1.0)]
-    assert summarize(failed)["f1"] == 1.0 and summarize(failed)["dropped"] == 1
+    summary = summarize(failed)
+    assert (summary["f1"], summary["n"], summary["dropped"]) == (1.0, 2, 1)  # n counts the records
     assert summarize([dict(r, dropped=False) for r in failed])["f1"] == 0.5
 
 
@@ -203,14 +204,20 @@ def test_their_counting_of_search_efficiency(scripted, fake_search):
 
 def test_generation_config_sampling_reaches_the_engine(tmp_path, tokenizer, monkeypatch):
     from spader.agent import generation
-    from spader.evaluation.evaluate import generation_config_sampling
+    from spader.config.model import AgentConfig, EvaluationConfig
+    from spader.evaluation.evaluate import generation_config_sampling, loop_settings
 
     (tmp_path / "generation_config.json").write_text(
         json.dumps({"temperature": 0.6, "top_k": 20, "top_p": 0.95})
     )
-    fields = generation_config_sampling(tmp_path)
-    assert fields == {"top_k": 20, "top_p": 0.95}  # temperature stays the request's
-    settings = dataclasses.replace(DEFAULT, **fields)
+    assert generation_config_sampling(tmp_path) == {"top_k": 20, "top_p": 0.95}  # not the temperature
+    theirs = EvaluationConfig(generation_config=True, max_context_tokens=4096)
+    settings = loop_settings(theirs, AgentConfig(), tmp_path, max_query_chars=100)
+    plain = theirs.model_copy(update={"generation_config": False})
+    assert (loop_settings(plain, AgentConfig(), tmp_path, max_query_chars=100).top_k, settings.top_k) == (
+        -1,
+        20,
+    )
     seen = []
 
     def decode_batch(model, tok, prompts, params, eos_ids):
@@ -232,3 +239,24 @@ def test_generation_config_sampling_reaches_the_engine(tmp_path, tokenizer, monk
     engine.generate([[1, 2]], [8], settings.sampling, [0])
     assert (seen[0].top_k, seen[0].top_p, seen[0].temperature) == (20, 0.95, 1.0)
     assert (tmp_path / "missing").mkdir() is None and generation_config_sampling(tmp_path / "missing") == {}
+
+
+def test_the_config_sections_reach_the_loops_settings():
+    from spader.config.model import AgentConfig, EvaluationConfig
+
+    evaluation = EvaluationConfig(
+        max_context_tokens=32768, max_turn_tokens=5096, max_response_tokens=8192, loop="authors"
+    )
+    agent = AgentConfig(
+        max_turn_tokens=48, stop=[], parser="authors", observation_format="authors", max_queries_per_call=None
+    )
+    got = AgentSettings.from_config(evaluation, agent)
+    assert (got.max_turn_tokens, got.max_response_tokens, got.max_context_tokens) == (5096, 8192, 32768)
+    assert (got.stop, got.parser, got.observation_format, got.loop, got.max_queries_per_call) == (
+        (),
+        "authors",
+        "authors",
+        "authors",
+        None,
+    )
+    assert AgentSettings.from_config(EvaluationConfig(max_context_tokens=100), agent).max_turn_tokens == 48

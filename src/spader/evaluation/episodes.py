@@ -172,14 +172,15 @@ def kept(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def summarize(records: Sequence[Mapping[str, Any]], **meta: Any) -> dict[str, Any]:
-    """Macro-averaged P/R/F1 and counts of one method on one dataset, plus ``meta``; the means
-    leave out the records the authors' loop drops (``dropped`` counts them)."""
-    dropped = len(records) - len(kept(records))
+    """Macro-averaged P/R/F1 and counts of one method on one dataset, plus ``meta``. ``n`` counts
+    the records; the means leave out those the authors' loop drops (``dropped`` counts them)."""
+    total = len(records)
+    dropped = total - len(kept(records))
     records = kept(records)
     p, r, f, n = macro_average((rec["precision"], rec["recall"], rec["f1"]) for rec in records)
     return {
         **meta,
-        "n": n,
+        "n": total,
         "dropped": dropped,
         "precision": p,
         "recall": r,

@@ -45,6 +45,7 @@ __all__ = [
     "evaluate_policy",
     "evaluate_seeds",
     "generation_config_sampling",
+    "loop_settings",
     "service_search",
 ]
 
@@ -89,6 +90,23 @@ def generation_config_sampling(model_dir: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"{path}: field '{key}' must be a number, got {value!r}")
         out[key] = kind(value)
     return out
+
+
+def loop_settings(
+    evaluation: EvaluationConfig, agent: AgentConfig, model_dir: str | os.PathLike, *, max_query_chars: int
+) -> AgentSettings:
+    """The agent loop's settings of one evaluation job: the ``agent`` and ``evaluation`` sections,
+    queries cut to what the search service accepts (as training's search tool cuts them), and with
+    ``evaluation.generation_config`` the sampling fields of the policy's generation_config.json
+    (:func:`generation_config_sampling`, as vLLM fills what the authors' requests left unset)."""
+    settings = dataclasses.replace(
+        AgentSettings.from_config(evaluation, agent), max_query_chars=max_query_chars
+    )
+    if evaluation.generation_config:
+        defaults = generation_config_sampling(model_dir)
+        log.info("sampling from %s/generation_config.json: %s", model_dir, defaults)
+        settings = dataclasses.replace(settings, **defaults)
+    return settings
 
 
 class EvaluationFailed(RuntimeError):
@@ -228,14 +246,7 @@ def evaluate_policy(
             the episodes (nothing is written).
     """
     agent = agent or AgentConfig()
-    # queries are cut to what the service accepts, as training's search tool does
-    settings = dataclasses.replace(
-        AgentSettings.from_config(evaluation, agent), max_query_chars=retrieval.max_query_chars
-    )
-    if evaluation.generation_config:  # as vLLM fills what the authors' requests left unset
-        defaults = generation_config_sampling(model_dir)
-        log.info("sampling from %s/generation_config.json: %s", model_dir, defaults)
-        settings = dataclasses.replace(settings, **defaults)
+    settings = loop_settings(evaluation, agent, model_dir, max_query_chars=retrieval.max_query_chars)
     template = prompt or load_template()
     items = load_eval_set(records_path)
     tiny = is_tiny(model_dir)
