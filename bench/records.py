@@ -249,6 +249,8 @@ def write_record(
     argv: Sequence[str] = (),
     tables: Mapping[str, Mapping[str, Any]] | None = None,
     directory: str | os.PathLike | None = None,
+    source: str | None = None,
+    machine_text: str | None = None,
 ) -> Path:
     """Write one run's record (called at the end of a bench script).
 
@@ -261,6 +263,9 @@ def write_record(
         tables: ``{id: {"title", "columns", "rows"}}`` (cells as text), tables of the run that docs
             quote (:func:`render_blocks`).
         directory: where records go (default: ``bench/records``).
+        source: what produced the numbers (default: ``measured by <bench> <argv>``); a script that
+            computes rather than measures says so here.
+        machine_text: the machine line (default: this machine's cores and load).
     Returns:
         The record's path.
     """
@@ -271,8 +276,8 @@ def write_record(
         "date": date,
         "written": _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds"),
         "commit": commit,
-        "machine": machine(),
-        "source": "measured by " + shlex.join([bench, *argv]),
+        "machine": machine_text or machine(),
+        "source": source or "measured by " + shlex.join([bench, *argv]),
         "rows": [dict(r) for r in rows],
     }
     if tables:

@@ -53,12 +53,20 @@ def _dry_run_jobs(target: str, *extra: str) -> dict[str, list[dict]]:
 PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "profile.yaml").read_text())
 
 
-def test_profile_restates_no_resource_a_rule_gives():
-    """Threads, memory and runtime are stated once, in the rules; the profile sets threads only
-    for the GPU rules, whose rule value is the workstation's core count."""
-    assert set(PROFILE["set-threads"]) == {"train_policy", "evaluate_policy", "build_evidence"}
+def test_profile_states_only_what_a_cluster_chooses():
+    """Threads, memory and runtime come from the rules and the config's description of a node
+    (hardware.*); the profile sets no threads, CPUs or memory, only what a cluster chooses
+    (partition, account, GPU model, the partition's time limit) and the plugin's task layout."""
+    assert "set-threads" not in PROFILE
     for rule, resources in PROFILE["set-resources"].items():
         assert not {"mem_mb", "runtime", "cpus_per_task", "threads"} & set(resources), rule
+        assert set(resources) <= {
+            "tasks_per_gpu",
+            "max_runtime",
+            "slurm_partition",
+            "gpu_model",
+            "slurm_extra",
+        }, rule
 
 
 @pytest.fixture(scope="module")
@@ -89,21 +97,37 @@ def _estimate_minutes(variant: str) -> int:
     return load_config(REPO / "config" / "config.yaml").training.time_limit.estimate_minutes(variant)
 
 
-def test_training_asks_for_one_node_with_its_gpus(paper_jobs, sbatch_line):
+def _planned_requests(*configfiles: str) -> dict[str, tuple[int, int]]:
+    """{variant: (threads, MB)} the plan gives qwen3_8b's training jobs (spader.training.plan)."""
+    from spader.config import load_config
+    from spader.training.plan import plan_config
+
+    config = load_config(*(REPO / f for f in configfiles), verl_config_dir=REPO / "config" / "verl")
+    jobs = plan_config(config, REPO / "config" / "verl", only=lambda b, v: b == "qwen3_8b")
+    return {j.name.split("/")[1]: (j.threads, j.mem_mb) for j in jobs if j.name.startswith("train ")}
+
+
+def test_training_asks_for_one_node_with_its_gpus_cores_and_planned_memory(paper_jobs, sbatch_line):
+    """--cpus-per-task is the node's cores (hardware.cores: the job holds all hardware.gpus GPUs),
+    --mem the host memory of the job's plan with headroom (python -m spader.training.plan)."""
+    planned = _planned_requests("config/config.yaml")
     for res in paper_jobs["train_policy"]:
+        variant = dict(kv.split("=") for kv in res["_wildcards"].split(", "))["variant"]
         assert res["gpu"] == 8  # backbones.qwen3_8b.gpus, from the rule
         assert res["nodes"] == 1
         assert res["tasks_per_gpu"] == 0
-        assert res["mem_mb"] == 480000
+        assert (res["cpus_per_task"], res["mem_mb"]) == planned[variant] and planned[variant][0] == 64
+        assert 150_000 < res["mem_mb"] < 480_000, variant  # the plan's need, not a node's whole memory
         assert "slurm_partition" not in res and "slurm_account" not in res  # set by users in the profile
-    # --cpus-per-task follows the job's threads: the profile's set-threads for this GPU rule
-    line = sbatch_line(
-        _sbatch_args(paper_jobs["train_policy"][0]), threads=PROFILE["set-threads"]["train_policy"]
-    )
+    critic_free = next(r for r in paper_jobs["train_policy"] if "variant=spader" in r["_wildcards"])
+    critic = next(r for r in paper_jobs["train_policy"] if "variant=ppo" in r["_wildcards"])
+    assert critic["mem_mb"] > critic_free["mem_mb"]  # the critic's offloaded state waits in host memory
+    # outside its allocation the job has no core count (threads 1): --cpus-per-task is the resource's
+    line = sbatch_line(_sbatch_args(critic_free), threads=1)
     assert " --gpus=8" in line
     assert " --nodes=1" in line
     assert " --cpus-per-task=64" in line
-    assert " --mem 480000" in line
+    assert f" --mem {critic_free['mem_mb']}" in line
     assert "--gres" not in line
     # one task: the training command starts once (the plugin's issues/459 on GitHub)
     assert "--ntasks" not in line
@@ -136,24 +160,48 @@ def test_training_is_retried_a_bounded_number_of_times_by_the_main_process_only(
     assert "0 if workflow.remote_exec else TRAINING.time_limit.retries" in helper
 
 
+#: Two smaller nodes: fewer cores, less host memory (the overlay of the two-node dry run).
+SMALL_NODES = "training:\n  nodes: 2\nhardware:\n  cores: 48\n  host_memory_gib: 150\n"
+
+
 @pytest.fixture(scope="module")
 def two_node_jobs(tmp_path_factory):
     overlay = tmp_path_factory.mktemp("nodes") / "nodes.yaml"
-    overlay.write_text("training:\n  nodes: 2\n")
-    return _dry_run_jobs("results/qwen3_8b/f1.tsv", "--configfile", "config/config.yaml", str(overlay))
+    overlay.write_text(SMALL_NODES)
+    return _dry_run_jobs(
+        "results/qwen3_8b/f1.tsv", "--configfile", "config/config.yaml", str(overlay)
+    ), overlay
 
 
 def test_with_two_nodes_every_training_job_asks_for_two_nodes(two_node_jobs, sbatch_line):
     """training.nodes: 2 under the SLURM profile: each training job asks for 2 nodes with the
     backbone's GPUs on each (--gres per node; --gpus would count the whole job)."""
-    assert len(two_node_jobs["train_policy"]) == 10
-    for res in two_node_jobs["train_policy"]:
+    jobs, _ = two_node_jobs
+    assert len(jobs["train_policy"]) == 10
+    for res in jobs["train_policy"]:
         assert res["nodes"] == 2 and res["gres"] == "gpu:8" and res["gpu"] == 0
-        line = sbatch_line(_sbatch_args(res), threads=PROFILE["set-threads"]["train_policy"])
+        line = sbatch_line(_sbatch_args(res))
         assert " --nodes=2" in line and " --gres=gpu:8" in line and "--gpus" not in line
         assert "--ntasks" not in line
-    for res in two_node_jobs["evaluate_policy"]:
+    for res in jobs["evaluate_policy"]:
         assert "nodes" not in res or res["nodes"] == 1
+
+
+def test_a_smaller_node_described_in_the_config_changes_the_requests(two_node_jobs, sbatch_line):
+    """hardware.cores and hardware.host_memory_gib describe the node: the training jobs ask for its
+    cores and, per node, the plan's host memory (the reference model and optimizer shards split
+    over the nodes) capped by the node's; evaluation asks for its GPU's share of the cores."""
+    jobs, overlay = two_node_jobs
+    planned = _planned_requests("config/config.yaml", str(overlay))
+    for res in jobs["train_policy"]:
+        variant = dict(kv.split("=") for kv in res["_wildcards"].split(", "))["variant"]
+        assert (res["cpus_per_task"], res["mem_mb"]) == planned[variant] and res["cpus_per_task"] == 48
+        assert res["mem_mb"] <= 150 * 1024
+        assert " --cpus-per-task=48" in sbatch_line(_sbatch_args(res))
+    capped = [r for r in jobs["train_policy"] if r["mem_mb"] == 150 * 1024]
+    assert capped, "a critic variant's plan needs more than 150 GiB with headroom: capped at the node's"
+    for res in jobs["evaluate_policy"]:
+        assert res["cpus_per_task"] == 48 // 8  # one of the node's 8 GPUs (hardware.gpus)
 
 
 def test_without_tasks_per_gpu_the_plugin_would_start_one_task_per_gpu(paper_jobs, sbatch_line):
@@ -171,17 +219,18 @@ def test_indexing_asks_for_many_cpus(paper_jobs, sbatch_line):
 
 def test_evaluation_asks_for_one_gpu_and_one_task(paper_jobs, sbatch_line):
     for res in paper_jobs["evaluate_policy"]:
-        assert res["gpu"] == 1 and res["tasks_per_gpu"] == 0
+        assert res["gpu"] == 1 and res["tasks_per_gpu"] == 0 and res["cpus_per_task"] == 8
     line = sbatch_line(paper_jobs["evaluate_policy"][0])
-    assert " --gpus=1" in line and "--ntasks" not in line
+    assert " --gpus=1" in line and "--ntasks" not in line and " --cpus-per-task=8" in line
 
 
 def test_evidence_asks_for_one_gpu_and_one_task(paper_jobs, sbatch_line):
     """StepSearch's evidence reranks every gold entity's search on one GPU (stepsearch.evidence.gpus)."""
     (res,) = paper_jobs["build_evidence"]
     assert res["gpu"] == 1 and res["tasks_per_gpu"] == 0
-    line = sbatch_line(res, threads=PROFILE["set-threads"]["build_evidence"])
-    assert " --gpus=1" in line and "--ntasks" not in line and " --cpus-per-task=16" in line
+    assert res["cpus_per_task"] == 64 // 8  # one GPU of a node of hardware.gpus with hardware.cores
+    line = sbatch_line(res)
+    assert " --gpus=1" in line and "--ntasks" not in line and " --cpus-per-task=8" in line
 
 
 def test_everything_else_is_small(paper_jobs, sbatch_line):

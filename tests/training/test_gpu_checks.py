@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_torch_checks.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_torch_checks.py"
 
 
 @pytest.fixture(scope="module")
@@ -49,27 +50,112 @@ def calibration():
     return module
 
 
-def test_calibration_runs_both_log_prob_paths_on_the_cpu(calibration, capsys):
-    """--device cpu --tiny: the configured paths on tiny shapes; both give the same log-probs, and
-    the full path keeps the (tokens x vocabulary) log-softmax for the backward pass where the
-    chunked one keeps only the hidden states."""
-    assert calibration.main(["--device", "cpu", "--tiny", "--backbones", "qwen3_8b"]) == 0
-    out = capsys.readouterr().out
-    assert "log-probs of the two paths agree: True" in out
-    rows = [
-        r for r in map(str.split, out.splitlines()) if r[:1] == ["qwen3_8b"] and r[2] in ("full", "fused")
-    ]
-    saved = {(r[1], r[2]): float(r[-2]) for r in rows}
-    tokens, vocab = 96 + 72, 512  # the unpadded tokens of the micro-batch (the second row is padded)
-    assert {k[1] for k in saved} == {"full", "fused"}
-    for layers in ("1", "2"):
-        assert saved[(layers, "full")] - saved[(layers, "fused")] > 0.9 * tokens * vocab * 2 / 2**20
-    assert "n/a (cpu)" in out  # no allocator peak on the CPU; a GPU run prints it against the plan
+@pytest.fixture(scope="module")
+def tiny_record(calibration, tmp_path_factory):
+    """The script at tiny sizes on the CPU (one and two decoder layers, 2 x 96 tokens): its record
+    and what it printed."""
+    out = tmp_path_factory.mktemp("calibration") / "record.yaml"
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert (
+            calibration.main(["--device", "cpu", "--tiny", "--backbones", "qwen3_8b", "--out", str(out)]) == 0
+        )
+    return out, printed.getvalue()
+
+
+def test_calibration_measures_a_positive_per_layer_slope_and_the_log_prob_paths(tiny_record):
+    """The per-layer term is the difference of two layer counts with the gradients dropped as the
+    training's FSDP2 does (the earlier script subtracted every gradient byte and measured a slope of
+    0): at least the layer input activation checkpointing keeps (hidden x 2 bytes per token). The
+    full path keeps (tokens x vocabulary) logits the fused path (verl's kernel through the lm_head
+    module) never holds, and both give the same log-probs."""
+    import yaml
+
+    path, printed = tiny_record
+    record = yaml.safe_load(path.read_text())
+    assert record["kind"] == "spader-gpu-memory-calibration" and record["device"] == "cpu"
+    (entry,) = record["shapes"]
+    hidden, vocab, tokens = entry["shape"]["hidden"], entry["shape"]["vocab"], entry["tokens"]
+    measured = entry["measured"]
+    assert measured["kept_bytes_per_token_layer"] >= 2 * hidden  # a bf16 layer input per token
+    runs = entry["runs_peak_bytes"]
+    assert (
+        runs["stack_2_layers_grad"] - runs["stack_1_layers_grad"]
+        == measured["kept_bytes_per_token_layer"] * tokens
+    )
+    assert measured["backward_bytes_per_token"] > 0 and measured["forward_bytes_per_token"] > 0
+    full, fused = measured["logprobs"]["full"]["update"], measured["logprobs"]["fused"]["update"]
+    assert full["bytes_per_token"] >= 2 * vocab  # at least one bf16 logits row per token
+    assert entry["checks"]["fused_and_full_logprobs_agree"] is True
+    # the whole model through verl's patched forward stays within the plan's sum of the parts
+    assert 0 < entry["checks"]["whole_model_peak_bytes"] <= entry["checks"]["whole_model_planned_bytes"]
+    assert fused["bytes_per_token"] > 0
+    assert "kept per layer:        measured" in printed and f"wrote {path}" in printed
+
+
+def test_the_plan_uses_a_records_constants_for_the_shape_it_measured(tiny_record, tmp_path):
+    """hardware.calibration: the measured constants replace the estimates for the measured shape
+    (the plan says so), another shape keeps the estimates (and a note says the record has none)."""
+    import json
+
+    import yaml
+
+    from spader.config import load_config
+    from spader.training import plan
+
+    path, _ = tiny_record
+    entry = yaml.safe_load(path.read_text())["shapes"][0]
+    shape = entry["shape"]
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "vocab_size": shape["vocab"], "hidden_size": shape["hidden"], "num_hidden_layers": 6,
+        "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv_heads"], "head_dim": shape["head_dim"],
+        "intermediate_size": shape["intermediate"], "tie_word_embeddings": False,
+    }))  # fmt: skip
+    overlay = tmp_path / "gpu.yaml"
+    overlay.write_text(
+        "training: {device: cuda, rollout_backend: sglang}\n"
+        "backbones: {demo: {gpus: 2}}\n"
+        f"hardware: {{calibration: {path}}}\n"
+    )
+    config = load_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml", overlay,
+                         verl_config_dir=REPO / "config" / "verl")  # fmt: skip
+    calibration = plan.load_record(config)
+    (job,) = plan.plan_config(config, REPO / "config" / "verl", models={"demo": str(model_dir)},
+                              calibration=calibration, only=lambda b, v: (b, v) == ("demo", "spader"))  # fmt: skip
+    assert job.constants["kept inputs, layer working sets, mask"] == f"measured ({path}, cpu)"
+    tokens = config.training.ppo_micro_batch_size_per_gpu * (
+        config.training.max_prompt_length + config.training.max_response_length
+    )
+    kept = entry["measured"]["kept_bytes_per_token_layer"]
+    assert job.phases["actor update"]["checkpoints"] == pytest.approx(6 * tokens * kept / plan.GIB)
+    # another shape: the estimates, and the plan says the record has no entry for it
+    other = plan.training_job("t", plan.load_shape("Qwen/Qwen3-8B"), {}, gpus=8, capacity=80.0,
+                              measured=calibration.for_shape(plan.load_shape("Qwen/Qwen3-8B")),
+                              calibration_path=calibration.path)  # fmt: skip
+    assert other.constants["kept inputs, layer working sets, mask"] == "estimated"
+    assert any("has no entry for Qwen/Qwen3-8B's shape" in n for n in other.notes)
+
+
+def test_a_file_that_is_not_a_record_is_refused_with_its_name(tmp_path):
+    from spader.training.calibration import load_calibration
+
+    bad = tmp_path / "other.yaml"
+    bad.write_text("kind: something-else\n")
+    with pytest.raises(ValueError, match=r"other.yaml: not a GPU memory calibration record"):
+        load_calibration(bad)
+    with pytest.raises(ValueError, match=r"hardware.calibration: .*missing.yaml does not exist"):
+        load_calibration(tmp_path / "missing.yaml")
 
 
 def test_calibration_sizes_come_from_the_config(calibration):
     got = calibration.settings()
     assert got["micro_batch"] == 4 and got["seq_len"] == 512 + 8192 and got["fused"] is True
+    assert got["entropy_checkpointing"] is True
     assert got["backbones"] == {
         "qwen3_8b": "Qwen/Qwen3-8B",
         "llama3_1_8b": "meta-llama/Llama-3.1-8B-Instruct",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,14 @@ STATED_MARGIN_GIB = 8.0
 def verl_cfg(*, micro=4, prompt=512, response=8192, fused=True, critic=False, entropy=0.0, **flags) -> dict:
     """A resolved verl config holding the keys the plan reads."""
     return {
-        "data": {"max_prompt_length": prompt, "max_response_length": response},
+        "data": {"max_prompt_length": prompt, "max_response_length": response, "dataloader_num_workers": 8},
+        "trainer": {"save_freq": flags.get("save_freq", 100), "test_freq": 50, "val_before_train": True,
+                    "max_actor_ckpt_to_keep": flags.get("keep", 2), "max_critic_ckpt_to_keep": flags.get("keep", 2)},
         "actor_rollout_ref": {
             "model": {
                 "use_fused_kernels": fused,
                 "fused_kernel_options": {"impl_backend": "torch"},
-                "use_remove_padding": False,
+                "use_remove_padding": flags.get("packed", False),
                 "enable_gradient_checkpointing": True,
             },
             "actor": {
@@ -36,6 +39,8 @@ def verl_cfg(*, micro=4, prompt=512, response=8192, fused=True, critic=False, en
                 "use_dynamic_bsz": flags.get("dynamic", False),
                 "ppo_max_token_len_per_gpu": 16384,
                 "entropy_coeff": entropy,
+                "use_kl_loss": True,
+                "ppo_epochs": 1,
                 "entropy_checkpointing": flags.get("entropy_checkpointing", True),
                 "fsdp_config": {
                     "model_dtype": "fp32",
@@ -43,12 +48,14 @@ def verl_cfg(*, micro=4, prompt=512, response=8192, fused=True, critic=False, en
                     "optimizer_offload": flags.get("actor_optimizer_offload", False),
                 },
             },
-            "ref": {"log_prob_micro_batch_size_per_gpu": micro},
+            "ref": {"log_prob_micro_batch_size_per_gpu": micro, "fsdp_config": {"model_dtype": "fp32"}},
             "rollout": {
                 "gpu_memory_utilization": flags.get("fraction", 0.6),
                 "tensor_model_parallel_size": 2,
                 "log_prob_micro_batch_size_per_gpu": micro,
                 "free_cache_engine": True,
+                "agent": {"num_workers": 8},
+                "val_kwargs": {"n": 1},
             },
         },
         "critic": {
@@ -172,15 +179,159 @@ def test_the_paper_config_fits_80_gib_and_a_larger_micro_batch_does_not(tmp_path
     assert "judge qwen3_8b/r3rag" in jobs and "build_evidence" in jobs
     for job in jobs.values():
         assert job["fits"] and job["peak_gib"] <= 80.0 - STATED_MARGIN_GIB, job
+    # every training job: its time on both actor paths, host memory per node, disk, the request
+    for name, job in jobs.items():
+        if not name.startswith("train "):
+            continue
+        assert job["path"] == "padded" and set(job["paths"]) == {"padded", "packed"}, name
+        assert (
+            job["paths"]["packed"]["step_minutes"]
+            < job["paths"]["padded"]["step_minutes"]
+            == job["step_minutes"]
+        )
+        assert job["run_hours"] > job["step_minutes"] * 375 / 60, name  # 375 steps, plus validation
+        assert job["host_gib"] <= job["host_capacity_gib"] and job["disk_gib"] <= job["disk_capacity_gib"], (
+            name
+        )
+        assert "reference model (pinned)" in job["host_terms"]["training"], name
+        assert job["threads"] == 64 and job["mem_mb"] >= job["host_gib"] * 1024, name
+    # 17 training jobs, 15 runs: Qwen3-8B's beta_0 and beta_4 share no_np's and spader's runs
+    assert sum(n.startswith("train ") for n in jobs) == 17 and result["dag"]["training_runs"] == 15
 
-    overlay = tmp_path / "micro8.yaml"
-    overlay.write_text("training:\n  ppo_micro_batch_size_per_gpu: 8\n")
+    overlay = tmp_path / "small.yaml"
+    overlay.write_text(
+        "training:\n  ppo_micro_batch_size_per_gpu: 8\nhardware:\n  host_memory_gib: 128\n  disk_gib: 300\n"
+    )
     lines.clear()
     code = plan.main(["--root", str(REPO), "--configfile", "config/config.yaml", "--configfile", str(overlay)],
                      out=lines.append)  # fmt: skip
     assert code == 1
     text = "\n".join(lines)
     assert "train qwen3_8b/r3rag" in text and "DOES NOT FIT" in text
+    assert "refused: host memory: needs" in text and "hardware.host_memory_gib is 128" in text
+    assert "refused: disk: needs" in text and "hardware.disk_gib is 300" in text
+    assert "time (padded)" in text and "host (training)" in text and "min per step" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Time, host memory and disk
+# ---------------------------------------------------------------------------------------------
+def _costs(**hardware):
+    from spader.config.model import HardwareConfig
+    from spader.training.costs import Workload
+
+    work = Workload(steps=375, prompts=32, rollouts=16, val_prompts=200, max_turns=16, nodes=1)
+    return plan.JobCosts(
+        hardware=HardwareConfig(**hardware), workload=work, reranker_on_gpus=True, cache_bytes=2**28
+    )
+
+
+def test_time_host_memory_and_disk_of_a_hand_computed_job():
+    """Every term of one small job, computed here by hand from the stated model (docs/gpu.md):
+    lengths all at the maximum (length_share 1), half of them generated, 2 GPUs, one TP-2 replica."""
+    from spader.config.model import HardwareConfig
+    from spader.training.costs import Workload
+
+    shape = plan.Shape(
+        name="toy", vocab=1000, hidden=64, layers=2, heads=2, kv_heads=1, head_dim=32, intermediate=128
+    )
+    assert shape.params == 202_048  # 2 x 64,000 (embedding, head) + 2 x 36,992 (layers) + 64 (norm)
+    hw = HardwareConfig(gpu="A100-80GB", mfu=0.5, bandwidth_efficiency=0.5, length_share=1.0, generated_share=0.5,
+                        cores=32, gpus=8, host_memory_gib=960)  # fmt: skip
+    work = Workload(steps=100, prompts=4, rollouts=2, val_prompts=2, max_turns=3, nodes=1)
+    costs = plan.JobCosts(hardware=hw, workload=work, reranker_on_gpus=True, cache_bytes=2**28)
+    cfg = verl_cfg(micro=2, prompt=20, response=80, save_freq=10, keep=2)
+    job = training_job("t", shape, cfg, gpus=2, capacity=80.0, costs=costs)
+
+    compute = 2 * 312e12 * 0.5  # two A100s at 0.5 MFU
+    matmul = 2 * 36_992 + 64_000  # the layers and the output projection
+    padded_forward = 2 * matmul * 800 + 4 * 8 * 100**2 * 64 * 2  # 8 sequences of 100; the whole square
+    packed_forward = 2 * matmul * 800 + 2 * 8 * 100**2 * 64 * 2  # half of it, causal
+    padded, packed = job.time["padded"]["step"], job.time["packed"]["step"]
+    assert padded["old log-probs"] == pytest.approx(padded_forward / compute)
+    assert padded["reference log-probs"] == pytest.approx(padded_forward / compute)
+    fused_backward = 2 * 1000 * 64 * 800  # the fused kernel's logits again in the backward pass
+    assert padded["actor update"] == pytest.approx((4 * padded_forward + fused_backward) / compute)
+    assert packed["actor update"] == pytest.approx((4 * packed_forward + fused_backward) / compute)
+    bandwidth = 2039e9 * 0.5
+    decode = (50 * matmul + 8 * 0.5 * 100**2 / 2 * 256) / bandwidth  # 50 steps, each reading the weights
+    prefill = 4 * (2 * matmul * 100 + 2 * 100**2 * 64 * 2) / compute
+    assert padded["rollout"] == pytest.approx(decode + prefill + 3 * 0.5)
+    ref_stream = 2 * 4 * shape.params / 2 / (32e9 * 0.5)  # 2 micro-batches per GPU, fp32 shards
+    assert padded["host transfers"] == pytest.approx(ref_stream)
+    assert padded["overhead"] == 10.0
+    step = sum(padded.values())
+    assert job.step_minutes() == pytest.approx(step / 60) and job.path == "padded"
+    validation = (
+        (50 * matmul + 2 * 0.5 * 100**2 / 2 * 256) / bandwidth
+        + (2 * 2 * matmul * 100 + 2 * 100**2 * 64 * 2) / 2 / compute
+        + 1.5
+    )
+    checkpoints = 10 * shape.params * 12 / 2e9
+    expected_hours = (100 * step + 3 * validation + checkpoints) / 3600 + 10 / 60
+    assert job.run_hours() == pytest.approx(expected_hours)
+
+    gib = float(2**30)
+    steady = job.host["training"]
+    assert steady["reference model (pinned)"] == pytest.approx(shape.params * 4 / gib)
+    assert steady["sglang weight copies (pinned)"] == pytest.approx(shape.params * 2 / gib)  # one replica
+    assert steady["GPU processes"] == 5 * 3.0  # 2 verl workers, 2 sglang schedulers, the service
+    assert steady["CPU processes"] == (8 + 8 + 0 + 2 + 3 + 1 + 1) * 0.5
+    assert steady["retrieval service (JVM heap, cache)"] == 4.25
+    assert steady["step batch"] == pytest.approx(2 * 8 * 100 * 64 / gib)
+    loading = job.host["model loading"]
+    assert loading["model loading (one copy per loading rank)"] == pytest.approx(shape.params * 4 / gib)
+    # a toy model: loading it in fp32 (4 bytes) outweighs sglang's bf16 copy and the batch
+    assert job.host_phase == "model loading" and job.host_gib == pytest.approx(sum(loading.values()))
+    # 10 saves: 2 left by an earlier attempt + 2 of this one; each fp32 shards + Adam's moments
+    assert job.disk_gib == pytest.approx((4 * shape.params * 12 + shape.params * 2) / gib)
+    one = training_job("t", shape, verl_cfg(micro=2, prompt=20, response=80, save_freq=10, keep=1), gpus=2,
+                       capacity=80.0, costs=costs)  # fmt: skip
+    assert one.disk_gib == pytest.approx(
+        (3 * shape.params * 12 + shape.params * 2) / gib
+    )  # 1 + the new and the old
+    # the scheduler request: 2 of 8 GPUs -> a quarter of the cores; the plan's need and 25% more
+    assert plan.job_request(job, hw, 2) == (8, math.ceil(job.host_gib * 1.25 * 1024))
+
+
+def test_the_packed_path_is_faster_than_the_padded_one_by_its_padding():
+    shape = load_shape("Qwen/Qwen3-8B")
+    jobs = {share: training_job("t", shape, verl_cfg(), gpus=8, capacity=80.0, costs=_costs(length_share=share))
+            for share in (0.5, 0.75, 1.0)}  # fmt: skip
+    for share, job in jobs.items():
+        padded, packed = job.time["padded"]["step"], job.time["packed"]["step"]
+        for phase in ("old log-probs", "reference log-probs", "actor update"):
+            assert packed[phase] < padded[phase], (share, phase)
+        assert packed["rollout"] == padded["rollout"]
+        assert job.step_minutes("packed") < job.step_minutes("padded")
+    # the padded tokens of a micro-batch of 4: its longest, E[max of 4] = 0.8, 0.9 and 1 x the maximum,
+    # against the mean length (0.5, 0.75, 1 x); at full length only the attention square differs
+    update = {s: j.time["padded"]["step"]["actor update"] / j.time["packed"]["step"]["actor update"]
+              for s, j in jobs.items()}  # fmt: skip
+    assert update[0.5] > update[0.75] > update[1.0] > 1.0
+    assert update[0.5] > 1.6 and update[0.75] > 1.2
+    packed = training_job("t", shape, verl_cfg(packed=True), gpus=8, capacity=80.0, costs=_costs())
+    assert packed.path == "packed" and packed.step_minutes() == pytest.approx(
+        jobs[0.5].step_minutes("packed")
+    )
+    assert packed.phases["actor update"]["mask"] == 0
+
+
+def test_a_node_too_small_is_refused_naming_host_memory_and_disk():
+    shape = load_shape("Qwen/Qwen3-8B")
+    fits = training_job(
+        "t", shape, verl_cfg(critic=True, critic_offload=True), gpus=8, capacity=80.0, costs=_costs()
+    )
+    assert fits.fits and fits.host_gib > 150 and fits.disk_gib > 600  # critic offloaded: ~250 GiB, ~720 GiB
+    small = training_job("t", shape, verl_cfg(critic=True, critic_offload=True), gpus=8, capacity=80.0,
+                         costs=_costs(host_memory_gib=128, disk_gib=500))  # fmt: skip
+    assert not small.fits and small.peak == fits.peak  # the GPUs are not the problem
+    host, disk = small.problems
+    assert host.startswith("host memory: needs") and "hardware.host_memory_gib is 128" in host
+    assert disk.startswith("disk: needs") and "hardware.disk_gib is 500" in disk
+    text = "\n".join(small.lines())
+    assert "DOES NOT FIT" in text and "refused: host memory" in text and "refused: disk" in text
+    assert small.to_json()["problems"] == [host, disk]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,3 +370,19 @@ def test_job_memory_of_a_train_job(tiny_model):
     (only,) = check_job_memory(job, verl_cfg(), capacity_gib=80.0)
     assert only.name == "train b/v" and only.gpus == 8 and only.fits
     assert check_job_memory(SimpleNamespace(device="cpu"), verl_cfg()) == []
+
+
+def test_a_training_job_refuses_the_packed_path_until_it_exists():
+    """training.remove_padding: the plan models the packed path; a training job refuses it, first
+    thing, with what to do."""
+    from types import SimpleNamespace
+
+    from spader.config.model import TrainingConfig
+    from spader.training.preflight import PreflightError
+    from spader.training.run import preflight
+
+    job = SimpleNamespace(training=TrainingConfig(remove_padding=True))
+    with pytest.raises(
+        PreflightError, match=r"training.remove_padding is true.*not implemented yet; set it to false"
+    ):
+        preflight(job, available_gpus=8)

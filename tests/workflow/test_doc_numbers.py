@@ -1,7 +1,8 @@
 """Numbers the docs quote outside docs/benchmarks.md stay tied to what produced them: the GPU memory
 plan's reranker constants to the latest measurement of a replica (bench/reranker_gpu.py's record),
-and docs/gpu.md's table of the paper jobs to the plan's own output. (Tables and results rendered
-from benchmark records are held by tests/workflow/test_benchmarks.py.)"""
+docs/gpu.md's table of the paper jobs to the plan's own output, and the plan's time, host memory
+and disk figures (bench/plan.py's record, which the docs quote) to what the plan computes now.
+(Tables and results rendered from benchmark records are held by tests/workflow/test_benchmarks.py.)"""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ from spader.config import load_config
 from spader.training import plan
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _latest_record(bench: str) -> dict:
+    spec = importlib.util.spec_from_file_location("bench_records", REPO / "bench" / "records.py")
+    records = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(records)
+    runs = [r for r in records.load_records() if r["bench"] == bench]
+    assert runs, f"no record of {bench}"
+    return runs[-1]
 
 
 def _latest_row(bench: str, row_id: str) -> dict:
@@ -92,3 +102,25 @@ def test_the_gpu_pages_plan_table_is_the_plans_output(paper_plan):
             covered.add(job.name)
     missing = sorted({j.name for j in paper_plan} - covered)
     assert not missing, f"jobs of the plan missing from docs/gpu.md's table: {missing}"
+
+
+def test_the_plans_record_is_what_the_plan_computes_now(paper_plan):
+    """The docs and the README quote per-step, per-run, host-memory and disk figures from the latest
+    bench/plan.py record; after a change to the plan or config/config.yaml the record is stale until
+    `python bench/plan.py` and `python bench/report.py write` run again."""
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_plan", REPO / "bench" / "plan.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    config = load_config(REPO / "config" / "config.yaml", verl_config_dir=REPO / "config" / "verl")
+    rows, tables = module.build(config, paper_plan)
+    latest = _latest_record("bench/plan.py")
+    assert latest["tables"] == tables, "bench/plan.py's record is stale: run python bench/plan.py"
+    assert [(r["id"], r["result"]) for r in latest["rows"]] == [(r["id"], r["result"]) for r in rows], (
+        "bench/plan.py's record is stale: run python bench/plan.py"
+    )

@@ -320,12 +320,22 @@ def get_eval_threads():
 
 def get_gpu_job_threads():
     """GPU jobs take every core of a workstation run, so Snakemake runs them one at a time
-    (it never assigns GPUs itself). A cluster run has no core count; its profile sets these
-    jobs' CPUs (set-threads), which replaces this value."""
+    (it never assigns GPUs itself). A cluster job asks for its CPUs with the `cpus_per_task`
+    resource (gpu_job_cpus, training_request) and, inside its allocation, runs with the cores it
+    was given (the job's Snakemake runs with --cores all)."""
     try:
         return workflow.cores
     except WorkflowError:
         return 1
+
+
+def gpu_job_cpus(gpus):
+    """--cpus-per-task of a job holding `gpus` GPUs of a node: its share of the node's cores
+    (hardware.cores x gpus / hardware.gpus); None without GPUs (SLURM follows the job's threads)."""
+    if gpus < 1:
+        return None
+    hardware = CONFIG.hardware
+    return max(1, hardware.cores * min(gpus, hardware.gpus) // hardware.gpus)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ rule evaluate_policy:
     threads: lambda wc: get_eval_threads()
     resources:
         gpu=config["evaluation"]["gpus"],
+        cpus_per_task=gpu_job_cpus(config["evaluation"]["gpus"]),
         mem_mb=32000,
         runtime=720,
     params:

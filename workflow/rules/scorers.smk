@@ -24,6 +24,7 @@ rule build_evidence:
     threads: lambda wc: get_gpu_job_threads() if config["stepsearch"]["evidence"]["gpus"] > 0 else 2
     resources:
         gpu=config["stepsearch"]["evidence"]["gpus"],
+        cpus_per_task=gpu_job_cpus(config["stepsearch"]["evidence"]["gpus"]),
         mem_mb=32000,
         runtime=720,
     params:

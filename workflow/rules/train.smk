@@ -9,7 +9,9 @@
 # rule's `retries` rerun it, and the rerun resumes. Its runtime is the variant's estimate
 # (training.time_limit.hours) capped by the SLURM profile's `max_runtime` for train_policy.
 # Nodes: training.nodes per job (a Ray cluster across them); more than one needs a cluster
-# executor. Partition, account and CPUs live in profiles/slurm, never here.
+# executor. CPUs and host memory come from the node's description (hardware.cores,
+# hardware.host_memory_gib) and the job's plan (python -m spader.training.plan); partition,
+# account and GPU model live in profiles/slurm, never here.
 
 
 include: "training.smk"
@@ -37,7 +39,8 @@ rule train_policy:
         gpu=training_gpus,
         gres=training_gres,
         nodes=TRAINING.nodes,
-        mem_mb=lambda wc: max(64000, 60000 * config["backbones"][wc.backbone]["gpus"]),
+        cpus_per_task=lambda wc: training_request(wc)[0],
+        mem_mb=lambda wc: training_request(wc)[1],
         runtime=training_runtime,
         slurm_extra=slurm_signal_option(TRAINING.time_limit.warning_s),
         train_attempt=lambda wc, attempt: attempt,

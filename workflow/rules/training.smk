@@ -2,6 +2,7 @@
 # and the check that a multi-node training has a cluster executor (docs/cluster.md).
 
 from spader.config.model import OPERATIONAL_TRAINING_KEYS
+from spader.training.plan import load_record, plan_config
 from spader.training.stop import slurm_signal_option
 
 TRAINING = CONFIG.training
@@ -48,6 +49,43 @@ def training_gres(wildcards):
     empty."""
     gpus = config["backbones"][wildcards.backbone]["gpus"]
     return f"gpu:{gpus}" if TRAINING.nodes > 1 and gpus > 0 else ""
+
+
+_PLANNED = {}
+
+
+def training_request(wildcards):
+    """(cpus_per_task, mem_mb) of a training job on each of its nodes: its share of the node's cores
+    (hardware.cores) and the host memory its plan needs with headroom, at most its share of
+    hardware.host_memory_gib (spader.training.plan.job_request); a CPU training job asks for
+    64 GB and its threads. The training jobs are planned together, once; a model the plan has no
+    shape for yet (neither downloaded nor shipped) asks for its GPUs' share of the node."""
+    spec = CONFIG.backbones[wildcards.backbone]
+    if TRAINING.device != "cuda" or spec.gpus < 1:
+        return None, 64000
+    if not _PLANNED:
+        try:
+            calibration = load_record(CONFIG)
+        except ValueError as exc:
+            raise WorkflowError(str(exc))
+        models = {b: model_dir(s.model) for b, s in CONFIG.backbones.items()}
+        models[CONFIG.judge.model] = model_dir(CONFIG.judge.model)
+        try:
+            jobs = plan_config(
+                CONFIG, VERL_CONFIG_DIR, models=models, calibration=calibration, only=lambda b, v: True
+            )
+        except ValueError as exc:
+            logger.warning(f"the plan cannot size the training jobs ({exc}): they ask for the node's share")
+            jobs = []
+        _PLANNED["planned"] = True
+        for job in jobs:
+            if job.name.startswith("train "):  # not a served judge's job
+                _PLANNED[job.name] = (job.threads, job.mem_mb)
+                for problem in job.problems:
+                    logger.warning(f"{job.name}: {problem} (python -m spader.training.plan)")
+    share = min(spec.gpus, CONFIG.hardware.gpus) / CONFIG.hardware.gpus
+    fallback = (gpu_job_cpus(spec.gpus), int(CONFIG.hardware.host_memory_gib * share * 1024))
+    return _PLANNED.get(f"train {wildcards.backbone}/{wildcards.variant}", fallback)
 
 
 def training_params():

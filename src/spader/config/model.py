@@ -683,6 +683,12 @@ class TrainingConfig(Section):
         default_factory=DivergencesConfig,
         description='Options reproducing the authors\' published code (docs/method.md, "Known divergences").',
     )
+    remove_padding: bool = Field(
+        False,
+        description="packed micro-batches (verl's remove-padding path) for the actor's, reference's and "
+        "critic's passes instead of padded ones with an attention mask; the plan models both paths, the "
+        "packed path's implementation is pending (a training job refuses it until then)",
+    )
     nodes: int = Field(
         1,
         ge=1,
@@ -944,14 +950,95 @@ class CodeRerunsConfig(Section):
     evaluation: bool = Field(True, description="evaluate_policy, aggregate_results, compare_runs")
 
 
-class HardwareConfig(Section):
-    """The GPUs the paper's jobs are planned for (``python -m spader.training.plan``, docs/gpu.md)."""
+#: GPU models the plan knows the peak bf16 FLOP/s and memory bandwidth of
+#: (``spader.training.costs.GPUS``, with their sources).
+GPU_MODELS = ("A100-40GB", "A100-80GB", "H100-80GB", "H200")
 
+
+class HardwareConfig(Section):
+    """The node the GPU jobs are planned for, and the assumptions of the plan's time model
+    (``python -m spader.training.plan``, docs/gpu.md). A cluster's nodes must match ``cores`` and
+    ``host_memory_gib`` (SLURM's ``--cpus-per-task`` and the cap of ``--mem``) and have at least
+    ``backbones.<name>.gpus`` GPUs (``--gpus``)."""
+
+    gpu: Literal[GPU_MODELS] = Field(
+        "A100-80GB",
+        description="GPU model: its peak dense bf16 FLOP/s, memory and host-link bandwidth (the plan's "
+        "table, spader.training.costs.GPUS) drive the time estimates",
+    )
     gpu_memory_gib: float = Field(
         80,
         gt=0,
+        le=1024,
         description="memory of one GPU in GiB; the memory plan fails a job whose per-GPU peak exceeds it "
         "(a training job's preflight uses the memory its GPUs report)",
+    )
+    gpus: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="GPUs of one node; a GPU job gets the node's cores and host memory in proportion to the "
+        "GPUs it holds (a training job holds backbones.<name>.gpus, evaluation evaluation.gpus)",
+    )
+    cores: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="CPU cores of one node that jobs may use: a GPU job's threads (SLURM --cpus-per-task) are "
+        "this share of its GPUs; a cluster's nodes must have at least this many",
+    )
+    host_memory_gib: float = Field(
+        480,
+        ge=1,
+        le=65536,
+        description="host memory of one node in GiB that jobs may use; the plan fails a training job whose "
+        "host memory (pinned reference model, sglang's weight copies, offloaded states, processes) exceeds "
+        "it, and a training job asks SLURM (--mem) for the plan's need with headroom, at most its share of this",
+    )
+    disk_gib: float = Field(
+        6000,
+        ge=1,
+        le=10_000_000,
+        description="free space in GiB of the file system holding results/; the plan fails a training job "
+        "whose work directory at its peak (checkpoints kept and those coexisting during an attempt) plus "
+        "its export exceeds it",
+    )
+    mfu: float = Field(
+        0.4,
+        ge=0.05,
+        le=0.8,
+        description="time model: share of the GPUs' peak dense bf16 FLOP/s that the training passes and the "
+        "rollouts' prefill reach (model FLOPs utilisation; 0.35-0.45 is typical of FSDP training of 8B "
+        "models with activation checkpointing)",
+    )
+    bandwidth_efficiency: float = Field(
+        0.6,
+        ge=0.05,
+        le=1,
+        description="time model: share of the GPUs' memory bandwidth that decoding reaches (each decoding "
+        "step reads the weights and the KV cache of its running sequences) and of the host link that "
+        "offloaded states move at",
+    )
+    length_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="time model: mean trajectory length (prompt, generated tokens and tool observations) as "
+        "a share of max_prompt_length + max_response_length; lengths are modelled as uniform with this mean "
+        "and the maximum as upper end (docs/gpu.md)",
+    )
+    generated_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="time model: share of a trajectory's tokens the policy generates (decoded one by one); "
+        "the rest (prompt, tool observations) is prefilled",
+    )
+    calibration: str | None = Field(
+        None,
+        min_length=1,
+        description="a record written by scripts/gpu_memory_calibration.py (YAML): its measured activation "
+        "and log-prob constants replace the plan's estimates for the shapes it measured; null: estimates",
     )
 
 
@@ -1014,7 +1101,8 @@ class Config(Section):
     )
     hardware: HardwareConfig = Field(
         default_factory=HardwareConfig,
-        description="The GPUs the jobs are planned for (GPU memory plan, docs/gpu.md; not a rerun trigger).",
+        description="The node the GPU jobs are planned for and the plan's assumptions (GPU memory, time, "
+        "host memory and disk plan, docs/gpu.md; not a rerun trigger).",
     )
     code_reruns: CodeRerunsConfig = Field(
         default_factory=CodeRerunsConfig,

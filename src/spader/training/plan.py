@@ -1,16 +1,20 @@
-"""GPU memory plan: the per-GPU peak of every GPU job of the DAG, before any of them runs.
+"""The plan of every GPU job of the DAG, before any of them runs: its per-GPU memory peak, and for a
+training job its time, host memory per node, disk and what it asks a scheduler for.
 
-``python -m spader.training.plan [--configfile F ...]`` prints one entry per backbone x variant
-(training), per backbone (evaluation), for R3-RAG's served judge and for StepSearch's evidence
-job, each with its phases and their components in GiB, and exits 1 when a job's peak exceeds
-``hardware.gpu_memory_gib``. Every training job runs the same plan on its own composed config in
-its preflight (:func:`spader.training.preflight.check_memory`) and refuses to start when it does
-not fit.
+``python -m spader.training.plan [--configfile F ...] [--json]`` prints one entry per backbone x
+variant (training), per backbone (evaluation), for R3-RAG's served judge and for StepSearch's
+evidence job, each with its phases and their components in GiB, and exits 1 when a job's peak
+exceeds ``hardware.gpu_memory_gib`` or a training job needs more host memory or disk than the node
+described under ``hardware`` has. Every training job runs the GPU memory plan on its own composed
+config in its preflight (:func:`spader.training.preflight.check_memory`) and refuses to start when
+it does not fit; rule ``train_policy`` asks SLURM for the cores and host memory
+:func:`job_request` gives.
 
 The plan is first order: parameter, gradient and optimizer bytes are exact for the shapes; the
-activation, logits and runtime terms are estimates whose constants are stated below and measured
-by ``scripts/gpu_memory_calibration.py`` on a GPU. docs/gpu.md explains each term and the
-defaults it led to.
+activation, logits and runtime terms are estimates whose constants are stated below, the
+activation and log-prob ones replaced by measured ones when ``hardware.calibration`` names a record
+of ``scripts/gpu_memory_calibration.py`` (:mod:`spader.training.calibration`). Time, host memory
+and disk: :mod:`spader.training.costs`. docs/gpu.md explains each term and the defaults it led to.
 
 Where the numbers come from:
 
@@ -39,12 +43,15 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spader.training.calibration import Calibration, Measured, load_calibration
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +323,8 @@ class VerlMemory:
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class Job:
-    """The plan of one GPU job: per phase, its components in GiB on its most loaded GPU."""
+    """The plan of one GPU job: per phase, its components in GiB on its most loaded GPU; for a
+    training job also its time, host memory per node and disk (:mod:`spader.training.costs`)."""
 
     name: str
     gpus: int
@@ -324,6 +332,24 @@ class Job:
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     refused: str | None = None
+    #: which of the plan's inexact terms were measured (a calibration record) or estimated
+    constants: dict[str, str] = field(default_factory=dict)
+    #: host memory per node: the steady terms and the model-loading transient (GiB), and the node's
+    host: dict[str, dict[str, float]] = field(default_factory=dict)
+    host_capacity: float | None = None
+    #: the work directory's peak and the export (GiB), and the file system's space
+    disk: dict[str, float] = field(default_factory=dict)
+    disk_capacity: float | None = None
+    #: per actor path (padded, packed): seconds of a step by phase, hours of the run by part
+    time: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    path: str | None = None  # the actor path the job's config runs
+    #: threads and memory the job asks a scheduler for (SLURM --cpus-per-task, --mem)
+    threads: int | None = None
+    mem_mb: int | None = None
+    #: GiB the finished job leaves in results/ (checkpoints kept, export)
+    kept_gib: float | None = None
+    #: the variant whose training run this job is (identical settings share one run)
+    run_of: str | None = None
 
     def total(self, phase: str) -> float:
         return sum(self.phases[phase].values())
@@ -341,11 +367,56 @@ class Job:
         return self.capacity - self.peak
 
     @property
+    def host_gib(self) -> float | None:
+        """Host memory of the most loaded node: the larger of the steady state and model loading."""
+        return max(sum(t.values()) for t in self.host.values()) if self.host else None
+
+    @property
+    def host_phase(self) -> str | None:
+        return max(self.host, key=lambda k: sum(self.host[k].values())) if self.host else None
+
+    @property
+    def disk_gib(self) -> float | None:
+        return sum(self.disk.values()) if self.disk else None
+
+    def step_minutes(self, path: str | None = None) -> float | None:
+        times = self.time.get(path or self.path or "")
+        return sum(times["step"].values()) / 60 if times else None
+
+    def run_hours(self, path: str | None = None) -> float | None:
+        times = self.time.get(path or self.path or "")
+        return sum(times["run"].values()) if times else None
+
+    @property
+    def problems(self) -> list[str]:
+        """Host memory or disk the node lacks (one line each, naming the key)."""
+        out = []
+        if (
+            self.host_capacity is not None
+            and self.host_gib is not None
+            and self.host_gib > self.host_capacity
+        ):
+            out.append(
+                f"host memory: needs {self.host_gib:.1f} GiB per node ({self.host_phase}), "
+                f"hardware.host_memory_gib is {self.host_capacity:g}"
+            )
+        if (
+            self.disk_capacity is not None
+            and self.disk_gib is not None
+            and self.disk_gib > self.disk_capacity
+        ):
+            out.append(
+                f"disk: needs {self.disk_gib:.1f} GiB for its work directory and export, "
+                f"hardware.disk_gib is {self.disk_capacity:g}"
+            )
+        return out
+
+    @property
     def fits(self) -> bool:
-        return self.refused is None and self.peak <= self.capacity
+        return self.refused is None and self.peak <= self.capacity and not self.problems
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "job": self.name,
             "gpus": self.gpus,
             "capacity_gib": round(self.capacity, 2),
@@ -354,12 +425,41 @@ class Job:
             "margin_gib": round(self.margin, 2),
             "fits": self.fits,
             "refused": self.refused,
+            "problems": self.problems,
             "phases": {p: {k: round(v, 2) for k, v in c.items()} for p, c in self.phases.items()},
+            "constants": dict(self.constants),
             "notes": list(self.notes),
         }
+        if self.host:
+            out["host_gib"] = round(self.host_gib, 1)
+            out["host_phase"] = self.host_phase
+            out["host_terms"] = {p: {k: round(v, 2) for k, v in t.items()} for p, t in self.host.items()}
+            out["host_capacity_gib"] = self.host_capacity
+        if self.disk:
+            out["disk_gib"] = round(self.disk_gib, 1)
+            out["disk_terms"] = {k: round(v, 1) for k, v in self.disk.items()}
+            out["disk_capacity_gib"] = self.disk_capacity
+        if self.time:
+            out["path"] = self.path
+            out["step_minutes"] = round(self.step_minutes(), 2)
+            out["run_hours"] = round(self.run_hours(), 1)
+            out["paths"] = {
+                p: {
+                    "step_minutes": round(self.step_minutes(p), 2),
+                    "run_hours": round(self.run_hours(p), 1),
+                    "step_seconds": {k: round(v, 1) for k, v in t["step"].items()},
+                    "run_hours_by_part": {k: round(v, 2) for k, v in t["run"].items()},
+                }
+                for p, t in self.time.items()
+            }
+        if self.threads is not None:
+            out["threads"] = self.threads
+            out["mem_mb"] = self.mem_mb
+        return out
 
     def lines(self) -> list[str]:
-        """The job as text: a header, one line per phase with its components, the notes."""
+        """The job as text: a header, one line per phase with its components, time, host memory and
+        disk, the notes."""
         status = "fits" if self.fits else ("REFUSED" if self.refused else "DOES NOT FIT")
         head = (
             f"{self.name}: {self.gpus} GPU(s), peak {self.peak:.1f} of {self.capacity:.1f} GiB "
@@ -369,8 +469,30 @@ class Job:
         for phase, components in self.phases.items():
             parts = ", ".join(f"{k} {v:.1f}" for k, v in components.items() if round(v, 1) != 0)
             out.append(f"    {phase:<18} {self.total(phase):6.1f}  = {parts}")
+        if self.time:
+            other = [p for p in self.time if p != self.path]
+            step = self.time[self.path]["step"]
+            parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in step.items() if round(v / 60, 1) != 0)
+            out.append(
+                f"    time ({self.path})    {self.step_minutes():6.1f} min per step = {parts}; "
+                f"run {self.run_hours():.1f} h"
+                + "".join(
+                    f"; {p}: {self.step_minutes(p):.1f} min per step, {self.run_hours(p):.1f} h"
+                    for p in other
+                )
+            )
+        if self.host:
+            for phase, terms in self.host.items():
+                parts = ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if round(v, 1) != 0)
+                out.append(f"    host ({phase})  {sum(terms.values()):6.1f} GiB per node = {parts}")
+        if self.disk:
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in self.disk.items())
+            out.append(f"    disk               {self.disk_gib:6.1f} GiB = {parts}")
+        if self.threads is not None:
+            out.append(f"    asks for           {self.threads} threads, {self.mem_mb} MB host memory")
         if self.refused:
             out.append(f"    refused: {self.refused}")
+        out += [f"    refused: {p}" for p in self.problems]
         out += [f"    note: {n}" for n in self.notes]
         return out
 
@@ -422,11 +544,21 @@ def _kv_tokens(shape: Shape, kv_gib: float, tp: int) -> int:
 
 
 def _activations(
-    shape: Shape, tokens: int, micro: int, seq: int, *, checkpointing: bool, padded: bool
-) -> dict:
+    shape: Shape, tokens: int, micro: int, seq: int, *, checkpointing: bool, padded: bool,
+    measured: Measured | None = None,
+) -> dict:  # fmt: skip
     """Activation terms of one training micro-batch (GiB): the layer inputs kept by activation
-    checkpointing, one layer's working set in the backward pass, the sdpa attention mask."""
+    checkpointing, one layer's working set in the backward pass, the sdpa attention mask; from a
+    calibration record's measured constants when one measured this shape (checkpointing on)."""
     c = CONSTANTS
+    mask_bytes = measured.mask_bytes_per_element if measured is not None else 1.0
+    mask = micro * seq * seq * mask_bytes / GIB if padded else 0.0
+    if measured is not None and checkpointing:
+        return {
+            "checkpoints": shape.layers * tokens * measured.kept_bytes_per_token_layer / GIB,
+            "layer backward": tokens * measured.backward_bytes_per_token / GIB,
+            "mask": mask,
+        }
     per_token_layer = 2 * (
         c["layer_c_h"] * shape.hidden + c["layer_c_q"] * shape.q_dim + c["layer_c_kv"] * shape.kv_dim
         + c["layer_c_i"] * shape.intermediate
@@ -437,7 +569,6 @@ def _activations(
         working = c["layer_backward_factor"] * layer
     else:
         kept, working = shape.layers * layer, c["layer_backward_factor"] * layer - layer
-    mask = micro * seq * seq / GIB if padded else 0.0
     return {
         "checkpoints" if checkpointing else "layer activations": kept,
         "layer backward": working,
@@ -445,8 +576,35 @@ def _activations(
     }
 
 
-def _logits(shape: Shape, tokens: int, m: VerlMemory, *, grad: bool, entropy: bool) -> float:
-    """GiB of the log-prob computation over the vocabulary for ``tokens`` tokens."""
+def _forward_activations(shape: Shape, tokens: int, micro: int, seq: int, *, padded: bool,
+                         measured: Measured | None = None) -> float:  # fmt: skip
+    """GiB of one layer's forward activations without gradients (the log-prob passes) and the mask."""
+    acts = _activations(shape, tokens, micro, seq, checkpointing=True, padded=padded, measured=None)
+    mask = _activations(shape, tokens, micro, seq, checkpointing=True, padded=padded, measured=measured)[
+        "mask"
+    ]
+    if measured is not None:
+        return tokens * measured.forward_bytes_per_token / GIB + mask
+    return acts["layer backward"] / CONSTANTS["layer_backward_factor"] + mask
+
+
+def _logits(
+    shape: Shape, tokens: int, m: VerlMemory, *, grad: bool, entropy: bool, measured: Measured | None = None
+) -> float:
+    """GiB of the log-prob computation over the vocabulary for ``tokens`` tokens (measured by a
+    calibration record for this shape and path when it holds one)."""
+    if measured is not None:
+        # the fused kernel always computes the entropy; the full path's entropy in the loss was
+        # measured checkpointed (entropy_checkpointing), the only way the configs run it
+        if not grad:
+            kind = "forward"
+        elif m.fused or not entropy:
+            kind = "update"
+        else:
+            kind = "update_entropy" if m.entropy_checkpointing else None
+        cost = measured.logprob("fused" if m.fused else "full", kind) if kind else None
+        if cost is not None:
+            return cost.gib(tokens)
     if m.fused:
         chunk = CONSTANTS["fused_chunk_buffers"] * CONSTANTS["fused_chunk_tokens"] * shape.vocab * 4
         extra = (shape.vocab * shape.hidden * 2 + tokens * shape.hidden * 2) if grad else 0
@@ -470,6 +628,9 @@ def training_job(
     gpus: int,
     capacity: float,
     reranker: float = 0.0,
+    measured: Measured | None = None,
+    calibration_path: str | None = None,
+    costs: JobCosts | None = None,
 ) -> Job:
     """The plan of one training job on each of its ``gpus`` training GPUs (see docs/gpu.md).
 
@@ -480,12 +641,28 @@ def training_job(
         gpus: GPUs verl trains on (the node's, less those of a served judge).
         capacity: GiB per GPU.
         reranker: GiB of the job's reranker replica on each training GPU (0: none there).
+        measured: a calibration record's constants for this shape (None: the estimates).
+        calibration_path: the record it came from, or the record that holds no entry for this shape.
+        costs: what the time, host and disk models need beyond the verl config (None: the GPU
+            memory alone).
     """
     m = VerlMemory.from_verl(verl_cfg)
     job = Job(name=name, gpus=gpus, capacity=capacity)
     if gpus < 1:
         job.refused = "no GPU left for training"
         return job
+    source = f"measured ({calibration_path}, {measured.device})" if measured is not None else "estimated"
+    job.constants = {
+        "kept inputs, layer working sets, mask": source,
+        "log-probs": source
+        if measured is not None and measured.logprob("fused" if m.fused else "full", "update") is not None
+        else "estimated",
+        "CUDA context, NCCL, sglang runtime, gathered parameters, allocator slack": "estimated",
+    }
+    if measured is None and calibration_path:
+        job.notes.append(
+            f"calibration record {calibration_path} has no entry for {shape.name}'s shape: estimates used"
+        )
     P, Pc = shape.params, shape.value_params
     per = GIB * gpus
     actor = {"params": P * m.param_bytes / per, "grads": P * 4 / per, "adam": P * 8 / per}
@@ -505,9 +682,10 @@ def training_job(
     at_launch = resident(actor, m.actor_param_offload, True) + resident(critic, m.critic_param_offload, True)
     pre = capacity - verl_process - reranker - at_launch - sglang_process
     static, weights, kv = _sglang(shape, pre, m.rollout_fraction, m.rollout_tp)
+    kv_tokens = _kv_tokens(shape, kv, m.rollout_tp)
     job.notes.append(
         f"sglang at launch: {pre:.1f} GiB free x {m.rollout_fraction} = {static:.1f} GiB static (weights "
-        f"{weights:.1f}, KV {kv:.1f} = {_kv_tokens(shape, kv, m.rollout_tp):,} tokens per TP-{m.rollout_tp} replica)"
+        f"{weights:.1f}, KV {kv:.1f} = {kv_tokens:,} tokens per TP-{m.rollout_tp} replica)"
     )
     if kv <= 0:
         job.refused = (
@@ -541,12 +719,13 @@ def training_job(
     gathered_train = (8 * shape.head_params + 4 * shape.layer_params) / GIB
     if shape.tied:
         gathered_train = (6 * shape.embedding_params + 4 * shape.layer_params) / GIB
-    acts = _activations(shape, tokens, m.micro_batch, seq, checkpointing=m.grad_checkpointing, padded=padded)
+    acts = _activations(shape, tokens, m.micro_batch, seq, checkpointing=m.grad_checkpointing, padded=padded,
+                        measured=measured)  # fmt: skip
     update = {
         "actor state": actor["params"] + actor["grads"] + actor["adam"],
         **({"critic (resident)": critic_resident} if m.critic else {}),
         **acts,
-        "logits": _logits(shape, tokens, m, grad=True, entropy=m.entropy_in_loss),
+        "logits": _logits(shape, tokens, m, grad=True, entropy=m.entropy_in_loss, measured=measured),
         "gathered params": gathered_train,
     }
     update["allocator slack"] = c["allocator_slack"] * sum(update.values())
@@ -559,20 +738,21 @@ def training_job(
         **({"critic (resident)": critic_resident} if m.critic else {}),
     }
     lp_tokens = m.log_prob_micro_batch * seq
-    layer_fwd = _activations(shape, lp_tokens, m.log_prob_micro_batch, seq, checkpointing=True, padded=padded)
     gathered_eval = (2 * (shape.head_params or shape.embedding_params) + 4 * shape.layer_params) / GIB
     forward = {
         "actor (resident)": resident(actor, False, m.actor_optimizer_offload),
         **({"critic (resident)": critic_resident} if m.critic else {}),
-        "layer activations": layer_fwd["layer backward"] / c["layer_backward_factor"] + layer_fwd["mask"],
-        "logits": _logits(shape, lp_tokens, m, grad=False, entropy=True),
+        "layer activations": _forward_activations(
+            shape, lp_tokens, m.log_prob_micro_batch, seq, padded=padded, measured=measured
+        ),
+        "logits": _logits(shape, lp_tokens, m, grad=False, entropy=True, measured=measured),
         "gathered params": gathered_eval,
     }
     job.phases["log-probs"] = {**base, **sglang_idle, **forward}
     if m.critic:
         ctokens = m.critic_micro_batch * seq
         cacts = _activations(shape, ctokens, m.critic_micro_batch, seq, checkpointing=m.critic_grad_checkpointing,
-                             padded=padded)  # fmt: skip
+                             padded=padded, measured=measured)  # fmt: skip
         cupdate = {
             "critic state": critic["params"] + critic["grads"] + critic["adam"],
             "actor (resident)": actor_resident,
@@ -586,7 +766,59 @@ def training_job(
             "log-probs over the full logits: "
             f"{tokens * shape.vocab * 2 / GIB:.1f} GiB per (micro-batch x length x vocabulary) copy"
         )
+    if costs is not None:
+        _plan_costs(job, shape, m, verl_cfg, costs, kv_tokens=max(1, kv_tokens))
     return job
+
+
+@dataclass(frozen=True)
+class JobCosts:
+    """What a training job's time, host memory and disk need beyond its verl config."""
+
+    hardware: Any  # the config's ``hardware`` section (spader.config.HardwareConfig)
+    workload: Any  # spader.training.costs.Workload
+    reranker_on_gpus: bool = False
+    cache_bytes: int = 0
+    judge_shape: Shape | None = None
+    judge: Mapping[str, Any] | None = None
+    judge_gpus_on_node: int = 0
+
+
+def _plan_costs(job: Job, shape: Shape, m: VerlMemory, verl_cfg: Mapping[str, Any], jc: JobCosts, *,
+                kv_tokens: int) -> None:  # fmt: skip
+    """Fill ``job``'s time (both actor paths), host memory and disk (:mod:`spader.training.costs`)."""
+    from spader.training import costs
+
+    run = costs.RunSettings.from_verl(verl_cfg)
+    work, hw = jc.workload, jc.hardware
+    job.path = "packed" if m.remove_padding else "padded"
+    for path in ("padded", "packed"):
+        step = costs.step_time(
+            shape, m, run, work, hw, gpus=job.gpus, kv_tokens=kv_tokens, padded=path == "padded",
+            judge_shape=jc.judge_shape, judge=jc.judge,
+        )  # fmt: skip
+        lengths = costs.Lengths.from_share(m.seq_len, float(hw.length_share))
+        validation = costs.rollout_seconds(
+            shape, trajectories=work.val_prompts * run.val_rollouts, replicas=job.gpus // max(1, m.rollout_tp),
+            tp=m.rollout_tp, kv_tokens=kv_tokens, lengths=lengths, spec=costs.GPUS[hw.gpu], hardware=hw,
+            max_turns=work.max_turns,
+        )  # fmt: skip
+        checkpoint = shape.params * (m.param_bytes + 8) + (
+            shape.value_params * (m.param_bytes + 8) if m.critic else 0
+        )
+        job.time[path] = {
+            "step": step,
+            "run": costs.run_hours(sum(step.values()), sum(validation.values()), work, run, checkpoint),
+        }
+    steady, loading = costs.host_terms(
+        shape, m, run, work, gpus=job.gpus, reranker_on_gpus=jc.reranker_on_gpus, cache_bytes=jc.cache_bytes,
+        judge_gpus_on_node=jc.judge_gpus_on_node,
+    )  # fmt: skip
+    job.host = {"training": steady, "model loading": loading}
+    job.host_capacity = float(hw.host_memory_gib)
+    job.disk = costs.disk_terms(shape, m, run, work)
+    job.disk_capacity = float(hw.disk_gib)
+    job.kept_gib = costs.kept_after(shape, m, run, work)
 
 
 def judge_job(name: str, shape: Shape, judge: Mapping[str, Any], *, capacity: float, reranker: float) -> Job:
@@ -661,17 +893,35 @@ def evidence_job(name: str, *, capacity: float, reranker: float) -> Job:
 # ---------------------------------------------------------------------------------------------
 # The whole DAG
 # ---------------------------------------------------------------------------------------------
+#: Resolved compositions of this process, by :func:`_compose_resolved`'s key.
+_COMPOSED: dict[str, dict[str, Any]] = {}
+
+
+def _composition_cache_dir() -> Path:
+    """Where resolved compositions are kept between processes (the user's cache directory, beside
+    the code facts of spader.infra.stage_code): a workflow start plans its training jobs without
+    composing again. An unreadable or unwritable cache only makes a start slower."""
+    from spader.infra.stage_code import code_cache_dir
+
+    return code_cache_dir().parent / "verl-compositions-v1"
+
+
 def _compose_resolved(
-    verl_config: str, overrides: Sequence[str], config_dir: Path, cache: dict[str, dict]
+    verl_config: str, overrides: Sequence[str], config_dir: Path, cache: dict[str, dict] | None = None
 ) -> dict[str, Any]:
     """The resolved verl config. Variants whose YAML chains parse to the same documents and whose
     overrides differ only in the method's ``algorithm.*`` / ``reward.*`` values (which change no
     memory: the critic is switched by ``critic.enable`` in the YAMLs) share one composition, so the
-    beta sweep and the ablations compose once."""
+    beta sweep and the ablations compose once. Kept for the process and in the user's cache
+    directory, keyed by the documents, the overrides, the installed verl and the composing code."""
+    import importlib.metadata
+
     import yaml
 
+    import spader.integrations.verl.compose as composing
     from spader.config import verl_config_chain
 
+    cache = _COMPOSED if cache is None else cache
     docs = []
     for path in verl_config_chain(verl_config, config_dir):
         with open(path, encoding="utf-8") as f:
@@ -679,23 +929,82 @@ def _compose_resolved(
         docs.append({k: v for k, v in doc.items() if k != "hydra"})
     key = hashlib.sha256(
         json.dumps(
-            [docs, [o for o in overrides if not o.lstrip("+").startswith(("algorithm.", "reward."))]],
+            [
+                docs,
+                [o for o in overrides if not o.lstrip("+").startswith(("algorithm.", "reward."))],
+                importlib.metadata.version("verl"),
+                hashlib.sha256(Path(composing.__file__).read_bytes()).hexdigest(),
+            ],
             sort_keys=True,
             default=str,
         ).encode()
     ).hexdigest()
-    if key not in cache:
-        from omegaconf import OmegaConf
+    if key in cache:
+        return cache[key]
+    stored = _composition_cache_dir() / f"{key}.json"
+    try:
+        cache[key] = json.loads(stored.read_text(encoding="utf-8"))
+        return cache[key]
+    except (OSError, ValueError):
+        pass
+    from omegaconf import OmegaConf
 
-        from spader.integrations.verl.compose import compose
-
-        cfg = compose(verl_config, [*overrides, "actor_rollout_ref.model.path=/plan"], config_dir=config_dir)
-        cache[key] = OmegaConf.to_container(cfg, resolve=True)
+    cfg = composing.compose(
+        verl_config, [*overrides, "actor_rollout_ref.model.path=/plan"], config_dir=config_dir
+    )
+    cache[key] = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        tmp = stored.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache[key], default=str), encoding="utf-8")
+        os.replace(tmp, stored)
+    except OSError as exc:
+        log.debug("composition cache not written (%s)", exc)
     return cache[key]
 
 
+#: Overrides that select the packed path (verl's remove-padding path) for the actor, reference and
+#: critic: what ``training.remove_padding`` asks of verl.
+PACKED_OVERRIDES = ("actor_rollout_ref.model.use_remove_padding=true", "critic.model.use_remove_padding=true")
+
+
+def load_record(config: Any, root: str | os.PathLike = ".") -> Calibration | None:
+    """The calibration record ``hardware.calibration`` names (relative paths: under ``root``)."""
+    path = config.hardware.calibration
+    if not path:
+        return None
+    return load_calibration(Path(root) / path if not Path(path).is_absolute() else Path(path))
+
+
+def training_steps(config: Any) -> int:
+    """Optimizer steps of a training run: ``training.max_steps``, else the epochs over the mix at
+    ``train_batch_size`` prompts per step (verl's training loader drops the last partial batch)."""
+    if config.training.max_steps:
+        return int(config.training.max_steps)
+    prompts = sum(config.mix.counts.model_dump().values())
+    return int(config.training.epochs) * (prompts // int(config.training.train_batch_size))
+
+
+def job_request(job: Job, hardware: Any, gpus_per_node: int) -> tuple[int, int]:
+    """(threads, MB) a training job asks a scheduler for on each node: its share of the node's
+    cores (the GPUs it holds of ``hardware.gpus``), and the plan's host memory with
+    ``HOST_CONSTANTS['request_headroom']``, at most its share of ``hardware.host_memory_gib``."""
+    from spader.training.costs import HOST_CONSTANTS
+
+    share = min(1.0, gpus_per_node / int(hardware.gpus))
+    threads = max(1, int(int(hardware.cores) * share))
+    cap = float(hardware.host_memory_gib) * share
+    need = (job.host_gib or 0.0) * (1 + HOST_CONSTANTS["request_headroom"])
+    return threads, math.ceil(min(need, cap) * 1024)
+
+
 def plan_config(
-    config: Any, verl_config_dir: str | os.PathLike, *, models: Mapping[str, str] | None = None
+    config: Any,
+    verl_config_dir: str | os.PathLike,
+    *,
+    models: Mapping[str, str] | None = None,
+    calibration: Calibration | None = None,
+    only: Callable[[str, str], bool] | None = None,
 ) -> list[Job]:
     """Every GPU job of ``config`` (a :class:`spader.config.Config`).
 
@@ -704,8 +1013,11 @@ def plan_config(
         verl_config_dir: the project's verl YAML directory.
         models: local model directories by hub id or backbone name, when at hand (their
             ``config.json`` is read instead of the shipped shape).
+        calibration: the record ``hardware.calibration`` names (:func:`load_record`), or None.
+        only: ``(backbone, variant) -> bool``: plan only these training jobs (and no other job).
     """
-    from spader.integrations.verl.overrides import config_overrides
+    from spader.integrations.verl.overrides import config_overrides, shared_training_runs
+    from spader.training.costs import Workload
     from spader.training.launch import device_overrides
 
     models = dict(models or {})
@@ -716,13 +1028,23 @@ def plan_config(
     judge = config.judge.model_dump(mode="json")
     evaluation = config.evaluation_params()  # the context budget resolved (training's when null)
     replica = reranker_gib(retrieval)
-    cache: dict[str, dict] = {}
+    steps = training_steps(config)
+    val_prompts = int(config.mix.val_per_dataset) * sum(
+        1 for n in config.mix.counts.model_dump().values() if n > 0
+    )
     jobs: list[Job] = []
     for b, spec in config.backbones.items():
         if training["device"] == "cuda" and spec.gpus > 0:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
+            measured = calibration.for_shape(shape) if calibration is not None else None
             nodes = int(training.get("nodes") or 1)
+            runs = shared_training_runs(
+                spec.variants, {k: x.model_dump(mode="json") for k, x in config.variants.items()}, training,
+                verl_config_dir,
+            )  # fmt: skip
             for v in spec.variants:
+                if only is not None and not only(b, v):
+                    continue
                 variant = config.variants[v].model_dump(mode="json")
                 served = (
                     variant.get("reward") == "r3rag" and variant.get("judge") == "llm" and not judge["url"]
@@ -736,18 +1058,46 @@ def plan_config(
                 overrides = [
                     *config_overrides(variant, training, agent),
                     *device_overrides(training, threads=1, workers=gpus),
+                    *(PACKED_OVERRIDES if training["remove_padding"] else ()),
                 ]
-                cfg = _compose_resolved(variant["verl_config"], overrides, Path(verl_config_dir), cache)
+                cfg = _compose_resolved(variant["verl_config"], overrides, Path(verl_config_dir))
                 on_gpus = replica if reranker_on_gpus(retrieval) else 0.0
-                jobs.append(
-                    training_job(f"train {b}/{v}", shape, cfg, gpus=gpus, capacity=capacity, reranker=on_gpus)
+                judge_shape = load_shape(judge["model"], models.get(judge["model"])) if served else None
+                verl_nodes = nodes - 1 if served and nodes > 1 else nodes
+                costs = JobCosts(
+                    hardware=config.hardware,
+                    workload=Workload(
+                        steps=steps, prompts=int(training["train_batch_size"]), rollouts=int(training["rollout_n"]),
+                        val_prompts=val_prompts, max_turns=int(agent["max_turns"]), nodes=verl_nodes,
+                    ),
+                    reranker_on_gpus=reranker_on_gpus(retrieval),
+                    cache_bytes=int(retrieval["service"]["cache_bytes"]),
+                    judge_shape=judge_shape,
+                    judge=judge if served else None,
+                    judge_gpus_on_node=int(judge["gpus"]) if served and nodes == 1 else 0,
+                )  # fmt: skip
+                job = training_job(
+                    f"train {b}/{v}", shape, cfg, gpus=gpus, capacity=capacity, reranker=on_gpus,
+                    measured=measured, calibration_path=calibration.path if calibration else None, costs=costs,
+                )  # fmt: skip
+                job.host_capacity = float(config.hardware.host_memory_gib) * min(
+                    1.0, spec.gpus / int(config.hardware.gpus)
                 )
+                job.threads, job.mem_mb = job_request(job, config.hardware, spec.gpus)
+                if spec.gpus > int(config.hardware.gpus):
+                    job.refused = (
+                        f"backbones.{b}.gpus is {spec.gpus}, more than the {config.hardware.gpus} GPUs of a node "
+                        "(hardware.gpus); give the job more nodes (training.nodes) instead"
+                    )
+                job.run_of = runs.get(v) if runs.get(v) != v else None
+                if job.run_of:
+                    job.notes.append(f"the workflow trains it once with {job.run_of} (identical settings)")
+                jobs.append(job)
                 if served:
-                    judge_shape = load_shape(judge["model"], models.get(judge["model"]))
                     jobs.append(
                         judge_job(f"judge {b}/{v}", judge_shape, judge, capacity=capacity, reranker=on_gpus)
                     )
-        if evaluation["gpus"] > 0:
+        if evaluation["gpus"] > 0 and only is None:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
             jobs.append(
                 evaluation_job(f"evaluate {b}/*", shape, evaluation, capacity=capacity, reranker=replica)
@@ -755,9 +1105,24 @@ def plan_config(
     trains_stepsearch = any(
         config.variants[v].reward == "stepsearch" for s in config.backbones.values() for v in s.variants
     )
-    if trains_stepsearch and config.stepsearch.evidence.gpus > 0:
+    if trains_stepsearch and config.stepsearch.evidence.gpus > 0 and only is None:
         jobs.append(evidence_job("build_evidence", capacity=capacity, reranker=replica))
     return jobs
+
+
+def dag_totals(jobs: Sequence[Job], config: Any) -> dict[str, float]:
+    """What the DAG's training runs cost together (variants that share a run count once): GPU-hours,
+    wall hours one after another, and the disk their work directories and exports keep when no
+    work directory is deleted."""
+    train = [j for j in jobs if j.name.startswith("train ") and j.time and j.run_of is None]
+    node_gpus = {b: spec.gpus * int(config.training.nodes) for b, spec in config.backbones.items()}
+    gpu_hours = sum(j.run_hours() * node_gpus[j.name.split()[1].split("/")[0]] for j in train)
+    return {
+        "training_runs": len(train),
+        "gpu_hours": round(gpu_hours),
+        "wall_hours": round(sum(j.run_hours() for j in train), 1),
+        "kept_gib": round(sum(j.kept_gib or 0.0 for j in train)),
+    }
 
 
 def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None = None) -> int:
@@ -781,17 +1146,37 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None 
     config = load_config(
         *[root / c for c in (args.configfile or ["config/config.yaml"])], verl_config_dir=verl_dir
     )
-    jobs = plan_config(config, verl_dir)
+    try:
+        calibration = load_record(config, root)
+    except ValueError as exc:
+        write(f"error: {exc}")
+        return 2
+    jobs = plan_config(config, verl_dir, calibration=calibration)
     bad = [j for j in jobs if not j.fits]
+    hw = config.hardware
+    totals = dag_totals(jobs, config)
     if args.json:
-        write(json.dumps({"jobs": [j.to_json() for j in jobs], "fits": not bad}, indent=2))
+        write(json.dumps({"jobs": [j.to_json() for j in jobs], "dag": totals, "fits": not bad}, indent=2))
     else:
-        write(f"GPU memory plan, {config.hardware.gpu_memory_gib:g} GiB per GPU (hardware.gpu_memory_gib):")
+        write(
+            f"Plan for nodes of {hw.gpus} x {hw.gpu} ({hw.gpu_memory_gib:g} GiB per GPU), {hw.cores} cores, "
+            f"{hw.host_memory_gib:g} GiB host memory, {hw.disk_gib:g} GiB disk (hardware.*); time at "
+            f"{hw.mfu:g} MFU, {hw.bandwidth_efficiency:g} of the memory bandwidth; trajectories "
+            f"{hw.length_share:g} of the maximum length, {hw.generated_share:g} generated; "
+            + (f"calibration {calibration.path}" if calibration else "no calibration record (estimates)")
+            + ":"
+        )
         for job in jobs:
             write("\n".join(job.lines()))
         if not jobs:
             write("no GPU jobs (training.device is cpu and evaluation.gpus is 0)")
         smallest = min((j.margin for j in jobs), default=None)
+        if totals["training_runs"]:
+            write(
+                f"training, {totals['training_runs']} runs: ~{totals['gpu_hours']:,} GPU-hours, "
+                f"~{totals['wall_hours']:,} hours one after another; ~{totals['kept_gib']:,} GiB of "
+                "checkpoints and exports if no work directory is deleted"
+            )
         if smallest is not None:
             write(f"smallest margin: {smallest:.1f} GiB; {len(bad)} of {len(jobs)} job(s) do not fit")
     return 1 if bad else 0

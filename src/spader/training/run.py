@@ -420,6 +420,12 @@ def preflight(job: TrainJob, available_gpus: int | None) -> str:
     Raises:
         PreflightError: a check failed.
     """
+    if job.training.remove_padding:
+        raise PreflightError(
+            "training.remove_padding is true, but the packed path (verl's remove-padding path with an "
+            "attention kernel the installed stack has) is not implemented yet; set it to false (the plan, "
+            "python -m spader.training.plan, models both paths)"
+        )
     verl_version = static_checks(
         backbone=job.backbone,
         model=str(job.backbone_spec.model or job.model_dir),
