@@ -1272,8 +1272,9 @@ def rebase_run_paths(config: dict[str, Any], prefix: str) -> dict[str, Any]:
     """
     import copy
 
-    from spader.core.prompt import packaged_templates
-
+    # the packaged templates' names (spader.core.prompt.packaged_templates), read from the package's
+    # files: importing the prompt module would make every job that reads its config depend on it
+    packaged = {f.stem for f in (Path(__file__).resolve().parents[1] / "core" / "prompts").glob("*.txt")}
     out = copy.deepcopy(config)
     if not prefix:
         return out
@@ -1294,6 +1295,6 @@ def rebase_run_paths(config: dict[str, Any], prefix: str) -> dict[str, Any]:
             section["model"] = rebase(section["model"])
     agent = out.get("agent") or {}
     template = agent.get("prompt_template")
-    if template and template not in packaged_templates():
+    if template and template not in packaged:
         agent["prompt_template"] = rebase(template)
     return out
