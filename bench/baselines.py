@@ -283,9 +283,15 @@ def bench_evidence(args) -> dict:
             RetrievalClient(url, timeout=600, retries=0) as client,
         ):
             for name, s in (
-                ("one query per request", EvidenceSettings(50, 1, 1)),
-                ("ours: 128 per request, 2 in flight", EvidenceSettings(50, 128, 2)),
-                ("ours: 128 per request, 1 in flight", EvidenceSettings(50, 128, 1)),
+                ("one query per request", EvidenceSettings(depth=50, queries_per_request=1, concurrency=1)),
+                (
+                    "ours: 128 per request, 2 in flight",
+                    EvidenceSettings(depth=50, queries_per_request=128, concurrency=2),
+                ),
+                (
+                    "ours: 128 per request, 1 in flight",
+                    EvidenceSettings(depth=50, queries_per_request=128, concurrency=1),
+                ),
             ):
                 start = time.perf_counter()
                 coverage = build_evidence(

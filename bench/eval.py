@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import statistics
@@ -99,6 +100,17 @@ class Timed:
         self.engine.close()
 
 
+def _agent_settings(max_context_tokens: int, **agent) -> AgentSettings:
+    """The loop's settings from the configuration's sections: their defaults, ``agent`` keys changed,
+    no stop for generation errors."""
+    from spader.config import AgentConfig, EvaluationConfig
+    from spader.config.model import ServiceConfig
+
+    evaluation = EvaluationConfig(max_context_tokens=max_context_tokens)
+    settings = AgentSettings.from_config(evaluation, AgentConfig(**agent), ServiceConfig())
+    return dataclasses.replace(settings, max_error_share=None)
+
+
 def questions(n: int) -> list[Question]:
     return [
         Question(f"b{i}", f"Which {WORDS[i % len(WORDS)]}s are linked to item {i}?", [["river"], ["lake"]])
@@ -107,7 +119,7 @@ def questions(n: int) -> list[Question]:
 
 
 def bench_overhead(tokenizer, episodes: int, turns: int) -> dict:
-    settings = AgentSettings(max_turns=turns, max_context_tokens=10**7)
+    settings = _agent_settings(max_turns=turns, max_context_tokens=10**7)
     runs = []
     for _ in range(3):
         engine, search = Timed(InstantEngine(tokenizer, turns)), InstantSearch()
@@ -172,7 +184,7 @@ def bench_throughput(model_dir: Path, n: int, threads: int) -> dict:
         search_cm = lambda: contextlib.nullcontext(InstantSearch())  # noqa: E731
     else:
         items, search_cm, label = found
-    settings = AgentSettings(max_turns=3, max_turn_tokens=48, max_context_tokens=4096)  # config/demo.yaml
+    settings = _agent_settings(max_turns=3, max_turn_tokens=48, max_context_tokens=4096)  # config/demo.yaml
     configs = [(8, threads), (1, threads), (8, threads + 1)]  # (batch size, torch threads)
     engines = {
         c: Timed(TransformersEngine(model_dir, device="cpu", batch_size=c[0], threads=c[1])) for c in configs
@@ -252,7 +264,7 @@ def bench_gpu(model_dir: Path | None, tiny_dir: Path, n: int, tmp: Path) -> dict
     from spader.integrations.sglang import SglangEngine
 
     model_dir = model_dir or gpu_sized_random_qwen3(tiny_dir, tmp / "qwen3_gpu")
-    settings = AgentSettings(max_turns=3, max_turn_tokens=256, max_context_tokens=8192)
+    settings = _agent_settings(max_turns=3, max_turn_tokens=256, max_context_tokens=8192)
     rates = {}
     for name in ("sglang", "transformers"):
         eng = (

@@ -198,7 +198,7 @@ def _serve(index: str, off_loop: int | None, earlier: bool, ports) -> None:
     from spader.retrieval.protocol import Limits, protocol_class
     from spader.retrieval.service import _bind
 
-    settings = SearchSettings(reranker=None, topk=3, initial_k=5)
+    settings = SearchSettings.from_config({"initial_k": 5, "topk": 3, "reranker": {"model": None}})
     sock = _bind("127.0.0.1", 0)
     ports.put(sock.getsockname()[1])
     app = create_app(lambda: Bm25RerankBackend(index, settings), parse_off_loop_bytes=off_loop)

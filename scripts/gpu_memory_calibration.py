@@ -51,6 +51,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from spader.config import resolved_config  # noqa: E402
 from spader.training import plan  # noqa: E402  (plain Python: shapes and the plan's terms)
 from spader.training.calibration import KIND, SHAPE_KEYS  # noqa: E402
 
@@ -61,7 +62,9 @@ DEFAULT_OUT = "results/calibration/gpu_memory.yaml"
 
 def settings(root: Path = ROOT) -> dict:
     """The configured sizes and log-prob path (config/config.yaml, config/verl/base.yaml)."""
-    config = yaml.safe_load((root / "config" / "config.yaml").read_text())
+    config = resolved_config(
+        root / "config" / "config.yaml"
+    )  # the file holds choices; the defaults filled in
     base = yaml.safe_load((root / "config" / "verl" / "base.yaml").read_text())
     training = config["training"]
     model = base["actor_rollout_ref"]["model"]

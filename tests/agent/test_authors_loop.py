@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 import pytest
+from sections import agent_settings
 
 from spader.agent.conversation import render_ids
 from spader.agent.loop import AgentSettings, Question, run_episodes
@@ -22,7 +23,7 @@ FILMS_GOLD = [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"], ["Glass Har
 LAKE = "Which rivers flow into Lake Morrow?"
 LAKE_GOLD = [["Tam", "River Tam"], ["Oure"]]
 
-DEFAULT = AgentSettings(max_turns=3, max_context_tokens=100_000)
+DEFAULT = agent_settings(max_turns=3, max_context_tokens=100_000)
 AUTHORS = dataclasses.replace(DEFAULT, stop=(), parser="authors", observation_format="authors")
 
 
@@ -204,7 +205,7 @@ def test_their_counting_of_search_efficiency(scripted, fake_search):
 
 def test_generation_config_sampling_reaches_the_engine(tmp_path, tokenizer, monkeypatch):
     from spader.agent import generation
-    from spader.config.model import AgentConfig, EvaluationConfig
+    from spader.config.model import AgentConfig, EvaluationConfig, ServiceConfig
     from spader.evaluation.evaluate import generation_config_sampling, loop_settings
 
     (tmp_path / "generation_config.json").write_text(
@@ -212,9 +213,9 @@ def test_generation_config_sampling_reaches_the_engine(tmp_path, tokenizer, monk
     )
     assert generation_config_sampling(tmp_path) == {"top_k": 20, "top_p": 0.95}  # not the temperature
     theirs = EvaluationConfig(generation_config=True, max_context_tokens=4096)
-    settings = loop_settings(theirs, AgentConfig(), tmp_path, max_query_chars=100)
+    settings = loop_settings(theirs, AgentConfig(), ServiceConfig(), tmp_path)
     plain = theirs.model_copy(update={"generation_config": False})
-    assert (loop_settings(plain, AgentConfig(), tmp_path, max_query_chars=100).top_k, settings.top_k) == (
+    assert (loop_settings(plain, AgentConfig(), ServiceConfig(), tmp_path).top_k, settings.top_k) == (
         -1,
         20,
     )
@@ -242,7 +243,7 @@ def test_generation_config_sampling_reaches_the_engine(tmp_path, tokenizer, monk
 
 
 def test_the_config_sections_reach_the_loops_settings():
-    from spader.config.model import AgentConfig, EvaluationConfig
+    from spader.config.model import AgentConfig, EvaluationConfig, ServiceConfig
 
     evaluation = EvaluationConfig(
         max_context_tokens=32768, max_turn_tokens=5096, max_response_tokens=8192, loop="authors"
@@ -250,7 +251,7 @@ def test_the_config_sections_reach_the_loops_settings():
     agent = AgentConfig(
         max_turn_tokens=48, stop=[], parser="authors", observation_format="authors", max_queries_per_call=None
     )
-    got = AgentSettings.from_config(evaluation, agent)
+    got = AgentSettings.from_config(evaluation, agent, ServiceConfig())
     assert (got.max_turn_tokens, got.max_response_tokens, got.max_context_tokens) == (5096, 8192, 32768)
     assert (got.stop, got.parser, got.observation_format, got.loop, got.max_queries_per_call) == (
         (),
@@ -259,4 +260,9 @@ def test_the_config_sections_reach_the_loops_settings():
         "authors",
         None,
     )
-    assert AgentSettings.from_config(EvaluationConfig(max_context_tokens=100), agent).max_turn_tokens == 48
+    assert (
+        AgentSettings.from_config(
+            EvaluationConfig(max_context_tokens=100), agent, ServiceConfig()
+        ).max_turn_tokens
+        == 48
+    )

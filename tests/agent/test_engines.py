@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from sections import agent_settings
 
 from spader.agent.generation import (
     Sampling,
@@ -12,7 +13,7 @@ from spader.agent.generation import (
     cut_at_markers,
     keep_through_stop,
 )
-from spader.agent.loop import AgentSettings, Question, render_prompt, run_episodes
+from spader.agent.loop import Question, render_prompt, run_episodes
 from spader.core.prompt import build_messages
 from spader.evaluation.backends import build_engine
 from spader.evaluation.episodes import episode_record
@@ -159,7 +160,7 @@ def test_sglang_is_never_imported_and_its_absence_is_a_clear_error(tiny_qwen3_di
 @pytest.mark.parametrize("method", ["react", "rag"])
 def test_the_loop_runs_the_tiny_model_end_to_end(engine, fake_search, method):
     questions = [Question(f"q{i}", q, [["Tam"], ["Oure"]]) for i, q in enumerate(QUESTIONS)]
-    settings = AgentSettings(
+    settings = agent_settings(
         max_turns=3, max_turn_tokens=24, max_context_tokens=4096, temperature=1.0, seed=1
     )
     eps = run_episodes(questions, engine, fake_search, settings, method=method, progress=False)

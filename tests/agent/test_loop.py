@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from sections import agent_settings
 
 from spader.agent.loop import AgentSettings, Question, run_episodes
 from spader.evaluation.episodes import episode_record
@@ -15,7 +16,9 @@ FILMS_GOLD = [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"], ["Glass Har
 LAKE = "Which rivers flow into Lake Morrow?"
 LAKE_GOLD = [["Tam", "River Tam"], ["Oure"]]
 
-SETTINGS = AgentSettings(max_turns=4, max_turn_tokens=64, max_context_tokens=100_000, max_queries_per_call=10)
+SETTINGS = agent_settings(
+    max_turns=4, max_turn_tokens=64, max_context_tokens=100_000, max_queries_per_call=10
+)
 
 
 def run(scripted, search, scripts, gold=None, settings=SETTINGS, method="react"):
@@ -128,7 +131,7 @@ def test_malformed_tool_call_returns_an_error_observation_and_the_episode_goes_o
 
 def test_ten_thousand_item_answer_is_scored(scripted, fake_search):
     answer = ["Winter Quay", "Glass Harbour"] + [f"Film number {i}" for i in range(9998)]
-    settings = AgentSettings(max_turns=4, max_context_tokens=1_000_000)  # no per-turn cap
+    settings = agent_settings(max_turns=4, max_context_tokens=1_000_000)  # no per-turn cap
     (_ep,), (rec,) = run(
         scripted, fake_search, {FILMS: ["<answer>" + json.dumps(answer) + "</answer>"]}, settings=settings
     )
@@ -137,7 +140,7 @@ def test_ten_thousand_item_answer_is_scored(scripted, fake_search):
 
 
 def test_endless_search_loop_is_stopped_by_the_turn_budget(scripted, fake_search):
-    settings = AgentSettings(max_turns=3, max_turn_tokens=64, max_context_tokens=100_000)
+    settings = agent_settings(max_turns=3, max_turn_tokens=64, max_context_tokens=100_000)
     (ep,), (rec,) = run(
         scripted, fake_search, {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>'] * 50}, settings=settings
     )
@@ -147,7 +150,7 @@ def test_endless_search_loop_is_stopped_by_the_turn_budget(scripted, fake_search
 
 
 def test_queries_beyond_the_per_call_limit_are_not_run(scripted, fake_search):
-    settings = AgentSettings(max_turns=2, max_queries_per_call=3, max_context_tokens=100_000)
+    settings = agent_settings(max_turns=2, max_queries_per_call=3, max_context_tokens=100_000)
     queries = [f"query {i}" for i in range(7)]
     scripts = {FILMS: [f"<tool_call>{json.dumps(queries)}</tool_call>", "<answer>[]</answer>"]}
     (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
@@ -160,7 +163,7 @@ def test_context_budget_ends_the_episode(scripted, fake_search, tokenizer):
     from spader.core.prompt import build_messages
 
     first = len(render_prompt(tokenizer, build_messages(FILMS)))
-    settings = AgentSettings(max_turns=4, max_turn_tokens=64, max_context_tokens=first + 40)
+    settings = agent_settings(max_turns=4, max_turn_tokens=64, max_context_tokens=first + 40)
     scripts = {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>']}
     (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
     assert ep.steps[0].prompt_tokens == first
@@ -173,7 +176,7 @@ def test_long_observations_drop_low_ranked_passages_and_discovery_counts_only_sh
     # FakeSearch returns p1 (Salt Orchard) then p2 (Winter Quay); the budget fits only p1
     header = 'Results for "Ilse Varga":\n'
     one = header + "Doc 1 (Title: The Salt Orchard) " + passages[0]["text"]
-    settings = AgentSettings(max_turns=2, max_tool_response_chars=len(one) + 5, max_context_tokens=100_000)
+    settings = agent_settings(max_turns=2, max_tool_response_chars=len(one) + 5, max_context_tokens=100_000)
     scripts = {FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', '<answer>["Winter Quay"]</answer>']}
     (ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
     tool = next(s.observation for s in ep.steps if s.observation is not None)
@@ -192,7 +195,7 @@ def test_observation_fitting_and_hits_are_the_training_tool_s():
 
 
 def test_hostile_long_queries_are_cut_as_in_training(scripted, fake_search):
-    settings = AgentSettings(max_turns=2, max_query_chars=12, max_context_tokens=100_000)
+    settings = agent_settings(max_turns=2, max_query_chars=12, max_context_tokens=100_000)
     long = "Ilse Varga " + "x" * 10_000
     scripts = {FILMS: [f"<tool_call>{json.dumps([long])}</tool_call>", "<answer>[]</answer>"]}
     (_ep,), (rec,) = run(scripted, fake_search, scripts, settings=settings)
@@ -208,23 +211,26 @@ def test_a_generation_failure_is_kept_as_zero_and_the_others_continue(scripted, 
 
 def test_settings_come_from_the_agent_and_evaluation_config_and_are_checked():
     from spader.config import AgentConfig, EvaluationConfig
+    from spader.config.model import ServiceConfig
 
     s = AgentSettings.from_config(
         EvaluationConfig(engine="transformers", max_context_tokens=900, temperature=0.5, gpus=0),
         AgentConfig(max_turns=3, max_turn_tokens=40, stop=["</answer>"], regenerations=2),
+        ServiceConfig(max_query_chars=77),
     )
+    assert s.max_query_chars == 77
     assert (s.max_turns, s.max_turn_tokens, s.max_context_tokens, s.temperature) == (3, 40, 900, 0.5)
     assert s.stop == ("</answer>",) and s.sampling.stop == ("</answer>",) and s.regenerations == 2
     # the defaults: no per-turn cap, the authors' evaluation decoding, a small error tolerance
-    d = AgentSettings.from_config(EvaluationConfig(max_context_tokens=8704), AgentConfig())
+    d = AgentSettings.from_config(EvaluationConfig(max_context_tokens=8704), AgentConfig(), ServiceConfig())
     assert (d.max_turn_tokens, d.temperature, d.top_p, d.max_error_share) == (None, 1.0, 1.0, 0.02)
     # the context budget is resolved by the workflow (training's); unresolved, it is an error
     with pytest.raises(ValueError, match="max_context_tokens is null"):
-        AgentSettings.from_config(EvaluationConfig(), AgentConfig())
+        AgentSettings.from_config(EvaluationConfig(), AgentConfig(), ServiceConfig())
     with pytest.raises(ValueError, match="agent.max_turns"):
-        AgentSettings(max_turns=0)
+        agent_settings(max_turns=0)
     with pytest.raises(ValueError, match="evaluation.max_context_tokens"):
-        AgentSettings(max_context_tokens=0)
+        agent_settings(max_context_tokens=0)
 
 
 class RejectingSearch:
@@ -261,7 +267,7 @@ def test_unusable_queries_are_that_episodes_error_observation(scripted, fake_sea
         FILMS: ['<tool_call>["\\ud800 films"]</tool_call>', '<answer>["Winter Quay"]</answer>'],
         LAKE: ["<tool_call>[" + "[" * 3000 + "]" * 3000 + "]</tool_call>", '<answer>["Tam"]</answer>'],
     }
-    settings = AgentSettings(max_turns=4, max_context_tokens=100_000)  # the deep list is a long turn
+    settings = agent_settings(max_turns=4, max_context_tokens=100_000)  # the deep list is a long turn
     (films, lake), records = run(scripted, fake_search, scripts, settings=settings)
     assert fake_search.calls == []  # nothing unusable reached the service
     for ep in (films, lake):
@@ -341,7 +347,7 @@ def test_the_conversation_keeps_the_generated_ids_and_is_never_re_rendered(scrip
     assert odd != tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(odd, skip_special_tokens=False) == text
     engine = scripted({FILMS: [odd, '<answer>["Winter Quay"]</answer>']})
-    settings = AgentSettings(max_turns=3, max_context_tokens=100_000)
+    settings = agent_settings(max_turns=3, max_context_tokens=100_000)
     (ep,) = run_episodes([Question("q", FILMS, FILMS_GOLD)], engine, fake_search, settings, progress=False)
     assert ep.status == "answered" and fake_search.calls == [["Ilse Varga"]]
     first, second = engine.requests[0][0], engine.requests[1][0]
@@ -362,7 +368,7 @@ def test_a_turn_may_use_the_remaining_budget_unless_a_cap_is_set(scripted, fake_
     first = len(render_prompt(tokenizer, build_messages(FILMS)))
     for cap, expected in ((None, 500), (64, 64)):
         engine = scripted({FILMS: ['<answer>["Winter Quay"]</answer>']})
-        settings = AgentSettings(max_turns=2, max_turn_tokens=cap, max_context_tokens=first + 500)
+        settings = agent_settings(max_turns=2, max_turn_tokens=cap, max_context_tokens=first + 500)
         run_episodes([Question("q", FILMS, FILMS_GOLD)], engine, fake_search, settings, progress=False)
         assert engine.requests[0][1] == expected
 
@@ -373,13 +379,13 @@ def test_turns_cut_by_a_token_budget_are_counted(scripted, fake_search, tokenize
     from spader.evaluation.episodes import summarize
 
     long = "<think>" + "more thinking " * 100 + '</think><answer>["Winter Quay"]</answer>'
-    capped = AgentSettings(max_turns=2, max_turn_tokens=30, max_context_tokens=100_000)
+    capped = agent_settings(max_turns=2, max_turn_tokens=30, max_context_tokens=100_000)
     (ep,), (rec,) = run(scripted, fake_search, {FILMS: [long]}, settings=capped)
     assert ep.steps[0].budget_cut and ep.status == "no_action" and rec["f1"] == 0.0
     assert (rec["budget_cut"], rec["budget_cut_turns"]) == (True, 1)
     # the context budget: the turn uses what is left and is cut there
     first = len(render_prompt(tokenizer, build_messages(FILMS)))
-    tight = AgentSettings(max_turns=2, max_context_tokens=first + 30)
+    tight = agent_settings(max_turns=2, max_context_tokens=first + 30)
     (ep2,), (rec2,) = run(scripted, fake_search, {FILMS: [long]}, settings=tight)
     assert ep2.status == "context_budget" and rec2["budget_cut"] and rec2["budget_cut_turns"] == 1
     # an answer within the budget is not cut
@@ -395,7 +401,7 @@ def test_each_request_samples_with_its_own_seed_whatever_its_batch(scripted, fak
         FILMS: ['<tool_call>["Ilse Varga"]</tool_call>', "<answer>[]</answer>"],
         LAKE: ["<answer>[]</answer>"],
     }
-    settings = AgentSettings(max_turns=3, max_context_tokens=100_000, seed=7)
+    settings = agent_settings(max_turns=3, max_context_tokens=100_000, seed=7)
     together = scripted(scripts)
     run_episodes(
         [Question("a", FILMS, FILMS_GOLD), Question("b", LAKE, LAKE_GOLD)], together, fake_search, settings,
@@ -411,10 +417,10 @@ def test_each_request_samples_with_its_own_seed_whatever_its_batch(scripted, fak
 
 def test_a_malformed_turn_is_sampled_again_when_regenerations_are_on(scripted, fake_search):
     scripts = {FILMS: ["I am not sure.", '<answer>["Winter Quay"]</answer>']}
-    off = AgentSettings(max_turns=2, max_context_tokens=100_000)
+    off = agent_settings(max_turns=2, max_context_tokens=100_000)
     (ep,), _ = run(scripted, fake_search, scripts, settings=off)
     assert ep.status == "no_action" and len(ep.steps) == 1
-    on = AgentSettings(max_turns=2, max_context_tokens=100_000, regenerations=3)
+    on = agent_settings(max_turns=2, max_context_tokens=100_000, regenerations=3)
     (ep,), (rec,) = run(scripted, fake_search, scripts, settings=on)
     assert ep.status == "answered" and len(ep.steps) == 1 and ep.steps[0].regenerated == 1
     assert rec["f1"] == pytest.approx(0.5)
@@ -426,9 +432,9 @@ def test_too_many_generation_errors_stop_the_run(scripted, fake_search):
     from spader.agent.loop import GenerationFailure
 
     scripts = {FILMS: [RuntimeError("CUDA error: device lost")], LAKE: ['<answer>["Tam", "Oure"]</answer>']}
-    strict = AgentSettings(max_turns=2, max_context_tokens=100_000, max_error_share=0.02)
+    strict = agent_settings(max_turns=2, max_context_tokens=100_000, max_error_share=0.02)
     with pytest.raises(GenerationFailure, match=r"engine 'scripted': 1 of 2 episodes \(50.0%\).*device lost"):
         run(scripted, fake_search, scripts, settings=strict)
-    tolerant = AgentSettings(max_turns=2, max_context_tokens=100_000, max_error_share=0.5)
+    tolerant = agent_settings(max_turns=2, max_context_tokens=100_000, max_error_share=0.5)
     _eps, (films, lake) = run(scripted, fake_search, scripts, settings=tolerant)
     assert films["status"] == "generation_error" and lake["f1"] == 1.0

@@ -20,6 +20,8 @@ from spader.config import (
     TrainingConfig,
     check_config,
     load_config,
+    merge_files,
+    resolved_config,
 )
 from spader.config.docs import render, rows
 from spader.config.model import CROSS_KEY_RULES
@@ -30,18 +32,8 @@ VERL_DIR = REPO / "config" / "verl"
 
 
 def _merged(*names: str) -> dict:
-    out: dict = {}
-
-    def up(base, overlay):
-        for k, v in overlay.items():
-            if isinstance(v, dict) and isinstance(base.get(k), dict):
-                up(base[k], v)
-            else:
-                base[k] = copy.deepcopy(v)
-
-    for name in names:
-        up(out, yaml.safe_load((REPO / "config" / name).read_text()))
-    return out
+    """The raw configuration a run with these files validates (no defaults filled in)."""
+    return merge_files([REPO / "config" / name for name in names])
 
 
 def test_generated_schema_and_reference_are_up_to_date():
@@ -103,7 +95,7 @@ def test_reference_renders_nested_and_free_keys():
 
 
 def test_free_key_names_are_checked():
-    paper = _merged("config.yaml")
+    paper = resolved_config(REPO / "config" / "config.yaml")
     paper["backbones"]["Qwen-8B"] = paper["backbones"].pop("qwen3_8b")
     with pytest.raises(
         ConfigError, match=r"config key 'backbones\.Qwen-8B' is not allowed \(names must match"
@@ -112,7 +104,7 @@ def test_free_key_names_are_checked():
 
 
 def _paper(mutate):
-    config = _merged("config.yaml")
+    config = resolved_config(REPO / "config" / "config.yaml")
     mutate(config)
     return config
 
@@ -129,7 +121,8 @@ RULE_CASES = [
         "config key 'backbones.qwen3_8b.model'",
     ),
     (lambda c: c["retrieval"]["reranker"].update(model="tiny:bert"), "config key 'retrieval.reranker.model'"),
-    (lambda c: c["variants"]["ppo"].update(reward="step"), "config key 'variants.ppo.reward'"),
+    (lambda c: c["variants"]["ppo"].update(reward="step"), "config key 'variants.ppo.advantage'"),
+    (lambda c: c["variants"]["grpo"].update(beta=2.0), "config key 'variants.grpo.beta': reward 'terminal'"),
     (
         lambda c: c["variants"]["spader"].update(verl_config="nope"),
         "config key 'variants.spader.verl_config'",
@@ -155,6 +148,12 @@ RULE_CASES = [
         lambda c: c["training"].update(time_limit={"hours": {"default": 1.0, "nope": 2.0}}),
         "config key 'training.time_limit.hours': 'nope'",
     ),
+    (lambda c: c["mix"].update(min_answers=3, max_answers=2), "config key 'mix.max_answers': 2 is below"),
+    (
+        lambda c: c["training"].update(ppo_mini_batch_size=64),
+        "config key 'training.ppo_mini_batch_size': 64 is larger",
+    ),
+    (lambda c: c["retrieval"].update(topk=60), "config key 'retrieval.topk': 60 is larger"),
     (
         lambda c: (c["training"].update(nodes=2), c["judge"].update(gpus=9)),
         "config key 'judge.gpus': backbone 'qwen3_8b' trains r3rag on 2 nodes",
@@ -203,3 +202,27 @@ def test_the_paper_config_is_typed():
     assert (
         config.missing_sources() and config.missing_sources()[0][0] == "datasets.webqsp.files.WebQSP.zip.url"
     )
+
+
+def test_a_config_without_the_paper_variants_validates():
+    """Defaults name no variant the user did not configure: a setup of its own, with one variant and
+    no time limits of its own, validates (it used to fail on `'ppo' is not a key of 'variants'`)."""
+    raw = merge_files([REPO / "config" / "config.yaml"])
+    raw["variants"] = {"mine": {"verl_config": "spader", "beta": 2.0}}
+    raw["backbones"] = {"qwen3_8b": {**raw["backbones"]["qwen3_8b"], "variants": ["mine"]}}
+    raw["targets"] = ["qwen3_8b"]
+    del raw["training"]
+    config = check_config(raw, VERL_DIR)
+    assert config.training.time_limit.hours == {"default": 40.0}
+    assert config.training.time_limit.estimate_minutes("mine") == 2400
+
+
+def test_a_key_a_variant_does_not_read_is_refused_or_documented():
+    """A variant's key its reward does not read is refused; `training.gamma`, shared by all
+    variants, says which it reaches."""
+    with pytest.raises(ValueError, match="'variants.spader.lambda_s': reward 'step' does not read it"):
+        check_config(_paper(lambda c: c["variants"]["spader"].update(lambda_s=1.6)), VERL_DIR)
+    with pytest.raises(ValueError, match="'variants.ppo.judge': reward 'terminal' does not read it"):
+        check_config(_paper(lambda c: c["variants"]["ppo"].update(judge="reranker")), VERL_DIR)
+    gamma = TrainingConfig.model_fields["gamma"].description
+    assert "reward step only" in gamma and "stepsearch and r3rag use 1.0" in gamma

@@ -23,6 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from spader.config import resolved_config
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +99,7 @@ def test_a_training_job_listens_on_loopback_only_holds_its_workdir_and_dies_with
     (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT.format(support=str(SUPPORT))))
     import yaml
 
-    mlflow = {**yaml.safe_load((REPO / "config" / "config.yaml").read_text())["mlflow"], "enabled": False}
+    mlflow = {**resolved_config(REPO / "config" / "config.yaml")["mlflow"], "enabled": False}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"mlflow": mlflow}))
     mark = uuid.uuid4().hex
     env = {**os.environ, MARK: mark, "PYTHONPATH": str(SUPPORT)}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from spader.config import TrainingConfig
 from spader.training.launch import check_device, cpu_ray_slots, device_env, device_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,14 +66,14 @@ def test_verl_resolves_the_cpu_platform_engines_and_rollout_from_the_plugin(tmp_
 
 
 def test_device_and_rollout_backend_must_agree():
-    assert check_device({}) == ("cuda", "sglang")
+    assert check_device(TrainingConfig()) == ("cuda", "sglang")  # the defaults
     assert check_device({"device": "cpu", "rollout_backend": "transformers"}) == ("cpu", "transformers")
     with pytest.raises(ValueError, match="'training.rollout_backend' is 'sglang'.*'cpu'"):
         check_device({"device": "cpu", "rollout_backend": "sglang"})
     with pytest.raises(ValueError, match="'training.rollout_backend' is 'transformers'.*'cuda'"):
         check_device({"device": "cuda", "rollout_backend": "transformers"})
     with pytest.raises(ValueError, match="'training.device' must be one of"):
-        check_device({"device": "tpu"})
+        check_device({"device": "tpu", "rollout_backend": "sglang"})
 
 
 def test_ray_advertises_the_logical_cpus_verl_reserves():
@@ -84,8 +85,8 @@ def test_ray_advertises_the_logical_cpus_verl_reserves():
 
 
 def test_only_the_device_rollout_backend_and_sizes_differ_from_a_gpu_launch():
-    cpu = {"device": "cpu", "rollout_backend": "transformers", "max_steps": 3}
-    gpu = device_overrides({"max_steps": 3}, threads=8, workers=8)
+    cpu = TrainingConfig(device="cpu", rollout_backend="transformers", max_steps=3).model_dump()
+    gpu = device_overrides(TrainingConfig(max_steps=3), threads=8, workers=8)
     assert gpu == [
         "trainer.device=cuda",
         "actor_rollout_ref.rollout.name=sglang",
@@ -104,7 +105,7 @@ def test_only_the_device_rollout_backend_and_sizes_differ_from_a_gpu_launch():
     assert not any(k.startswith(("algorithm.", "reward.custom", "trainer.v1")) for k in keys)
     assert "transfer_queue.backend.SimpleStorage.num_data_storage_units" in keys
     assert device_env(cpu, threads=2, workers=1) == {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "2"}
-    assert device_env({}, threads=8, workers=8) == {"VERL_PLATFORM": "nvidia"}
+    assert device_env(TrainingConfig(), threads=8, workers=8) == {"VERL_PLATFORM": "nvidia"}
 
 
 @pytest.mark.slow

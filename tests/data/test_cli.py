@@ -10,9 +10,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-from spader.config import ConfigError, check_config
+from spader.config import ConfigError, check_config, resolved_config
 from spader.data import normalize_release, read_records, record_schema
 from spader.data.layout import dump_jsonl
 
@@ -83,7 +82,7 @@ def test_normalize_cli_rejects_other_suffixes(tmp_path):
 
 
 def _config() -> dict:
-    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    return resolved_config(REPO / "config" / "config.yaml")
 
 
 def test_hub_source_passes_the_schema_and_a_bad_one_names_its_key():

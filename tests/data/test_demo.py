@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spader.config import resolved_config
 from spader.core.rewards import find_hits
 from spader.data import (
     DATASETS,
@@ -35,7 +36,7 @@ DEMO = REPO / "resources" / "demo"
 
 
 def _config() -> dict:
-    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    base = resolved_config(REPO / "config" / "config.yaml")
     demo = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     splits = {d: base["datasets"][d]["splits"] for d in DATASETS}
     files = {d: {name: src["url"] for name, src in demo["datasets"][d]["files"].items()} for d in DATASETS}

@@ -80,7 +80,7 @@ def test_hub_raw_file_from_a_local_mirror(tmp_path):
             tmp_path / "test.jsonl",
             key="datasets.quest.files.test.jsonl",
         )
-    with pytest.raises(DatasetSourceError, match="unknown format 'csv'"):
+    with pytest.raises(DatasetSourceError, match="config key 'k.hub'.*format.*'raw' or 'mintaka_parquet'"):
         download_dataset({"url": None, "hub": {**hub, "format": "csv"}}, tmp_path / "t.jsonl", key="k")
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 
 import pytest
+from sections import search_settings
 
 from spader.agent.loop import Episode, Question, Step
 from spader.core.parsing import parse_answer
@@ -231,7 +232,6 @@ def test_an_evaluation_whose_engine_dies_fails_and_writes_nothing(
 ):
     import spader.evaluation.evaluate as evaluate
     from spader.config import AgentConfig, EvaluationConfig
-    from spader.retrieval.backend import SearchSettings
 
     monkeypatch.setattr(evaluate, "connected_client", StandInClient.connected)
     monkeypatch.setattr(evaluate, "build_engine", lambda engine, model_dir, **kw: build(model_dir))
@@ -251,7 +251,7 @@ def test_an_evaluation_whose_engine_dies_fails_and_writes_nothing(
             out / "qampari.json",
             method="react",
             evaluation=EvaluationConfig(engine=name, max_context_tokens=2048, temperature=0.0, gpus=0),
-            retrieval=SearchSettings(topk=2),
+            retrieval=search_settings(topk=2),
             agent=AgentConfig(max_turns=3, max_turn_tokens=16),
             job_log=job_log,
         )

@@ -9,6 +9,7 @@ import pytest
 from spader.agent.generation import TransformersEngine
 from spader.agent.loop import AgentSettings, Question
 from spader.config import AgentConfig, EvaluationConfig
+from spader.config.model import ServiceConfig
 from spader.evaluation.evaluate import evaluate_seeds
 from spader.evaluation.tables import prf_table
 
@@ -34,7 +35,9 @@ def engine(tiny_qwen3_dir):
 
 def _settings(seed: int = 0) -> AgentSettings:
     evaluation = EvaluationConfig(temperature=1.0, max_context_tokens=512, seed=seed)
-    return AgentSettings.from_config(evaluation, AgentConfig(max_turns=2, max_turn_tokens=12))
+    return AgentSettings.from_config(
+        evaluation, AgentConfig(max_turns=2, max_turn_tokens=12), ServiceConfig()
+    )
 
 
 def test_every_question_is_evaluated_once_per_seed_and_tagged(engine):

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import yaml
 
+from spader.config import resolved_config
 from spader.evaluation.aggregate import aggregate_results
 from spader.evaluation.stats import bootstrap_means, paired_permutation_test, percentile_interval
 from spader.evaluation.tables import (
@@ -31,7 +31,7 @@ from spader.evaluation.tables import (
 
 DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["variants"]
+VARIANTS = resolved_config(ROOT / "config" / "config.yaml")["variants"]
 
 
 def rec(f1, p=None, r=None, calls=0, queries=0, per_turn=(), correct=0, cut=False):
@@ -274,7 +274,7 @@ def test_training_runs_table_says_which_rows_share_a_run():
 # --------------------------------------------------------------------------------------------
 # uncertainty: intervals, paired tests, seeds
 # --------------------------------------------------------------------------------------------
-U = Uncertainty(samples=1000, seed=3)  # exact tests up to 9 questions (512 sign patterns)
+U = Uncertainty(samples=1000, seed=3, alpha=0.05)  # exact tests up to 9 questions (512 sign patterns)
 
 
 def _graded(scores: list[float], prefix: str = "q", seed=None) -> list[dict]:

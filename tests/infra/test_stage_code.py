@@ -160,7 +160,7 @@ def test_affected_command_names_the_switch(tmp_path):
     overlay.write_text("code_reruns: {training: false}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "spader.infra.stage_code", "affected", "src/spader/core/text.py",
-         "--configfile", "config/config.yaml", str(overlay)],
+         "--configfile", str(overlay)],
         cwd=repo, capture_output=True, text=True, check=True,
     )  # fmt: skip
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
@@ -204,3 +204,11 @@ def test_cached_facts_give_the_same_fingerprints_and_follow_every_edit(tmp_path)
     edited = stage_fingerprints(scripts, package, cache_dir=cache)
     assert edited == stage_fingerprints(scripts, package)
     assert edited["mix_stage"] != fresh["mix_stage"] and edited["client_stage"] != fresh["client_stage"]
+
+
+def test_affected_command_names_an_unknown_file_in_one_line(capsys):
+    from spader.infra.stage_code import main
+
+    assert main(["affected", "src/spader/no_such_module.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no_such_module.py" in err

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
+from sections import search_settings
 
 from spader.retrieval.app import create_app
 from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
@@ -145,7 +146,7 @@ def test_disabled_cache_keeps_nothing():
 
 @pytest.fixture(scope="module")
 def backend(bm25_index, tiny_reranker):
-    settings = SearchSettings(
+    settings = search_settings(
         reranker=str(tiny_reranker), fp16=False, rerank_batch_size=4, initial_k=6, topk=3, slice_queries=3
     )
     return Bm25RerankBackend(bm25_index, settings)

@@ -14,9 +14,10 @@ from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
+from sections import search_settings
 
 from spader.retrieval.app import create_app
-from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
+from spader.retrieval.backend import Bm25RerankBackend
 from spader.retrieval.errors import BadSearchRequestError, IndexUnavailableError
 from spader.retrieval.payload import MAX_DEPTH, json_depth, parse_json, read_limited
 
@@ -25,7 +26,7 @@ GOOD = ["films directed by Ilse Varga", "river flowing into Lake Ørnes", "Saint
 
 @pytest.fixture(scope="module")
 def backend(bm25_index, tiny_reranker):
-    settings = SearchSettings(
+    settings = search_settings(
         reranker=str(tiny_reranker),
         fp16=False,
         rerank_batch_size=4,
@@ -267,7 +268,7 @@ def test_bad_requests_merged_with_good_ones_cost_only_themselves(client, backend
 
 def test_query_with_more_terms_than_lucenes_default_limit_is_searched(bm25_index):
     """Lucene's default of 1,024 clauses made one long query fail its whole batch search."""
-    wide = Bm25RerankBackend(bm25_index, SearchSettings(reranker=None, max_query_chars=20_000))
+    wide = Bm25RerankBackend(bm25_index, search_settings(reranker=None, max_query_chars=20_000))
     query = " ".join(f"w{i}" for i in range(1500)) + " Lucene"
     got = wide.search([query, "Winter Quay"], topk=1, initial_k=1)
     assert [h[0].id for h in got] == ["5001__0", "1002__0"]
@@ -319,7 +320,7 @@ def test_garbled_index_of_the_same_size_is_refused_with_its_path(bm25_index, tmp
 
 
 def test_probe_query_must_find_its_document(bm25_index, monkeypatch):
-    plain = Bm25RerankBackend(bm25_index, SearchSettings(reranker=None))
+    plain = Bm25RerankBackend(bm25_index, search_settings(reranker=None))
     monkeypatch.setattr(
         plain.searcher, "search", lambda queries, k: [[] for _ in queries]
     )  # FAKE: finds nothing

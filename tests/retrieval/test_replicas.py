@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import yaml
+from sections import search_settings
 
+from spader.config import resolved_config
 from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 from spader.retrieval.replicas import parse_devices
 from spader.retrieval.reranker import chunk_slices
@@ -34,8 +35,8 @@ def test_parse_devices():
     for bad, message in (([], "at least one device"), ("gpu0", "'gpu0' is neither"), ("cuda:x", "neither")):
         with pytest.raises(ValueError, match=message):
             parse_devices(bad)
-    assert SearchSettings(devices=["cpu", "cpu"]).devices == ("cpu", "cpu")
-    with pytest.raises(ValueError, match="'tpu' is neither"):
+    assert search_settings(devices=["cpu", "cpu"]).devices == ("cpu", "cpu")
+    with pytest.raises(ValueError, match=r"(?s)reranker\.devices.*input_value='tpu'"):
         SearchSettings.from_config({"reranker": {"devices": ["tpu"]}})
 
 
@@ -53,8 +54,8 @@ def test_chunks_cover_the_pairs_once_in_equal_shares(n, replicas):
 @pytest.fixture(scope="module")
 def one_and_two(bm25_index, tiny_reranker):
     settings = dict(reranker=str(tiny_reranker), fp16=False, rerank_batch_size=4, initial_k=8, topk=4)
-    one = Bm25RerankBackend(bm25_index, SearchSettings(**settings, devices=["cpu"]), threads=2)
-    two = Bm25RerankBackend(bm25_index, SearchSettings(**settings, devices="cpu,cpu"), threads=2)
+    one = Bm25RerankBackend(bm25_index, search_settings(**settings, devices=["cpu"]), threads=2)
+    two = Bm25RerankBackend(bm25_index, search_settings(**settings, devices="cpu,cpu"), threads=2)
     return one, two
 
 
@@ -97,7 +98,7 @@ def test_a_failing_replica_fails_the_call(one_and_two, monkeypatch):
 def test_reranker_on_job_gpus():
     from spader.retrieval.service import reranker_on_job_gpus, serve_command
 
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["retrieval"]
+    cfg = resolved_config(REPO / "config" / "config.yaml")["retrieval"]
     job = reranker_on_job_gpus(cfg, 8)
     assert job["reranker"]["devices"] == [f"cuda:{i}" for i in range(8)]
     assert cfg["reranker"]["devices"] is None  # the input is not changed

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from sections import search_settings
 
 from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 from spader.retrieval.reranker import CrossEncoderReranker
@@ -98,7 +99,7 @@ def test_fp16_only_on_gpu(reranker):
 @pytest.fixture(scope="module")
 def backend(bm25_index, tiny_reranker):
     return Bm25RerankBackend(
-        bm25_index, SearchSettings(reranker=str(tiny_reranker), fp16=False, rerank_batch_size=4)
+        bm25_index, search_settings(reranker=str(tiny_reranker), fp16=False, rerank_batch_size=4)
     )
 
 
@@ -115,7 +116,7 @@ def test_backend_keeps_the_reranker_top_k_of_the_bm25_candidates(backend):
 
 
 def test_backend_without_reranker_returns_bm25_order(bm25_index):
-    plain = Bm25RerankBackend(bm25_index, SearchSettings(reranker=None))
+    plain = Bm25RerankBackend(bm25_index, search_settings(reranker=None))
     assert plain.reranker is None
     hits = plain.search(["films directed by Ilse Varga"], topk=2, initial_k=50)[0]
     assert [(h.id, round(h.score, 4)) for h in hits] == [("1003__1", 2.2408), ("1001__0", 2.0802)]
@@ -161,4 +162,4 @@ def test_max_batch_tokens_setting_reaches_the_replicas(bm25_index, tiny_reranker
     backend = Bm25RerankBackend(bm25_index, settings)
     assert [r.max_batch_tokens for r in backend.reranker.replicas] == [300]
     with pytest.raises(ValueError, match="rerank_max_batch_tokens must be >= 1"):
-        SearchSettings(rerank_max_batch_tokens=0)
+        search_settings(rerank_max_batch_tokens=0)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
+from spader.config import resolved_config
 from spader.retrieval.app import create_app
 from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
 from spader.retrieval.client import RetrievalClient, RetrievalRequestError
@@ -32,7 +32,7 @@ QUERIES = ["films directed by Ilse Varga", "river flowing into Lake Ørnes", "Sa
 @pytest.fixture(scope="module")
 def settings(tiny_reranker) -> dict:
     """config["retrieval"] as the rules pass it, with the tiny reranker and small limits."""
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["retrieval"]
+    cfg = resolved_config(REPO / "config" / "config.yaml")["retrieval"]
     cfg["reranker"].update(model="tiny:reranker", path=str(tiny_reranker), batch_size=8, fp16=False)
     cfg["initial_k"], cfg["topk"] = 6, 3
     cfg["service"].update(

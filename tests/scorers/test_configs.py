@@ -7,31 +7,32 @@ import copy
 from pathlib import Path
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
 from paper_verl import paper_overrides
 
 pytest.importorskip("verl")
 
-from spader.config import ConfigError, check_config
+from spader.config import ConfigError, check_config, resolved_config
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import method_overrides
 from spader.integrations.verl.scorer_rewards import check_baseline_config
 from spader.training.scorer_launch import baseline_launch, judge_endpoint, judge_params, judge_settings
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+CONFIG = resolved_config(REPO / "config" / "config.yaml")
 
 
 @pytest.fixture(scope="module")
 def composed():
-    """Each baseline composed with config.yaml's method overrides (resolved), and ppo for reference."""
+    """Each baseline composed with config.yaml's method overrides and the launcher's judge settings
+    (resolved), and ppo for reference."""
     out = {}
     for name in ("stepsearch", "r3rag", "ppo"):
         spec = CONFIG["variants"][name]
+        judge = baseline_launch(spec, judge=CONFIG["judge"]).overrides if name == "r3rag" else []
         cfg = compose(
             spec["verl_config"],
-            ["actor_rollout_ref.model.path=/m", *method_overrides(spec, CONFIG["training"])],
+            ["actor_rollout_ref.model.path=/m", *method_overrides(spec, CONFIG["training"]), *judge],
         )
         out[name] = OmegaConf.to_container(cfg, resolve=True)
     return out
@@ -89,18 +90,15 @@ def test_config_yaml_options_reach_verl():
 @pytest.mark.parametrize(
     ("variant", "message"),
     [
-        ({"advantage": "spa", "reward": "stepsearch"}, "do not go together"),
-        ({"advantage": "gae", "reward": "r3rag"}, "do not go together"),
-        ({"advantage": "turn_gae", "reward": "terminal"}, "do not go together"),
-        (
-            {"advantage": "gae", "reward": "stepsearch", "lambda_s": "big"},
-            "variant lambda_s must be a number",
-        ),
+        ({"advantage": "spa", "reward": "stepsearch"}, "advantage 'spa' does not train reward 'stepsearch'"),
+        ({"advantage": "gae", "reward": "r3rag"}, "advantage 'gae' does not train reward 'r3rag'"),
+        ({"advantage": "turn_gae", "reward": "terminal"}, "advantage 'turn_gae' does not train reward"),
+        ({"advantage": "gae", "reward": "stepsearch", "lambda_s": "big"}, "lambda_s"),
     ],
 )
 def test_method_overrides_refuse_mismatches(variant, message):
     with pytest.raises(ValueError, match=message):
-        method_overrides(variant, CONFIG["training"])
+        method_overrides({"verl_config": "x", **variant}, CONFIG["training"])
 
 
 @pytest.mark.parametrize(

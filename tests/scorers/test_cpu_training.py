@@ -19,6 +19,8 @@ import yaml
 
 pytest.importorskip("verl")
 
+from spader.config import resolved_config
+
 REPO = Path(__file__).resolve().parents[2]
 QUESTIONS = [
     ("q1", "Which films did Ilse Varga direct?", [["The Salt Orchard"], ["Winter Quay"], ["Harbour Lights"]]),
@@ -37,8 +39,7 @@ def merged_config() -> dict:
                 base[k] = copy.deepcopy(v)
         return base
 
-    paper = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    return update(paper, yaml.safe_load((REPO / "config" / "demo.yaml").read_text()))
+    return resolved_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml")
 
 
 def write_data(root: Path) -> tuple[Path, Path, Path]:

@@ -161,9 +161,9 @@ def test_evidence_with_the_real_search(bm25_index, tiny_reranker, tmp_path):
 
 
 def test_settings_and_bad_artifacts(tmp_path):
-    with pytest.raises(ValueError, match="unknown keys"):
-        EvidenceSettings.from_config({"depth": 5, "gpus": 1})
-    with pytest.raises(ValueError, match=">= 1"):
+    with pytest.raises(ValueError, match="depthh"):
+        EvidenceSettings.model_validate({"depthh": 5})  # the stepsearch.evidence section: unknown key
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
         EvidenceSettings(depth=0)
     bad = tmp_path / "evidence.jsonl"
     bad.write_text('{"id": "q1", "evidence": [{"title": "t"}]}\n')

@@ -22,7 +22,16 @@ MESSAGES = judge_messages(
 
 
 def client(url, **kw):
-    settings = {"timeout": 10.0, "retries": 2, "concurrency": 4, "max_tokens": 8, "backoff": 0.01, **kw}
+    settings = {
+        "timeout": 10.0,
+        "retries": 2,
+        "concurrency": 4,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "unparsable": "zero",
+        "backoff": 0.01,
+        **kw,
+    }
     return JudgeClient(url, "judge", **settings)
 
 
@@ -70,7 +79,15 @@ def test_transient_failures_are_retried_then_reported(caplog):
 def test_a_rejected_request_is_not_retried():
     with TestServer(create_app(None, script=["Relevance: 0.5"])) as server:
         with JudgeClient(
-            server.url, "other-model", timeout=5, retries=3, concurrency=1, backoff=0.01
+            server.url,
+            "other-model",
+            timeout=5,
+            retries=3,
+            concurrency=1,
+            max_tokens=8,
+            temperature=0.0,
+            unparsable="zero",
+            backoff=0.01,
         ) as judge:
             with pytest.raises(JudgeError, match="HTTP 404.*not served"):
                 judge.judge(MESSAGES)
@@ -101,9 +118,27 @@ def test_an_endpoint_that_is_down_fails_clearly():
 
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="http"):
-        JudgeClient("127.0.0.1:8000", "m", timeout=1, retries=0, concurrency=1)
+        JudgeClient(
+            "127.0.0.1:8000",
+            "m",
+            timeout=1,
+            retries=0,
+            concurrency=1,
+            max_tokens=8,
+            temperature=0.0,
+            unparsable="zero",
+        )
     with pytest.raises(ValueError, match="concurrency=0"):
-        JudgeClient("http://127.0.0.1:1/v1", "m", timeout=1, retries=0, concurrency=0)
+        JudgeClient(
+            "http://127.0.0.1:1/v1",
+            "m",
+            timeout=1,
+            retries=0,
+            concurrency=0,
+            max_tokens=8,
+            temperature=0.0,
+            unparsable="zero",
+        )
 
 
 def test_gpu_split():

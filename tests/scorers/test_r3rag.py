@@ -194,34 +194,30 @@ def test_doc_examples():
 
 def test_the_judge_has_the_original_s_reply_budget():
     """R3-RAG gives its judge 4,096 tokens: a judge that explains at length is not cut before its
-    verdict (the config's default, the trainer's and the client's)."""
+    verdict (the config's default, which the launcher hands the trainer's client)."""
     from spader.config import JudgeConfig
-    from spader.integrations.verl.scorer_rewards import JudgeSettings
-    from spader.scorers.judge import JudgeClient
+    from spader.training.scorer_launch import baseline_launch
 
-    assert JudgeConfig().max_tokens == JudgeSettings().max_tokens == 4096
-    assert (
-        JudgeClient("http://127.0.0.1:1/v1", "judge", timeout=1, retries=0, concurrency=1).max_tokens == 4096
-    )
+    assert JudgeConfig().max_tokens == 4096
+    launch = baseline_launch({"verl_config": "r3rag", "advantage": "turn_gae", "reward": "r3rag"}, judge={})
+    assert "++algorithm.r3rag.judge.max_tokens=4096" in launch.overrides
 
 
 def test_the_judge_options_reach_the_trainers_client():
     """judge.temperature null (the server's default) and judge.unparsable raise travel from the
-    config through the launch overrides to the trainer's settings."""
+    config through the launch overrides to the trainer's judge client settings."""
     from omegaconf import OmegaConf
 
-    from spader.config import JudgeConfig
     from spader.integrations.verl.scorer_rewards import JudgeSettings
     from spader.training.scorer_launch import baseline_launch
 
-    theirs = JudgeConfig(temperature=None, unparsable="raise").model_dump()
-    launch = baseline_launch({"reward": "r3rag", "judge": "llm"}, judge=theirs)
-    cfg = OmegaConf.from_dotlist(
-        [o.removeprefix("++") for o in launch.overrides] + ["algorithm.r3rag.judge.kind=llm"]
-    )
-    settings = JudgeSettings.from_config(cfg)
-    assert (settings.temperature, settings.unparsable) == (None, "raise")
-    default = JudgeSettings.from_config(
-        OmegaConf.create({"algorithm": {"r3rag": {"judge": {"kind": "llm"}}}})
-    )
-    assert (default.temperature, default.unparsable) == (0.0, "zero")
+    r3rag = {"verl_config": "r3rag", "advantage": "turn_gae", "reward": "r3rag"}
+    for judge, expected in (
+        ({"temperature": None, "unparsable": "raise"}, (None, "raise")),
+        ({}, (0.0, "zero")),
+    ):
+        launch = baseline_launch(r3rag, judge=judge)
+        dotlist = [o.removeprefix("++") for o in launch.overrides]
+        dotlist += ["algorithm.r3rag.judge.kind=llm", "algorithm.r3rag.judge.url=http://127.0.0.1:1/v1"]
+        client = JudgeSettings.from_config(OmegaConf.from_dotlist(dotlist)).client
+        assert (client.temperature, client.unparsable) == expected

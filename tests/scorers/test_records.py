@@ -74,12 +74,17 @@ def test_nothing_extra_by_default_and_errors_show_no_passages(retrieval_service)
 def test_tool_config_carries_the_switch(tmp_path):
     import yaml
 
-    retrieval = {"topk": 5, "initial_k": 50, "service": {}}
+    retrieval = {
+        "topk": 5,
+        "initial_k": 50,
+        "service": {"request_timeout_s": 9, "retries": 1, "max_query_chars": 9},
+    }
     path = write_tool_config(
         tmp_path / "t.yaml",
         service_url="http://127.0.0.1:1",
         retrieval=retrieval,
         max_chars=100,
+        max_queries_per_call=10,
         record_turns=True,
     )
     assert yaml.safe_load(path.read_text())["tools"][0]["config"]["record_turns"] is True

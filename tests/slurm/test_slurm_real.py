@@ -29,6 +29,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from spader.config import resolved_config
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -229,7 +231,7 @@ def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cp
     work = tmp_path / "repo"
     work.mkdir()
     os.symlink(REPO / "profiles" / "slurm", work / "slurm")
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = resolved_config(REPO / "config" / "config.yaml")
     steps = 2
     config.update(
         world=str(cpu_world.root),

@@ -20,6 +20,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spader.config import resolved_config
+
 SHORT_TEMPLATE = "Question: {question}"
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
 
@@ -40,9 +42,8 @@ class TrainWorld:
 
 
 def _retrieval_settings() -> dict:
-    import yaml
 
-    settings = dict(yaml.safe_load(CONFIG.read_text())["retrieval"])
+    settings = dict(resolved_config(CONFIG)["retrieval"])
     settings["reranker"] = {**settings["reranker"], "model": None, "path": None}
     settings["service"] = {
         **settings["service"],
@@ -154,9 +155,8 @@ def _warm_start(records, template, base: Path, model: Path, steps: int, lr: floa
 
 def cpu_training(**sizes) -> dict:
     """config.yaml's ``training`` section for a CPU run of this world, with ``sizes`` applied."""
-    import yaml
 
-    training = dict(yaml.safe_load(CONFIG.read_text())["training"])
+    training = dict(resolved_config(CONFIG)["training"])
     training.update(
         device="cpu",
         rollout_backend="transformers",
@@ -179,11 +179,10 @@ def cpu_training(**sizes) -> dict:
 
 def train_job(world: TrainWorld, out: str | os.PathLike, *, variant: str = "spader", training=None, extra=()):
     """The :class:`spader.training.run.TrainJob` of one CPU training run in ``world``."""
-    import yaml
 
     from spader.training.run import TrainJob
 
-    config = yaml.safe_load(CONFIG.read_text())
+    config = resolved_config(CONFIG)
     out = Path(out)
     return TrainJob(
         backbone="world",

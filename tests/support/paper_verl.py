@@ -17,12 +17,19 @@ def _config():
 
 
 def paper_overrides(variant: str = "spader") -> list[str]:
-    """:func:`spader.integrations.verl.overrides.config_overrides` of config.yaml's ``variant``."""
+    """:func:`spader.integrations.verl.overrides.config_overrides` of config.yaml's ``variant``, and
+    for an LLM-judged variant the judge settings the launcher adds (its endpoint comes at run time)."""
     from spader.integrations.verl.overrides import config_overrides
+    from spader.training.scorer_launch import baseline_launch
 
     config = _config()
-    return config_overrides(
-        config.variants[variant].model_dump(mode="json"),
-        config.training.model_dump(mode="json"),
-        config.agent.model_dump(mode="json"),
-    )
+    spec = config.variants[variant]
+    judge = baseline_launch(spec, judge=config.judge).overrides if spec.serves_judge else []
+    return [
+        *config_overrides(
+            spec.model_dump(mode="json"),
+            config.training.model_dump(mode="json"),
+            config.agent.model_dump(mode="json"),
+        ),
+        *judge,
+    ]

@@ -155,6 +155,7 @@ def _job(config: dict, variant: str, tmp_path: Path, model_dir: Path) -> TrainJo
         tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
         # what the step-level baselines add (tests/baselines): StepSearch's evidence, R3-RAG's judge
         evidence=tmp_path / "results/paper/data/evidence/train.jsonl",
+        stepsearch=config["stepsearch"],
         judge=judge_params(config["variants"][variant], config["judge"]),
     )
 
@@ -333,6 +334,7 @@ def test_a_judge_on_a_node_of_its_own_is_started_there_bound_to_the_shared_addre
         assert proc.environ().get("SPADER_JUDGE_NODE") == "node-b"  # started through the launcher
         assert proc.environ().get("CUDA_VISIBLE_DEVICES") == "0"  # the judge node's own GPU
         with JudgeClient(url, str(judge["model"]), timeout=10, retries=0, concurrency=1,
+                         max_tokens=8, temperature=0.0, unparsable="zero",
                          api_key=env[JUDGE_KEY_ENV]) as client:  # fmt: skip
             client.check()
 

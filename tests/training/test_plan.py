@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
 
+from spader.config import resolved_config
 from spader.training import plan
 from spader.training.plan import VerlMemory, load_shape, training_job
 
@@ -171,7 +171,7 @@ def test_the_paper_config_fits_80_gib_and_a_larger_micro_batch_does_not(tmp_path
     assert plan.main(["--root", str(REPO), "--json"], out=lines.append) == 0
     result = json.loads(lines[-1])
     jobs = {j["job"]: j for j in result["jobs"]}
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = resolved_config(REPO / "config" / "config.yaml")
     for b, spec in config["backbones"].items():
         for v in spec["variants"]:
             assert f"train {b}/{v}" in jobs
@@ -203,8 +203,9 @@ def test_the_paper_config_fits_80_gib_and_a_larger_micro_batch_does_not(tmp_path
         "training:\n  ppo_micro_batch_size_per_gpu: 8\nhardware:\n  host_memory_gib: 128\n  disk_gib: 300\n"
     )
     lines.clear()
-    code = plan.main(["--root", str(REPO), "--configfile", "config/config.yaml", "--configfile", str(overlay)],
-                     out=lines.append)  # fmt: skip
+    code = plan.main(
+        ["--root", str(REPO), "--configfile", str(overlay)], out=lines.append
+    )  # overlays config.yaml
     assert code == 1
     text = "\n".join(lines)
     assert "train qwen3_8b/r3rag" in text and "DOES NOT FIT" in text

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from spader.config import resolved_config
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "support"))
@@ -20,7 +21,7 @@ COSTLY = {"train_policy", "export_checkpoint", "evaluate_policy", "build_bm25_in
 def paper_dag_jobs():
     from dag_jobs import _with_dag
 
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = resolved_config(REPO / "config" / "config.yaml")
 
     def visit(dag):
         from snakemake.io import is_flagged

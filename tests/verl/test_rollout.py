@@ -171,6 +171,7 @@ def test_write_tool_config_is_loaded_by_verl(tmp_path, retrieval_service):
         service_url=retrieval_service.url,
         retrieval=retrieval,
         max_chars=11000,
+        max_queries_per_call=10,
     )
     (tool,) = initialize_tools_from_config(str(path))
     assert isinstance(tool, SearchTool) and tool.name == "search"
@@ -183,7 +184,11 @@ def test_write_tool_config_is_loaded_by_verl(tmp_path, retrieval_service):
     )
     with pytest.raises(ValueError, match="retrieval.topk"):
         write_tool_config(
-            tmp_path / "x.yaml", service_url=retrieval_service.url, retrieval={"initial_k": 5}, max_chars=10
+            tmp_path / "x.yaml",
+            service_url=retrieval_service.url,
+            retrieval={"initial_k": 5},
+            max_chars=10,
+            max_queries_per_call=10,
         )
 
 

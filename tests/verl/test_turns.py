@@ -20,12 +20,13 @@ import pytest
 
 pytest.importorskip("verl")
 
+from sections import agent_settings
 from verl.workers.rollout.replica import TokenOutput
 from verl_episode import agent_episode, search_tool
 
 from spader.agent.conversation import observation_ids
 from spader.agent.generation import Generation
-from spader.agent.loop import AgentSettings, Question, render_prompt, run_episodes
+from spader.agent.loop import Question, render_prompt, run_episodes
 from spader.agent.search import RetrievalSearch
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY, STEPS_KEY
 from spader.core.prompt import build_messages
@@ -135,7 +136,7 @@ def training_episode(
 def evaluation_episode(tokenizer, url, turns, *, cap=TURN_TOKENS, context=100_000):
     """The same script through the evaluation loop; returns (episode, engine, queries searched)."""
     engine = TokenEngine(tokenizer, turns)
-    settings = AgentSettings(max_turns=16, max_turn_tokens=cap, max_context_tokens=context)
+    settings = agent_settings(max_turns=16, max_turn_tokens=cap, max_context_tokens=context)
     sent: list[list[str]] = []
     with RetrievalClient(url, timeout=5, retries=0) as client:
         search = RetrievalSearch(client, topk=2)

@@ -1,8 +1,11 @@
 """The layers of docs/ARCHITECTURE.md hold: the import contracts of pyproject.toml pass, and they
-catch an upward import, a framework import in the core and a Snakemake import in the package."""
+catch an upward import, a framework import in the core or outside its integration, a Snakemake
+import in the package and an import of the demo; the workflow's scripts import only the package
+and the standard library (a check over their syntax trees: lint-imports does not see scripts)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -35,8 +38,16 @@ def test_the_contracts_are_kept():
         ("core/text.py", "import spader.evaluation.tables", "Layers"),
         ("retrieval/cache.py", "from spader.training import launch", "Layers"),
         ("core/rewards.py", "import omegaconf", "The method core is pure"),
-        ("data/mix.py", "import ray", "Only spader.integrations imports"),
+        ("data/mix.py", "import ray", "Only spader.integrations.verl imports"),
         ("infra/retry.py", "import snakemake", "never imports Snakemake"),
+        ("integrations/verl/reward.py", "import spader.demo", "Nothing in the package imports the demo"),
+        ("training/plan.py", "from spader.demo import tiny", "Nothing in the package imports the demo"),
+        ("integrations/sglang.py", "import verl", "Only spader.integrations.verl imports"),
+        ("integrations/sglang.py", "import ray", "Only spader.integrations.verl imports"),
+        ("integrations/sglang.py", "import transfer_queue", "Only spader.integrations.verl imports"),
+        ("cli/plan.py", "import transfer_queue", "Only spader.integrations.verl imports"),
+        ("integrations/verl/reward.py", "import sglang", "Only spader.integrations.sglang imports"),
+        ("evaluation/evaluate.py", "import sglang", "Only spader.integrations.sglang imports"),
     ],
 )
 def test_the_contracts_catch_violations(tmp_path, module, line, contract):
@@ -57,3 +68,43 @@ def test_the_architecture_doc_lists_every_layer():
     for layer in layers:
         for package in layer.split("|"):
             assert f"`{package.strip()}`" in doc, package
+
+
+def script_imports(path: Path) -> list[str]:
+    """The top-level names of the modules a script imports (``import a.b`` and ``from a.b import c``
+    give ``a``), anywhere in it."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append("." if node.level else (node.module or "").split(".")[0])
+    return names
+
+
+def foreign_imports(scripts: Path) -> list[str]:
+    """``script: module`` for every import of a workflow script that is neither the package nor
+    the standard library."""
+    allowed = {"spader", "__future__", *sys.stdlib_module_names}
+    return [
+        f"{path.name}: {name}"
+        for path in sorted(scripts.glob("*.py"))
+        for name in script_imports(path)
+        if name not in allowed
+    ]
+
+
+def test_workflow_scripts_import_only_the_package(tmp_path):
+    scripts = REPO / "workflow" / "scripts"
+    assert list(scripts.glob("*.py")) and not foreign_imports(scripts)
+    # the check catches a framework, a tracking library and a relative import, at any depth
+    for name, line in [
+        ("evaluate_policy.py", "import mlflow"),
+        ("train_policy.py", "from verl.trainer import main_ppo"),
+        ("build_evidence.py", "def f():\n    import numpy as np"),
+        ("aggregate_results.py", "from . import helpers"),
+    ]:
+        copy = tmp_path / name.removesuffix(".py")
+        copy.mkdir()
+        (copy / name).write_text((scripts / name).read_text() + f"\n{line}\n")
+        assert len(foreign_imports(copy)) == 1, line

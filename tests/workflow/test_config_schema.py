@@ -2,35 +2,26 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 import yaml
-from snakemake.utils import update_config
 
-from spader.config import ConfigError, check_config, verl_config_chain
+from spader.config import ConfigError, check_config, resolved_config, verl_config_chain
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 VERL_DIR = REPO / "config" / "verl"
 
 
-def _load(name: str) -> dict:
-    with open(REPO / "config" / name) as f:
-        return yaml.safe_load(f)
-
-
 @pytest.fixture
 def paper() -> dict:
-    return _load("config.yaml")
+    return resolved_config(REPO / "config" / "config.yaml")
 
 
 @pytest.fixture
-def demo(paper) -> dict:
-    cfg = copy.deepcopy(paper)
-    update_config(cfg, _load("demo.yaml"))
-    return cfg
+def demo() -> dict:
+    return resolved_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml")
 
 
 def test_both_shipped_configs_pass(paper, demo):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import yaml
+
+from spader.config import resolved_config
 
 PIPELINE_RULES = {
     "download_dump",
@@ -23,8 +24,7 @@ DATASETS = {"qampari", "mintaka", "webqsp", "quest"}
 
 @pytest.fixture(scope="module")
 def paper_config(smk):
-    with open(smk.repo / "config" / "config.yaml") as f:
-        return yaml.safe_load(f)
+    return resolved_config(smk.repo / "config" / "config.yaml")
 
 
 @pytest.mark.parametrize("backbone", ["qwen3_8b", "llama3_1_8b"])

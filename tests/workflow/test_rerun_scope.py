@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from dag_jobs import affected, dag_jobs
+
+from spader.config import resolved_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,8 +35,7 @@ _affected = affected
 
 
 def _paper() -> dict:
-    with open(REPO / "config" / "config.yaml") as f:
-        return yaml.safe_load(f)
+    return resolved_config(REPO / "config" / "config.yaml")
 
 
 TARGET = "results/qwen3_8b/f1.tsv"
@@ -90,18 +90,7 @@ def test_mix_change_reruns_data_and_training_not_index():
 def _demo() -> dict:
     """The demo config (overlaid on the paper config, as `--configfile config/demo.yaml` does),
     training `spader` and `grpo` on the tiny backbone."""
-    config = _paper()
-    with open(REPO / "config" / "demo.yaml") as f:
-        overlay = yaml.safe_load(f)
-
-    def merge(base, extra):
-        for k, v in extra.items():
-            base[k] = (
-                merge(base.get(k, {}), v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-            )
-        return base
-
-    config = merge(config, overlay)
+    config = resolved_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml")
     variants = config["backbones"]["demo"]["variants"]
     config["backbones"]["demo"]["variants"] = list(dict.fromkeys([*variants, "spader", "grpo"]))
     return config
@@ -125,7 +114,7 @@ def test_reward_hyperparameter_reruns_only_that_variants_training_and_dependants
 
 # --- code changes --------------------------------------------------------------------------------
 
-PAPER = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+PAPER = resolved_config(REPO / "config" / "config.yaml")
 QWEN = PAPER["backbones"]["qwen3_8b"]
 VARIANTS = set(QWEN["variants"])
 METHODS = VARIANTS | set(QWEN["prompting"])

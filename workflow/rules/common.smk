@@ -4,12 +4,12 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
-from snakemake.utils import validate
 from spader.config import (
     DATASETS,
     PROMPTING,
     check_config,
     hub_slug,
+    load_yaml,
     model_kind,
     named_run_root,
     rebase_run_paths,
@@ -17,8 +17,8 @@ from spader.config import (
     verl_config_dir,
 )
 from spader.core.prompt import load_template
-from spader.infra.glue import without_operational
 from spader.integrations.verl.overrides import shared_training_runs
+from spader.infra.reruns import canonical, for_rule
 from spader.infra.stage_code import code_cache_dir, planned_code, stage_fingerprints, stage_group
 from spader.training.scorer_launch import judge_params
 
@@ -41,12 +41,18 @@ def workflow_file(path):
 
 # ---------------------------------------------------------------------------------------------
 # Configuration (spader.config): checked against the typed model, every error naming its key,
-# then completed with the defaults of the schema generated from that model, before any rule is
-# defined. CONFIG is the same configuration as typed objects.
+# before any rule is defined. CONFIG is the configuration as typed objects, and `config` becomes
+# its values (every default filled in, each value in its key's type: `beta: 4` reads 4.0), what
+# the params below and the jobs' `snakemake.config` hold.
 # ---------------------------------------------------------------------------------------------
 VERL_CONFIG_DIR = verl_config_dir(REPO)
+# Snakemake's YAML loader keeps the last of a key given twice (a section written twice loses the
+# first silently): the config files are read again with a loader that refuses it, naming key and file.
+for _configfile in workflow.configfiles:
+    load_yaml(_configfile)
 CONFIG = check_config(config, verl_config_dir=VERL_CONFIG_DIR)
-validate(config, "../schemas/config.schema.yaml")
+config.clear()
+config.update(CONFIG.model_dump(mode="json"))
 for _key, _hint in CONFIG.missing_sources():
     logger.warning(f"config key '{_key}' is not set: {_hint} (jobs that need it will fail)")
 
@@ -119,6 +125,21 @@ def first_output(name, wildcards):
     """The first output file of a job of the rule called `name` (where its integrity record is)."""
     pattern = getattr(rules, name).output[0]
     return expand(pattern, **dict(wildcards.items()))[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Params: what a job's outputs depend on, and nothing else (spader.infra.reruns). Snakemake reruns
+# a job whose params changed (their repr, compared as text), so each one is canonical: maps with
+# sorted keys, values in their keys' types. A section a rule takes whole leaves out the keys that
+# do not rerun that rule (operational settings, table-only settings); the jobs read those from
+# their config.
+# ---------------------------------------------------------------------------------------------
+def section_params(rule, *path):
+    """The config section at `path` (dotted parts) as rule `rule`'s param."""
+    values = config
+    for part in path:
+        values = values[part]
+    return canonical(for_rule(rule, path, values))
 
 
 def _alternatives(names):
@@ -197,7 +218,7 @@ def hub_revision(repo):
 def backbone_params(backbone):
     """What training needs of `backbones.<backbone>` (not its method lists: adding a baseline
     must not retrain)."""
-    return {k: v for k, v in config["backbones"][backbone].items() if k not in ("variants", "prompting")}
+    return section_params("train_policy", "backbones", backbone)
 
 
 def get_base_model(wildcards):
@@ -229,10 +250,12 @@ def table_variants():
     """What the ablation and beta-sweep tables read of `variants`: every configured name (a row
     that a backbone did not run says so) and the beta of the `beta_*` rows, nothing else, so that
     editing a variant's training settings does not rerun the tables of backbones that skip it."""
-    return {
-        name: {"beta": spec["beta"]} if name.startswith("beta_") else {}
-        for name, spec in config["variants"].items()
-    }
+    return canonical(
+        {
+            name: {"beta": spec["beta"]} if name.startswith("beta_") else {}
+            for name, spec in config["variants"].items()
+        }
+    )
 
 
 def shared_runs_of(backbone):
@@ -247,7 +270,7 @@ def trained_runs_of(backbone):
 
 def agent_params():
     """The turn settings shared by training and evaluation (the template is a param of its own)."""
-    return {k: v for k, v in config["agent"].items() if k != "prompt_template"}
+    return canonical({k: v for k, v in config["agent"].items() if k != "prompt_template"})
 
 
 def get_reranker(wildcards):
@@ -255,15 +278,14 @@ def get_reranker(wildcards):
     return [] if name in (None, "none") else [model_dir(name)]
 
 
-def retrieval_params():
-    """Search settings that can change a result (reranker given by its resolved local directory);
-    jobs add the operational ones (host, timeouts, retries) from their config."""
-    settings = without_operational(config["retrieval"])
-    reranker = dict(settings["reranker"])
-    if reranker["model"] not in (None, "none"):
-        reranker["path"] = model_dir(reranker["model"])
-    settings["reranker"] = reranker
-    return settings
+def retrieval_params(rule):
+    """Search settings that can change what rule `rule`'s searches return (the reranker given by
+    its resolved local directory); jobs add the operational ones (host, timeouts, retries, cache)
+    from their config (spader.infra.glue.retrieval_settings)."""
+    settings = section_params(rule, "retrieval")
+    if config["retrieval"]["reranker"]["model"] not in (None, "none"):
+        settings["reranker"]["path"] = model_dir(config["retrieval"]["reranker"]["model"])
+    return canonical(settings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +313,7 @@ def get_split_member(wildcards):
 
 def get_mix_datasets():
     """Datasets the mix draws from (mix.counts > 0); only their normalized files are inputs."""
-    return [d for d in DATASETS if config["mix"]["counts"].get(d, 0) > 0]
+    return [d for d in DATASETS if config["mix"]["counts"][d] > 0]
 
 
 def get_mix_files(split):
@@ -309,6 +331,13 @@ def get_verl_configs(wildcards):
     """The variant's verl YAML and the project YAMLs it inherits from (shipped with the workflow)."""
     chain = verl_config_chain(config["variants"][wildcards.variant]["verl_config"], VERL_CONFIG_DIR)
     return [workflow_file(p) for p in chain]
+
+
+def evaluation_params():
+    """The `evaluation` param of evaluate_policy, the settings that can change a score (not the
+    tables' bootstrap, not the job's threads), with the context budget resolved."""
+    budget = {"max_context_tokens": CONFIG.evaluation_context_tokens}
+    return canonical({**section_params("evaluate_policy", "evaluation"), **budget})
 
 
 def get_eval_threads():

@@ -13,7 +13,6 @@ rule download_dump:
     params:
         url=config["corpus"]["url"],
         sha256=config["corpus"]["sha256"],
-        size_bytes=config["corpus"]["size_bytes"],
     script:
         "../scripts/download_dump.py"
 
@@ -33,7 +32,6 @@ rule build_bm25_index:
         mem_mb=32000,
         runtime=720,
     params:
-        expected_documents=config["corpus"]["expected_documents"],
         code=code_of("build_bm25_index"),
     script:
         "../scripts/build_bm25_index.py"

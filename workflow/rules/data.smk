@@ -8,7 +8,7 @@ rule download_dataset:
     log:
         "logs/download_dataset/{suite}/{dataset}/{file}.log",
     params:
-        source=lambda wc: config["datasets"][wc.dataset]["files"][wc.file],
+        source=lambda wc: canonical(config["datasets"][wc.dataset]["files"][wc.file]),
         key=lambda wc: f"datasets.{wc.dataset}.files.{wc.file}",
     script:
         "../scripts/download_dataset.py"
@@ -41,7 +41,7 @@ rule mix_training_set:
         "logs/mix_training_set/{suite}.log",
     params:
         datasets=get_mix_datasets(),
-        mix={k: v for k, v in config["mix"].items() if k != "eval_limit"},
+        mix=section_params("mix_training_set", "mix"),
         code=code_of("mix_training_set"),
     script:
         "../scripts/mix_training_set.py"
@@ -72,7 +72,8 @@ rule export_eval_set:
         "logs/export_eval_set/{suite}/{dataset}.log",
     params:
         limit=config["mix"]["eval_limit"],
-        seed=config["mix"]["seed"],
+        # the seed picks the questions only under a limit
+        seed=config["mix"]["seed"] if config["mix"]["eval_limit"] is not None else None,
         code=code_of("export_eval_set"),
     script:
         "../scripts/export_eval_set.py"

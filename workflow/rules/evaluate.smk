@@ -26,10 +26,10 @@ rule evaluate_policy:
         runtime=720,
     params:
         method=lambda wc: wc.method,
-        evaluation=CONFIG.evaluation_params(),
+        evaluation=evaluation_params(),
         agent=agent_params(),
         prompt=PROMPT,
-        retrieval=retrieval_params(),
+        retrieval=retrieval_params("evaluate_policy"),
         code=code_of("evaluate_policy"),
     script:
         "../scripts/evaluate_policy.py"
@@ -146,10 +146,13 @@ rule aggregate_results:
         methods=lambda wc: methods_of(wc.backbone),
         variants=table_variants(),
         datasets=list(DATASETS),
-        shared_runs=lambda wc: shared_runs_of(wc.backbone),
-        uncertainty={
-            k: config["evaluation"][k] for k in ("bootstrap_samples", "bootstrap_seed", "significance_level")
-        },
+        shared_runs=lambda wc: canonical(shared_runs_of(wc.backbone)),
+        uncertainty=canonical(
+            {
+                k: config["evaluation"][k]
+                for k in ("bootstrap_samples", "bootstrap_seed", "significance_level")
+            }
+        ),
         tiny_model=lambda wc: config["backbones"][wc.backbone]["model"].startswith("tiny:"),
         code=code_of("aggregate_results"),
     script:

@@ -50,10 +50,10 @@ rule warmstart_policy:
         mem_mb=8000,
         runtime=30,
     params:
-        warmstart=lambda wc: config["backbones"][wc.backbone]["warmstart"],
+        warmstart=lambda wc: section_params("warmstart_policy", "backbones", wc.backbone, "warmstart"),
         agent=agent_params(),
         prompt=PROMPT,
-        retrieval=retrieval_params(),
+        retrieval=retrieval_params("warmstart_policy"),
         code=code_of("warmstart_policy"),
     script:
         "../scripts/warmstart_policy.py"

@@ -28,9 +28,9 @@ rule build_evidence:
         mem_mb=32000,
         runtime=720,
     params:
-        evidence={k: v for k, v in config["stepsearch"]["evidence"].items() if k != "gpus"},
+        evidence=section_params("build_evidence", "stepsearch", "evidence"),
         qampari_member=config["datasets"]["qampari"]["splits"]["train"].get("member"),
-        retrieval=retrieval_params(),
+        retrieval=retrieval_params("build_evidence"),
         code=code_of("build_evidence"),
     script:
         "../scripts/build_evidence.py"

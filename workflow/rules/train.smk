@@ -46,12 +46,12 @@ rule train_policy:
         train_attempt=lambda wc, attempt: attempt,
     params:
         backbone=lambda wc: backbone_params(wc.backbone),
-        variant=lambda wc: config["variants"][wc.variant],
+        variant=lambda wc: section_params("train_policy", "variants", wc.variant),
         training=training_params(),
         agent=agent_params(),
-        retrieval=retrieval_params(),
+        retrieval=retrieval_params("train_policy"),
         workdir=lambda wc: f"results/{wc.backbone}/train/{wc.variant}/work",
-        judge=lambda wc: judge_params(config["variants"][wc.variant], config["judge"]),
+        judge=lambda wc: canonical(judge_params(config["variants"][wc.variant], config["judge"])),
         code=code_of("train_policy"),
     script:
         "../scripts/train_policy.py"

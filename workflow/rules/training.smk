@@ -1,7 +1,6 @@
 # Helpers of the training rules (train.smk): the resources a training job asks a scheduler for,
 # and the check that a multi-node training has a cluster executor (docs/cluster.md).
 
-from spader.config.model import OPERATIONAL_TRAINING_KEYS
 from spader.training.plan import load_record, plan_config
 from spader.training.stop import slurm_signal_option
 
@@ -90,8 +89,8 @@ def training_request(wildcards):
 
 def training_params():
     """The `training` section without the operational keys (time limits, search error rate):
-    editing those retrains nothing."""
-    return {k: v for k, v in config["training"].items() if k not in OPERATIONAL_TRAINING_KEYS}
+    editing those retrains nothing (spader.infra.reruns)."""
+    return section_params("train_policy", "training")
 
 
 def training_retries():

@@ -9,6 +9,7 @@ with job(snakemake):
         snakemake.output.index,
         stats_path=snakemake.output.stats,
         threads=snakemake.threads,
-        expected_documents=snakemake.params.expected_documents,
+        # a check, no param: setting it reruns nothing (`--forcerun build_bm25_index` checks again)
+        expected_documents=snakemake.config["corpus"]["expected_documents"],
         overwrite=True,  # Snakemake owns the output directory
     )

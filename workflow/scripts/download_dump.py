@@ -8,7 +8,7 @@ with job(snakemake):
         anchor_source(snakemake.params.url, workflow_root(snakemake)),
         snakemake.output.archive,
         sha256=snakemake.params.sha256,
-        size=snakemake.params.size_bytes,
+        size=snakemake.config["corpus"]["size_bytes"],  # a check, no param: it reruns nothing
         desc="chunked_wikipedia.tar.gz",
         record_source=snakemake.params.url,  # as configured: records hold no absolute path
     )

@@ -2,8 +2,9 @@
 
 from spader.data import mix_metrics, mix_training_set
 from spader.infra.glue import job
+from spader.infra.tracking import log_metrics
 
-with job(snakemake) as run:
+with job(snakemake):
     datasets = snakemake.params.datasets
     stats = mix_training_set(
         dict(zip(datasets, snakemake.input.train, strict=True)),
@@ -13,7 +14,4 @@ with job(snakemake) as run:
         snakemake.output.stats,
         **snakemake.params.mix,
     )
-    if run is not None:
-        import mlflow
-
-        mlflow.log_metrics(mix_metrics(stats))
+    log_metrics(mix_metrics(stats))

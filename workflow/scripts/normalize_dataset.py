@@ -3,8 +3,9 @@ The drop counts by reason go beside the records and into the job's MLflow run.""
 
 from spader.data import normalize_file
 from spader.infra.glue import job
+from spader.infra.tracking import log_dict, log_metrics
 
-with job(snakemake) as run:
+with job(snakemake):
     summary = normalize_file(
         snakemake.wildcards.dataset,
         snakemake.wildcards.split,
@@ -13,8 +14,5 @@ with job(snakemake) as run:
         member=snakemake.params.member,
         drops_path=snakemake.output.drops,
     )
-    if run is not None:
-        import mlflow
-
-        mlflow.log_metrics(summary.metrics())
-        mlflow.log_dict(summary.as_dict(), "drops.json")
+    log_metrics(summary.metrics())
+    log_dict(summary.as_dict(), "drops.json")

@@ -4,9 +4,10 @@ from spader.config import AgentConfig
 from spader.core.prompt import checked_template
 from spader.demo.warmstart import WarmstartSettings, warmstart_policy
 from spader.infra.glue import job, retrieval_settings
+from spader.infra.tracking import log_metrics
 from spader.retrieval.backend import SearchSettings
 
-with job(snakemake) as run:
+with job(snakemake):
     summary = warmstart_policy(
         snakemake.input.mix,
         snakemake.input.eval_sets,
@@ -15,7 +16,7 @@ with job(snakemake) as run:
         snakemake.output.model,
         snakemake.output.trajectories,
         snakemake.output.summary,
-        warmstart=WarmstartSettings.from_config(snakemake.params.warmstart),
+        warmstart=WarmstartSettings.model_validate(snakemake.params.warmstart),
         agent=AgentConfig.model_validate(snakemake.params.agent),
         prompt=checked_template(snakemake.params.prompt),
         retrieval=SearchSettings.from_config(
@@ -24,9 +25,7 @@ with job(snakemake) as run:
         threads=snakemake.threads,
         service_log=snakemake.log.service,
     )
-    if run is not None:
-        import mlflow
-
-        for step, loss in enumerate(summary["losses"]):
-            mlflow.log_metric("warmstart_loss", loss, step=step)
-        mlflow.log_metrics({k: summary[k] for k in ("train_seconds", "conversations", "kept_fraction")})
+    log_metrics(
+        {k: summary[k] for k in ("train_seconds", "conversations", "kept_fraction")},
+        series={"warmstart_loss": summary["losses"]},
+    )

@@ -43,15 +43,16 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tqdm.auto import tqdm
 
 from spader.agent.conversation import Conversation, RenderedConversation, render_ids, turn_token_count
 from spader.agent.generation import Engine, Generation, Sampling
-from spader.config.model import AgentConfig, EvaluationConfig, TrainingConfig
+from spader.config.model import AgentConfig, EvaluationConfig, ServiceConfig
 from spader.core.matching import passage_hits
 from spader.core.metrics import unique_gold
-from spader.core.parsing import TURN_END_TAGS, AnswerParse, authors_answer, malformed_turn, parse_turn
+from spader.core.parsing import AnswerParse, authors_answer, malformed_turn, parse_turn
 from spader.core.prompt import (
     PromptTemplate,
     build_messages,
@@ -97,10 +98,10 @@ AGENT_KEYS = (
 FAILED = ("generation_error", "episode_error")
 
 
-def _training_budget() -> int:
-    """Training's episode budget with the configuration's defaults: prompt plus response tokens."""
-    fields = TrainingConfig.model_fields
-    return int(fields["max_prompt_length"].default) + int(fields["max_response_length"].default)
+class SearchLimits(Protocol):
+    """What the loop reads of the search service it queries (its longest accepted query)."""
+
+    max_query_chars: int
 
 
 class GenerationFailure(RuntimeError):
@@ -110,33 +111,38 @@ class GenerationFailure(RuntimeError):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """Budgets and decoding of the loop: the turn settings of ``config["agent"]`` (the same in
-    training) and the decoding, context budget and error tolerance of ``config["evaluation"]``.
-
-    ``max_context_tokens`` (prompt and response) defaults to training's budget (the defaults of
-    ``training.max_prompt_length`` + ``training.max_response_length``); ``max_turn_tokens`` None
-    means no per-turn cap; ``max_error_share`` None never stops the run for generation errors.
+    """Budgets and decoding of the loop, built by :meth:`from_config` from the typed sections (the
+    configuration model holds every default and description): ``max_turns``,
+    ``max_turn_tokens``, ``max_queries_per_call``, ``max_tool_response_chars``, ``stop`` and
+    ``regenerations``, ``parser`` and ``observation_format`` are ``agent.*`` (the same in
+    training); ``max_context_tokens`` (resolved), ``max_response_tokens``, ``temperature``,
+    ``top_p``, ``seed``, ``max_error_share`` and ``loop`` are ``evaluation.*``, and
+    ``evaluation.max_turn_tokens`` replaces ``agent.max_turn_tokens`` when set; ``top_k``,
+    ``min_p`` and ``repetition_penalty`` are off unless ``evaluation.generation_config`` fills
+    them;
+    ``max_query_chars`` is the search service's limit (``retrieval.service.max_query_chars``).
+    ``max_error_share`` None never stops a run for generation errors (tests, benchmarks).
     """
 
-    max_turns: int = 16
-    max_turn_tokens: int | None = None
-    max_context_tokens: int = field(default_factory=lambda: _training_budget())
-    max_response_tokens: int | None = None
-    max_queries_per_call: int | None = 10
-    max_query_chars: int = 1000  # the search service's limit (retrieval.service.max_query_chars)
-    max_tool_response_chars: int = 11000
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: tuple[str, ...] = TURN_END_TAGS
-    seed: int = 0
-    regenerations: int = 0
-    max_error_share: float | None = None
-    parser: str = "spader"
-    observation_format: str = "spader"
-    loop: str = "spader"
+    max_turns: int
+    max_turn_tokens: int | None
+    max_context_tokens: int
+    max_response_tokens: int | None
+    max_queries_per_call: int | None
+    max_query_chars: int
+    max_tool_response_chars: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    stop: tuple[str, ...]
+    seed: int
+    regenerations: int
+    max_error_share: float | None
+    parser: str
+    observation_format: str
+    loop: str
 
     def __post_init__(self):
         positive = ("max_turns", "max_context_tokens", "max_query_chars", "max_tool_response_chars")
@@ -165,15 +171,17 @@ class AgentSettings:
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @classmethod
-    def from_config(cls, evaluation: EvaluationConfig, agent: AgentConfig | None = None) -> AgentSettings:
+    def from_config(
+        cls, evaluation: EvaluationConfig, agent: AgentConfig, service: ServiceConfig | SearchLimits
+    ) -> AgentSettings:
         """The loop's settings from the typed sections: turn settings from ``agent``, decoding,
-        context budget and error tolerance from ``evaluation``.
+        context budget and error tolerance from ``evaluation``, the longest query from the
+        retrieval ``service`` (its section, or the search settings the service runs with).
 
         Raises:
             ValueError: ``evaluation.max_context_tokens`` is null (the workflow resolves it to
                 training's budget, :attr:`spader.config.Config.evaluation_context_tokens`).
         """
-        agent = agent or AgentConfig()
         if evaluation.max_context_tokens is None:
             raise ValueError(
                 "evaluation.max_context_tokens is null: resolve it to training's max_prompt_length + "
@@ -186,6 +194,7 @@ class AgentSettings:
             max_turns=agent.max_turns,
             max_turn_tokens=turn_cap,
             max_queries_per_call=agent.max_queries_per_call,
+            max_query_chars=service.max_query_chars,
             max_tool_response_chars=agent.max_tool_response_chars,
             stop=tuple(agent.stop),
             regenerations=agent.regenerations,
@@ -195,6 +204,12 @@ class AgentSettings:
             max_response_tokens=evaluation.max_response_tokens,
             temperature=evaluation.temperature,
             top_p=evaluation.top_p,
+            # off: the configuration samples at temperature and top-p alone; the option
+            # evaluation.generation_config fills them from the policy's file
+            # (spader.evaluation.evaluate.loop_settings)
+            top_k=-1,
+            min_p=0.0,
+            repetition_penalty=1.0,
             seed=evaluation.seed,
             max_error_share=evaluation.max_error_share,
             loop=evaluation.loop,

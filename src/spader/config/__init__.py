@@ -1,18 +1,20 @@
 """The workflow configuration: one typed model (:mod:`.model`), the schema and key reference
 generated from it (:mod:`.schema`, :mod:`.docs`) and the start-up check (:mod:`.checks`).
 
-``python -m spader.config write`` regenerates ``workflow/schemas/config.schema.yaml`` and
-``config/README.md``; ``python -m spader.config check`` exits 1 when either is out of date.
+``spader config docs`` (or ``python -m spader.config write``) regenerates
+``workflow/schemas/config.schema.yaml`` and ``config/README.md``; ``spader config check`` exits 1
+when either is out of date; ``spader config show`` prints a resolved configuration
+(:mod:`.files` reads config files as a workflow run does).
 """
 
 from spader.config.checks import (
     ConfigError,
     check_config,
     hub_slug,
-    load_config,
     verl_config_chain,
     verl_config_dir,
 )
+from spader.config.files import config_paths, load_config, load_yaml, merge_files, overlay, resolved_config
 from spader.config.model import (
     DATASETS,
     OPERATIONAL_SERVICE_KEYS,
@@ -48,11 +50,16 @@ __all__ = [
     "TrainingConfig",
     "VariantConfig",
     "check_config",
+    "config_paths",
     "hub_slug",
     "load_config",
+    "load_yaml",
+    "merge_files",
     "model_kind",
     "named_run_root",
+    "overlay",
     "rebase_run_paths",
+    "resolved_config",
     "verl_config_chain",
     "verl_config_dir",
 ]

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from spader.config.model import Config
 from spader.config.schema import json_schema
 
-__all__ = ["ConfigError", "check_config", "hub_slug", "load_config", "verl_config_chain", "verl_config_dir"]
+__all__ = ["ConfigError", "check_config", "hub_slug", "verl_config_chain", "verl_config_dir"]
 
 # libyaml's safe loader where PyYAML was built with it (the workflow reads these YAMLs at every start)
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -121,28 +121,6 @@ def check_config(
         except ValidationError as exc:
             errors = _model_errors(exc)
     raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
-
-
-def _deep_update(base: dict, overlay: Mapping) -> dict:
-    """Overlay nested mappings the way Snakemake merges ``--configfile`` files."""
-    for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _deep_update(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
-
-
-def load_config(*paths: str | os.PathLike, verl_config_dir: str | os.PathLike | None = None) -> Config:
-    """Read config files (later ones overlay earlier ones, as ``--configfile`` does) and check them.
-
-    Used outside a workflow (the GPU smoke test, the memory plan, tests).
-    """
-    merged: dict = {}
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            _deep_update(merged, yaml.load(f, Loader=_LOADER) or {})
-    return check_config(merged, verl_config_dir)
 
 
 def hub_slug(repo_id: str) -> str:

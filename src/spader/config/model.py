@@ -23,11 +23,24 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    ValidationInfo,
+    model_validator,
+)
+
+from spader.core.methods import ADVANTAGES, REWARDS, pairing_errors, pairing_rule, reward_spec
 
 __all__ = [
     "CROSS_KEY_RULES",
     "DATASETS",
+    "JUDGE_CLIENT_KEYS",
+    "MAX_INITIAL_K",
     "OPERATIONAL_SERVICE_KEYS",
     "OPERATIONAL_TRAINING_KEYS",
     "PROMPTING",
@@ -71,8 +84,15 @@ __all__ = [
 DATASETS = ("qampari", "mintaka", "webqsp", "quest")
 #: Prompting methods: evaluated with the backbone as released (or warm-started), never trained.
 PROMPTING = ("rag", "react")
-#: Advantages a reward can be trained with (docs/method.md, docs/baselines.md).
-_SCORER_ADVANTAGE = {"stepsearch": "gae", "r3rag": "turn_gae"}
+#: Most BM25 candidates per query the retrieval service reranks (``retrieval.initial_k``, the
+#: evidence search's ``depth``); reranking cost grows linearly with it.
+MAX_INITIAL_K = 1000
+#: Bounds of keys without a natural limit: seeds (a 32-bit unsigned integer, what numpy and torch
+#: accept everywhere), counts, sizes in bytes, durations.
+MAX_SEED = 2**32 - 1
+MAX_COUNT = 10**9
+MAX_BYTES = 2**50
+MAX_SECONDS = 7 * 24 * 3600.0
 
 #: The rules between keys, as ``config/README.md`` states them (each is a validator below).
 CROSS_KEY_RULES = (
@@ -82,9 +102,12 @@ CROSS_KEY_RULES = (
     "`backbones.<name>.model`: a tiny backbone is `tiny:qwen3`, and only tiny backbones take a "
     "`warmstart`; a local path must exist.",
     "`retrieval.reranker.model`: a tiny reranker is `tiny:reranker`.",
-    "`variants.<name>.advantage` trains `variants.<name>.reward`: `spa` and `grpo_return` train "
-    "`step`; `gae` trains `terminal` or `stepsearch`; `turn_gae` trains `r3rag`, and `r3rag` only "
-    "`turn_gae`; `stepsearch` only `gae`.",
+    f"`variants.<name>.advantage` trains `variants.<name>.reward`: {pairing_rule()}.",
+    "`variants.<name>`: a key the variant's reward does not read keeps its default ("
+    + "; ".join(
+        f"{', '.join(f'`{k}`' for k in spec.keys)}: `{spec.name}`" for spec in REWARDS.values() if spec.keys
+    )
+    + ").",
     "`variants.<name>.verl_config` names a YAML in `config/verl/`.",
     "`variants.<name>.judge: reranker` needs `retrieval.reranker.model`.",
     "`judge.gpus`: when a backbone trains an LLM-judged R3-RAG variant and `judge.url` is null, the "
@@ -94,20 +117,28 @@ CROSS_KEY_RULES = (
     "`datasets.<name>.splits.<split>.file` names a key of `datasets.<name>.files`.",
     "`evaluation.seeds`: distinct seeds; more than one needs `evaluation.temperature` > 0.",
     "`training.time_limit.hours`: keys other than `default` name keys of `variants`.",
+    "`mix.min_answers` <= `mix.max_answers`; `mix.counts` draw at least one instance.",
+    "`training.ppo_mini_batch_size` <= `training.train_batch_size` <= the instances `mix.counts` draw.",
+    "`retrieval.topk` <= `retrieval.initial_k`; `stepsearch.evidence.queries_per_request` and "
+    "`agent.max_queries_per_call` (unless null) <= `retrieval.service.max_queries_per_request`.",
     "`training.nodes` > 1 with an LLM-judged R3-RAG variant and `judge.url` null: the judge is served on "
     "the last node (`judge.gpus` <= `backbones.<name>.gpus`) and verl trains on the GPUs of the others, "
     "whose number must divide `training.train_batch_size * training.rollout_n`.",
 )
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")]
-FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]+$")]
+#: A release file's name: a plain file name (``.`` and ``..`` name directories).
+FileName = Annotated[
+    str, StringConstraints(pattern=r"^(?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-]|\.\.[A-Za-z0-9._-])[A-Za-z0-9._-]*$")
+]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda:[0-9]+)$")]
 
 
 class Section(BaseModel):
-    """A config section: unknown keys are errors, values are checked on assignment too."""
+    """A config section: unknown keys are errors, numbers are finite, values are checked on
+    assignment too."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 def model_kind(name: str) -> str:
@@ -141,9 +172,10 @@ class MlflowConfig(Section):
     state_dir: str = Field(
         "results/mlflow", description="where the pipeline run id of the current invocation is kept"
     )
-    stale_run_hours: float = Field(
+    stale_run_hours: StrictFloat = Field(
         72,
         gt=0,
+        le=24 * 365,
         description="at the start of an invocation, RUNNING runs of other hosts older than this are "
         "marked KILLED (runs of this host are checked by PID)",
     )
@@ -160,7 +192,9 @@ class CorpusConfig(Section):
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = Field(
         None, description="expected sha256 of the archive"
     )
-    size_bytes: int | None = Field(None, ge=1, description="expected size of the archive in bytes")
+    size_bytes: StrictInt | None = Field(
+        None, ge=1, le=MAX_BYTES, description="expected size of the archive in bytes"
+    )
     archive: str | None = Field(
         None,
         description="an already downloaded archive (skips download_dump; a relative path is relative "
@@ -171,7 +205,9 @@ class CorpusConfig(Section):
         description="a prebuilt Lucene index with stored raw documents (skips download and build; a "
         "relative path is relative to the working directory)",
     )
-    expected_documents: int | None = Field(None, ge=1, description="verified number of indexed passages")
+    expected_documents: StrictInt | None = Field(
+        None, ge=1, le=MAX_COUNT, description="verified number of indexed passages"
+    )
 
 
 class HubSource(Section):
@@ -256,25 +292,32 @@ class DatasetsConfig(Section):
 class MixCounts(Section):
     """Training instances per dataset."""
 
-    qampari: int = Field(6000, ge=0, description="QAMPARI instances")
-    mintaka: int = Field(2000, ge=0, description="Mintaka instances")
-    webqsp: int = Field(2000, ge=0, description="WebQSP instances")
-    quest: int = Field(2000, ge=0, description="QUEST instances")
+    qampari: StrictInt = Field(6000, ge=0, le=MAX_COUNT, description="QAMPARI instances")
+    mintaka: StrictInt = Field(2000, ge=0, le=MAX_COUNT, description="Mintaka instances")
+    webqsp: StrictInt = Field(2000, ge=0, le=MAX_COUNT, description="WebQSP instances")
+    quest: StrictInt = Field(2000, ge=0, le=MAX_COUNT, description="QUEST instances")
 
 
 class MixConfig(Section):
     """The training mix (docs/data.md 7.4)."""
 
-    seed: int = Field(42, description="sampling seed")
+    seed: StrictInt = Field(42, ge=0, le=MAX_SEED, description="sampling seed")
     counts: MixCounts = Field(default_factory=MixCounts, description="Training instances per dataset.")
-    min_answers: int = Field(1, ge=1, description="fewest answers a training question may have")
-    max_answers: int | None = Field(None, ge=1, description="most answers a training question may have")
-    val_per_dataset: int = Field(
+    min_answers: StrictInt = Field(
+        1, ge=1, le=MAX_COUNT, description="fewest answers a training question may have"
+    )
+    max_answers: StrictInt | None = Field(
+        None, ge=1, le=MAX_COUNT, description="most answers a training question may have"
+    )
+    val_per_dataset: StrictInt = Field(
         50,
         ge=0,
+        le=MAX_COUNT,
         description="validation instances per dataset (from the train pools, disjoint from the mix)",
     )
-    eval_limit: int | None = Field(None, ge=1, description="cap on instances per evaluation set")
+    eval_limit: StrictInt | None = Field(
+        None, ge=1, le=MAX_COUNT, description="cap on instances per evaluation set"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,8 +326,8 @@ class MixConfig(Section):
 class Bm25Config(Section):
     """BM25 parameters."""
 
-    k1: float = Field(0.9, ge=0, description="term-frequency saturation")
-    b: float = Field(0.4, ge=0, le=1, description="length normalization")
+    k1: StrictFloat = Field(0.9, ge=0, le=100, description="term-frequency saturation")
+    b: StrictFloat = Field(0.4, ge=0, le=1, description="length normalization")
 
 
 class RerankerConfig(Section):
@@ -299,11 +342,12 @@ class RerankerConfig(Section):
         description="hub revision (a commit) the weights are downloaded at, when `model` is a hub id; "
         "null: the main branch",
     )
-    batch_size: int = Field(64, ge=1, description="pairs per forward pass")
-    max_length: int = Field(512, ge=16, description="max tokens per query-passage pair")
-    max_batch_tokens: int | None = Field(
+    batch_size: StrictInt = Field(64, ge=1, le=2**20, description="pairs per forward pass")
+    max_length: StrictInt = Field(512, ge=16, le=2**20, description="max tokens per query-passage pair")
+    max_batch_tokens: StrictInt | None = Field(
         None,
         ge=1,
+        le=2**30,
         description="most tokens per forward pass (pairs x padded length), which bounds activation "
         "memory; null: batch_size x max_length",
     )
@@ -330,35 +374,48 @@ class ServiceConfig(Section):
     """The retrieval HTTP service started for the jobs that need it."""
 
     host: str = Field("127.0.0.1", description="bind address")
-    max_queries_per_request: int = Field(512, ge=1, description="largest accepted batch")
-    max_query_chars: int = Field(1000, ge=1, description="longest accepted query")
-    startup_timeout_s: float = Field(1800, ge=1, description="how long to wait for /health")
-    request_timeout_s: float = Field(120, ge=1, description="client timeout per request")
-    retries: int = Field(3, ge=0, description="client retries on transient errors")
-    cache_entries: int = Field(
-        100000, ge=0, description="most results the service's LRU cache keeps (0: no cache)"
+    max_queries_per_request: StrictInt = Field(512, ge=1, le=2**20, description="largest accepted batch")
+    max_query_chars: StrictInt = Field(1000, ge=1, le=2**20, description="longest accepted query")
+    startup_timeout_s: StrictFloat = Field(
+        1800, ge=1, le=MAX_SECONDS, description="how long to wait for /health"
     )
-    cache_bytes: int = Field(
+    request_timeout_s: StrictFloat = Field(
+        120, ge=1, le=MAX_SECONDS, description="client timeout per request"
+    )
+    retries: StrictInt = Field(3, ge=0, le=100, description="client retries on transient errors")
+    cache_entries: StrictInt = Field(
+        100000, ge=0, le=MAX_COUNT, description="most results the service's LRU cache keeps (0: no cache)"
+    )
+    cache_bytes: StrictInt = Field(
         268435456,
         ge=0,
+        le=MAX_BYTES,
         description="most bytes the cache may hold in memory, keys and passages counted as Python holds them",
     )
-    slice_queries: int = Field(
-        64, ge=1, description="queries per search step; larger and merged requests are cut into slices"
+    slice_queries: StrictInt = Field(
+        64,
+        ge=1,
+        le=2**20,
+        description="queries per search step; larger and merged requests are cut into slices",
     )
     overlap: bool = Field(True, description="BM25 of the next slice while the current one is reranked")
-    header_timeout_s: float = Field(
+    header_timeout_s: StrictFloat = Field(
         20,
         gt=0,
+        le=MAX_SECONDS,
         description="seconds a request's headers may take to arrive; then 408 and the connection is closed",
     )
-    body_timeout_s: float = Field(
+    body_timeout_s: StrictFloat = Field(
         60,
         gt=0,
+        le=MAX_SECONDS,
         description="seconds a request's body may take to arrive after its headers; then 408 and closed",
     )
-    max_connections: int = Field(
-        1024, ge=1, description="most open connections; one more is answered 503 (clients retry) and closed"
+    max_connections: StrictInt = Field(
+        1024,
+        ge=1,
+        le=2**20,
+        description="most open connections; one more is answered 503 (clients retry) and closed",
     )
 
 
@@ -381,8 +438,13 @@ class RetrievalConfig(Section):
     """The search tool (docs/method.md, "Retrieval")."""
 
     bm25: Bm25Config = Field(default_factory=Bm25Config, description="BM25 parameters.")
-    initial_k: int = Field(50, ge=1, description="BM25 candidates per query")
-    topk: int = Field(5, ge=1, description="passages per query after reranking")
+    initial_k: StrictInt = Field(
+        50,
+        ge=1,
+        le=MAX_INITIAL_K,
+        description="BM25 candidates per query (reranked; the service's maximum is 1000)",
+    )
+    topk: StrictInt = Field(5, ge=1, le=MAX_INITIAL_K, description="passages per query after reranking")
     reranker: RerankerConfig = Field(
         default_factory=RerankerConfig, description="Cross-encoder reranker (FlagEmbedding)."
     )
@@ -401,15 +463,17 @@ class WarmstartConfig(Section):
     answer with the gold entities the passages showed), so that a random tiny model writes valid
     actions."""
 
-    steps: int = Field(300, ge=1, description="optimizer steps")
-    lr: float = Field(
-        3.0e-3, gt=0, description="peak AdamW learning rate (linear warm-up, cosine decay to 10%)"
+    steps: StrictInt = Field(300, ge=1, le=MAX_COUNT, description="optimizer steps")
+    lr: StrictFloat = Field(
+        3.0e-3, gt=0, le=1, description="peak AdamW learning rate (linear warm-up, cosine decay to 10%)"
     )
-    batch_size: int = Field(4, ge=1, description="scripted episodes per step")
-    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="fraction of the steps spent warming up")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_searches: Literal[1, 2] = Field(
+    batch_size: StrictInt = Field(4, ge=1, le=2**20, description="scripted episodes per step")
+    warmup_ratio: StrictFloat = Field(0.05, ge=0, lt=1, description="fraction of the steps spent warming up")
+    weight_decay: StrictFloat = Field(0.0, ge=0, le=1, description="AdamW weight decay")
+    max_searches: StrictInt = Field(
         2,
+        ge=1,
+        le=2,
         description="search steps a scripted episode may take (the second only when the first showed "
         "no gold entity)",
     )
@@ -422,28 +486,31 @@ class WarmstartConfig(Section):
         True,
         description="also train on each multi-turn episode's first turn alone (prompt and first search)",
     )
-    generated_worlds: int = Field(
+    generated_worlds: StrictInt = Field(
         0,
         ge=0,
+        le=1000,
         description="also script this many demo-like worlds generated with other seeds (names the demo "
         "world never uses), searched over their own passages, so that the policy learns to copy "
         "names from what it reads",
     )
-    copy_weight: float = Field(
+    copy_weight: StrictFloat = Field(
         0.0,
         ge=0,
+        le=1000,
         description="weight of a copying task trained beside the episodes at every step (random spans of "
         "name pieces repeated after noise), so that the policy can write a name it has only read; 0: none",
     )
-    copy_batch_size: int = Field(16, ge=1, description="copying sequences per step")
-    copy_length: int = Field(64, ge=8, description="longest copying sequence (tokens)")
-    copy_attention_weight: float = Field(
+    copy_batch_size: StrictInt = Field(16, ge=1, le=2**20, description="copying sequences per step")
+    copy_length: StrictInt = Field(64, ge=8, le=2**20, description="longest copying sequence (tokens)")
+    copy_attention_weight: StrictFloat = Field(
         1.0,
         ge=0,
+        le=1000,
         description="weight of the copying task's attention targets (the first layer's first head on the "
         "previous token, the last layer's first head on the current token's earlier occurrence)",
     )
-    seed: int = Field(0, description="seed of the batches and of torch")
+    seed: StrictInt = Field(0, ge=0, le=MAX_SEED, description="seed of the batches and of torch")
 
 
 class BackboneConfig(Section):
@@ -457,7 +524,7 @@ class BackboneConfig(Section):
         description="hub revision (a commit) the weights are downloaded at, when `model` is a hub id; "
         "null: the repository's main branch",
     )
-    gpus: int = Field(8, ge=0, description="GPUs per training job (resources: gpu)")
+    gpus: StrictInt = Field(8, ge=0, le=1024, description="GPUs per training job (resources: gpu)")
     warmstart: WarmstartConfig | None = Field(
         None,
         description="tiny:qwen3 backbones only: warm-start the policy by supervised fine-tuning (rule "
@@ -491,54 +558,59 @@ class BackboneConfig(Section):
         return self.model.startswith("tiny:")
 
 
+#: The variant keys a reward may read (each reward reads some of them, :data:`REWARDS`).
+_REWARD_KEYS = tuple(dict.fromkeys(k for spec in REWARDS.values() for k in spec.keys))
+
+
+def _registry_text(registry) -> str:
+    return "; ".join(f"{spec.name}: {spec.description}" for spec in registry.values())
+
+
 class VariantConfig(Section):
-    """One trained variant (docs/method.md, "Ablations and baselines")."""
+    """One trained variant (docs/method.md, "Ablations and baselines"). A key that the variant's
+    reward does not read keeps its default."""
 
     verl_config: Name = Field(description="name of the verl YAML in config/verl/")
-    advantage: Literal["spa", "grpo_return", "grpo", "gae", "turn_gae"] = Field(
-        "spa",
-        description="spa: step-wise peer advantage; grpo_return: trajectory GRPO on the summed "
-        "return; grpo: verl GRPO on the terminal reward; gae: PPO with a critic; turn_gae: GAE "
-        "inside each assistant turn (R3-RAG)",
+    advantage: Literal[tuple(ADVANTAGES)] = Field(  # type: ignore[valid-type]
+        "spa", description=f"{_registry_text(ADVANTAGES)}; pairing: {pairing_rule()}"
     )
-    reward: Literal["step", "terminal", "stepsearch", "r3rag"] = Field(
-        "step",
-        description="step: diversity-aware step rewards plus terminal F1; terminal: F1 only (-1 "
-        "invalid); stepsearch / r3rag: the step scorers' rewards (docs/baselines.md)",
+    reward: Literal[tuple(REWARDS)] = Field(  # type: ignore[valid-type]
+        "step", description=f"{_registry_text(REWARDS)} (docs/baselines.md)"
     )
-    alpha: float = Field(1.0, ge=0, description="information-gain weight alpha")
-    beta: float = Field(4.0, ge=0, description="novelty-premium weight beta")
-    cost: float = Field(0.01, ge=0, description="tool cost c per query")
-    lambda_s: float = Field(
-        0.6, ge=0, description="StepSearch step-reward scale (0.6 nominal; 1.6 as its code applies)"
+    alpha: StrictFloat = Field(
+        1.0, ge=0, le=100, description="information-gain weight alpha (reward step only)"
+    )
+    beta: StrictFloat = Field(4.0, ge=0, le=100, description="novelty-premium weight beta (reward step only)")
+    cost: StrictFloat = Field(0.01, ge=0, le=100, description="tool cost c per query (reward step only)")
+    lambda_s: StrictFloat = Field(
+        0.6,
+        ge=0,
+        le=100,
+        description="StepSearch step-reward scale (0.6 nominal; 1.6 as its code applies; reward stepsearch only)",
     )
     judge: Literal["llm", "reranker"] = Field(
         "llm",
         description="R3-RAG process scorer: llm (the judge block) or reranker (sigmoid of the "
-        "reranker score)",
+        "reranker score); reward r3rag only",
     )
-    invalid_format_reward: float = Field(
+    invalid_format_reward: StrictFloat = Field(
         -1.0,
-        ge=-10,
-        le=10,
+        ge=-1,
+        le=1,
         description="terminal reward of an invalid format (paper: -1; the authors' code gives 0 in "
         "SPADER's reward manager and its ablations, -1 in their GRPO)",
     )
 
     @model_validator(mode="after")
     def _advantage_trains_reward(self) -> VariantConfig:
-        reward, advantage = self.reward, self.advantage
-        errors = []
-        if (reward in _SCORER_ADVANTAGE or advantage == "turn_gae") and _SCORER_ADVANTAGE.get(
-            reward
-        ) != advantage:
-            errors.append(
-                f"advantage: {advantage!r} does not train reward {reward!r} (stepsearch: gae, r3rag: turn_gae)"
-            )
-        if advantage == "gae" and reward not in ("terminal", "stepsearch"):
-            errors.append("reward: PPO (advantage gae) is trained on the terminal reward")
-        if advantage in ("spa", "grpo_return") and reward != "step":
-            errors.append(f"reward: advantage {advantage!r} is defined on the step rewards (reward: step)")
+        errors = [f"advantage: {e}" for e in pairing_errors(self.advantage, self.reward)]
+        read = reward_spec(self.reward).keys
+        for name in _REWARD_KEYS:
+            if name not in read and getattr(self, name) != type(self).model_fields[name].default:
+                errors.append(
+                    f"{name}: reward {self.reward!r} does not read it (set it only for a reward that "
+                    f"does, or leave it out); got {getattr(self, name)!r}"
+                )
         if errors:
             raise ValueError("\n".join(errors))
         return self
@@ -555,8 +627,10 @@ class VariantConfig(Section):
 class CostWarmup(Section):
     """Tool-cost warm-up schedule of the authors' code."""
 
-    free_steps: int = Field(100, ge=0, description="steps with zero tool cost")
-    ramp_steps: int = Field(100, ge=0, description="steps of linear ramp to the full cost")
+    free_steps: StrictInt = Field(100, ge=0, le=MAX_COUNT, description="steps with zero tool cost")
+    ramp_steps: StrictInt = Field(
+        100, ge=0, le=MAX_COUNT, description="steps of linear ramp to the full cost"
+    )
 
 
 class DivergencesConfig(Section):
@@ -585,28 +659,34 @@ class TimeLimitConfig(Section):
     the workflow retries; the retry resumes. Operational: editing these keys retrains nothing."""
 
     hours: dict[
-        str, Annotated[float, Field(gt=0, description="hours of one training run of this variant")]
+        str,
+        Annotated[
+            StrictFloat, Field(gt=0, le=24 * 365, description="hours of one training run of this variant")
+        ],
     ] = Field(
-        default_factory=lambda: {"default": 40.0, "ppo": 50.0, "stepsearch": 50.0, "r3rag": 100.0},
+        default_factory=lambda: {"default": 40.0},
         description="wall-time estimate of one training run per variant, in hours (rule train_policy's "
         "runtime, capped by the SLURM profile's max_runtime for train_policy); `default` for variants "
         "not listed",
     )
-    warning_s: int = Field(
+    warning_s: StrictInt = Field(
         1800,
         ge=60,
+        le=MAX_SECONDS,
         description="seconds before the time limit at which SLURM signals the job (SIGURG) to stop at "
         "its next step boundary; must cover the rest of a step plus a checkpoint save",
     )
-    retries: int = Field(
+    retries: StrictInt = Field(
         5,
         ge=0,
+        le=100,
         description="automatic reruns of a training job (Snakemake retries); each resumes from the newest "
         "checkpoint, so a run longer than the time limit spans up to retries + 1 allocations",
     )
-    failure_retries: int = Field(
+    failure_retries: StrictInt = Field(
         1,
         ge=0,
+        le=100,
         description="how many of those reruns may follow an attempt that failed for another reason than a "
         "stop signal or a time limit (0: such a failure waits for a rerun by hand)",
     )
@@ -630,39 +710,52 @@ OPERATIONAL_TRAINING_KEYS = ("time_limit", "max_search_error_rate")
 class TrainingConfig(Section):
     """verl training hyperparameters (docs/method.md, "Training setup")."""
 
-    epochs: int = Field(1, ge=1, description="passes over the training mix")
-    train_batch_size: int = Field(32, ge=1, description="prompts per step")
-    ppo_mini_batch_size: int = Field(32, ge=1, description="prompts per PPO mini-batch")
-    ppo_micro_batch_size_per_gpu: int = Field(4, ge=1, description="micro-batch per GPU")
-    lr: float = Field(1.0e-5, gt=0, description="AdamW learning rate")
-    lr_warmup_ratio: float = Field(0.05, ge=0, le=1, description="warm-up fraction of steps")
-    rollout_n: int = Field(16, ge=1, description="rollouts per prompt (G)")
-    temperature: float = Field(1.0, ge=0, description="rollout temperature")
-    top_p: float = Field(1.0, gt=0, le=1, description="rollout top-p")
-    kl_loss_coef: float = Field(0.001, ge=0, description="KL loss coefficient")
+    epochs: StrictInt = Field(1, ge=1, le=10**4, description="passes over the training mix")
+    train_batch_size: StrictInt = Field(32, ge=1, le=2**20, description="prompts per step")
+    ppo_mini_batch_size: StrictInt = Field(32, ge=1, le=2**20, description="prompts per PPO mini-batch")
+    ppo_micro_batch_size_per_gpu: StrictInt = Field(4, ge=1, le=2**20, description="micro-batch per GPU")
+    lr: StrictFloat = Field(1.0e-5, gt=0, le=1, description="AdamW learning rate")
+    lr_warmup_ratio: StrictFloat = Field(0.05, ge=0, le=1, description="warm-up fraction of steps")
+    rollout_n: StrictInt = Field(16, ge=1, le=2**16, description="rollouts per prompt (G)")
+    temperature: StrictFloat = Field(1.0, ge=0, le=10, description="rollout temperature")
+    top_p: StrictFloat = Field(1.0, gt=0, le=1, description="rollout top-p")
+    kl_loss_coef: StrictFloat = Field(0.001, ge=0, le=100, description="KL loss coefficient")
     kl_loss_type: str = Field("low_var_kl", description="verl KL loss type")
-    gamma: float = Field(0.9, ge=0, le=1, description="discount over decision steps")
-    max_prompt_length: int = Field(512, ge=1, description="prompt tokens")
-    max_response_length: int = Field(8192, ge=1, description="response tokens, tool text included")
-    gpu_memory_utilization: float = Field(
+    gamma: StrictFloat = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="discount over decision steps of the step rewards (variants with reward step only; "
+        "the other rewards are trained with their own: terminal has one step, stepsearch and r3rag use 1.0)",
+    )
+    max_prompt_length: StrictInt = Field(512, ge=1, le=2**24, description="prompt tokens")
+    max_response_length: StrictInt = Field(
+        8192, ge=1, le=2**24, description="response tokens, tool text included"
+    )
+    gpu_memory_utilization: StrictFloat = Field(
         0.6,
         gt=0,
         le=1,
         description="sglang's mem_fraction_static: its share, for weights and KV cache, of the GPU memory "
         "free when it starts (after verl's models and the reranker; sglang 0.5.14)",
     )
-    save_freq: int = Field(100, ge=1, description="checkpoint every N steps")
-    test_freq: int = Field(50, ge=1, description="validate every N steps")
+    save_freq: StrictInt = Field(100, ge=1, le=MAX_COUNT, description="checkpoint every N steps")
+    test_freq: StrictInt = Field(50, ge=1, le=MAX_COUNT, description="validate every N steps")
     val_before_train: bool = Field(
         True, description="validate once before the first step (verl's trainer.val_before_train)"
     )
-    max_actor_ckpt_to_keep: int | None = Field(
-        2, ge=1, description="actor checkpoints kept, the newest (null: all)"
+    max_actor_ckpt_to_keep: StrictInt | None = Field(
+        2, ge=1, le=10**4, description="actor checkpoints kept, the newest (null: all)"
     )
-    max_critic_ckpt_to_keep: int | None = Field(
-        2, ge=1, description="critic checkpoints kept, the newest (null: all)"
+    max_critic_ckpt_to_keep: StrictInt | None = Field(
+        2, ge=1, le=10**4, description="critic checkpoints kept, the newest (null: all)"
     )
-    seed: int = Field(1, description="training seed: prompt order, mini-batch shuffling, rollout sampling")
+    seed: StrictInt = Field(
+        1,
+        ge=0,
+        le=MAX_SEED,
+        description="training seed: prompt order, mini-batch shuffling, rollout sampling",
+    )
     shuffle: bool = Field(
         True,
         description="shuffle the training prompts each epoch (verl's data.shuffle; the authors' code: "
@@ -675,9 +768,11 @@ class TrainingConfig(Section):
     rollout_backend: Literal["sglang", "transformers"] = Field(
         "sglang", description="rollout engine: sglang (cuda) or the transformers replica (cpu)"
     )
-    cpu_workers: int = Field(1, ge=1, description="training processes (FSDP ranks) when device is cpu")
-    max_steps: int | None = Field(
-        None, ge=1, description="stop after this many steps (null: the epochs decide)"
+    cpu_workers: StrictInt = Field(
+        1, ge=1, le=1024, description="training processes (FSDP ranks) when device is cpu"
+    )
+    max_steps: StrictInt | None = Field(
+        None, ge=1, le=MAX_COUNT, description="stop after this many steps (null: the epochs decide)"
     )
     divergences: DivergencesConfig = Field(
         default_factory=DivergencesConfig,
@@ -689,9 +784,10 @@ class TrainingConfig(Section):
         "critic's passes instead of padded ones with an attention mask; the plan models both paths, the "
         "packed path's implementation is pending (a training job refuses it until then)",
     )
-    nodes: int = Field(
+    nodes: StrictInt = Field(
         1,
         ge=1,
+        le=1024,
         description="nodes per training job, each with the backbone's GPUs: a Ray cluster spans them "
         "and verl trains with trainer.nnodes (an LLM-judged R3-RAG variant keeps the last node for its "
         "judge, which for now must be given by judge.url); more than one needs a cluster executor "
@@ -701,7 +797,7 @@ class TrainingConfig(Section):
         default_factory=TimeLimitConfig,
         description="How a training job lives with a scheduler's time limit (docs/cluster.md).",
     )
-    max_search_error_rate: float = Field(
+    max_search_error_rate: StrictFloat = Field(
         0.2,
         ge=0,
         le=1,
@@ -727,24 +823,28 @@ class AgentConfig(Section):
     """One agent turn, the same in training rollouts and evaluation (docs/method.md, "Prompt and
     format")."""
 
-    max_turns: int = Field(16, ge=1, description="assistant turns per episode")
-    max_turn_tokens: int | None = Field(
+    max_turns: StrictInt = Field(16, ge=1, le=10**4, description="assistant turns per episode")
+    max_turn_tokens: StrictInt | None = Field(
         None,
         ge=1,
+        le=2**24,
         description="cap on new tokens per assistant turn; null: none, a turn may use the episode's "
         "remaining token budget (as the authors' training)",
     )
-    regenerations: int = Field(
+    regenerations: StrictInt = Field(
         0,
         ge=0,
+        le=100,
         description="a malformed turn is sampled again up to this many times before it counts "
         "(R3-RAG's original: 3); 0: every turn is sampled once",
     )
-    max_tool_response_chars: int = Field(11000, ge=1, description="observation cap in characters")
-    max_queries_per_call: int | None = Field(
+    max_tool_response_chars: StrictInt = Field(
+        11000, ge=1, le=2**30, description="observation cap in characters"
+    )
+    max_queries_per_call: StrictInt | None = Field(
         10,
         ge=1,
-        le=512,
+        le=2**20,
         description="queries of one tool call beyond this are not run (they still count in q_t); null: "
         "every query runs (the authors' code)",
     )
@@ -783,31 +883,35 @@ class EvaluationConfig(Section):
     """Agent inference for evaluation (docs/method.md, "Evaluation")."""
 
     engine: Literal["sglang", "transformers"] = Field("sglang", description="generation engine")
-    max_context_tokens: int | None = Field(
+    max_context_tokens: StrictInt | None = Field(
         None,
         ge=1,
+        le=2**24,
         description="token budget of an episode (prompt and response); null: training's "
         "max_prompt_length + max_response_length",
     )
-    max_response_tokens: int | None = Field(
+    max_response_tokens: StrictInt | None = Field(
         None,
         ge=1,
-        le=1_000_000,
+        le=2**24,
         description="cap on the tokens after the prompt (generated and observations), as training's "
         "max_response_length caps a rollout; null: only max_context_tokens (whose prompt share a "
         "short prompt leaves to the response)",
     )
-    max_turn_tokens: int | None = Field(
+    max_turn_tokens: StrictInt | None = Field(
         None,
         ge=1,
-        le=1_000_000,
+        le=2**24,
         description="cap on new tokens per assistant turn in evaluation only (the authors' evaluation: "
         "5,096); null: agent.max_turn_tokens",
     )
-    temperature: float = Field(
-        1.0, ge=0, description="sampling temperature (the authors' evaluation: 1.0); 0 is greedy decoding"
+    temperature: StrictFloat = Field(
+        1.0,
+        ge=0,
+        le=10,
+        description="sampling temperature (the authors' evaluation: 1.0); 0 is greedy decoding",
     )
-    top_p: float = Field(1.0, gt=0, le=1, description="top-p when sampling")
+    top_p: StrictFloat = Field(1.0, gt=0, le=1, description="top-p when sampling")
     generation_config: bool = Field(
         False,
         description="fill top_k, top_p, min_p and repetition_penalty from the policy's "
@@ -822,41 +926,52 @@ class EvaluationConfig(Section):
         "generation error is scored on what it wrote, an episode that failed otherwise is left out "
         "of the means)",
     )
-    seed: int = Field(0, description="sampling seed; each request samples with its own seed derived from it")
-    max_error_share: float = Field(
+    seed: StrictInt = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description="sampling seed; each request samples with its own seed derived from it",
+    )
+    max_error_share: StrictFloat = Field(
         0.02,
         ge=0,
         le=1,
         description="an evaluation whose share of episodes lost to generation errors exceeds this fails "
         "instead of writing its records",
     )
-    gpus: int = Field(1, ge=0, description="GPUs per evaluation job")
-    cpu_threads: int = Field(
+    gpus: StrictInt = Field(1, ge=0, le=1024, description="GPUs per evaluation job")
+    cpu_threads: StrictInt = Field(
         2,
         ge=1,
+        le=1024,
         description="CPU threads of an evaluation job without GPUs (`gpus: 0`), shared by its policy and its "
         "search service; a GPU job's come from the node. Not a result setting: changing it reruns nothing",
     )
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: StrictFloat = Field(
         0.7,
         gt=0,
         le=1,
         description="sglang mem_fraction_static (the search service's reranker shares the GPU)",
     )
-    batch_size: int = Field(64, ge=1, description="transformers engine: prompts per forward batch")
-    seeds: list[int] | None = Field(
+    batch_size: StrictInt = Field(
+        64, ge=1, le=2**20, description="transformers engine: prompts per forward batch"
+    )
+    seeds: list[Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]] | None = Field(
         None,
         description="several sampling seeds: every question is evaluated once per seed and the tables "
         "report the mean over seeds and its spread (needs temperature > 0); null: `seed` alone",
     )
-    bootstrap_samples: int = Field(
+    bootstrap_samples: StrictInt = Field(
         10000,
         ge=100,
+        le=10**7,
         description="bootstrap resamples of the questions for the tables' intervals, and random sign "
         "patterns of the paired permutation test",
     )
-    bootstrap_seed: int = Field(0, description="seed of the bootstrap resamples and permutations")
-    significance_level: float = Field(
+    bootstrap_seed: StrictInt = Field(
+        0, ge=0, le=MAX_SEED, description="seed of the bootstrap resamples and permutations"
+    )
+    significance_level: StrictFloat = Field(
         0.05,
         gt=0,
         lt=0.5,
@@ -879,13 +994,17 @@ class EvaluationConfig(Section):
 class EvidenceConfig(Section):
     """Rule build_evidence, one evidence passage per gold entity of the training mix."""
 
-    depth: int = Field(50, ge=1, le=1000, description="passages per query kept after reranking")
-    queries_per_request: int = Field(128, ge=1, description="queries per request to the retrieval service")
-    concurrency: int = Field(2, ge=1, description="requests in flight")
+    depth: StrictInt = Field(
+        50, ge=1, le=MAX_INITIAL_K, description="passages per query kept after reranking"
+    )
+    queries_per_request: StrictInt = Field(
+        128, ge=1, le=2**20, description="queries per request to the retrieval service"
+    )
+    concurrency: StrictInt = Field(2, ge=1, le=1024, description="requests in flight")
     qampari_proof_text: bool = Field(
         False, description="QAMPARI entities take the release's proof_text instead"
     )
-    gpus: int = Field(1, ge=0, description="GPUs of the job (the reranker's)")
+    gpus: StrictInt = Field(1, ge=0, le=1024, description="GPUs of the job (the reranker's)")
 
 
 class StepSearchConfig(Section):
@@ -895,9 +1014,13 @@ class StepSearchConfig(Section):
         default_factory=EvidenceConfig,
         description="Rule build_evidence, one evidence passage per gold entity of the training mix.",
     )
-    workers: int = Field(
-        4, ge=0, description="processes computing the per-passage TF-IDF in training (0: none)"
+    workers: StrictInt = Field(
+        4, ge=0, le=1024, description="processes computing the per-passage TF-IDF in training (0: none)"
     )
+
+
+#: The judge settings the trainer's judge client reads (besides ``model`` and ``url``).
+JUDGE_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature", "unparsable")
 
 
 class JudgeConfig(Section):
@@ -911,24 +1034,30 @@ class JudgeConfig(Section):
         None,
         description="OpenAI-compatible base URL of a running judge (null: serve one on the training node)",
     )
-    gpus: int = Field(4, ge=1, description="GPUs of the training node set aside for the judge server")
-    tensor_parallel: int = Field(1, ge=1, description="GPUs per judge replica")
-    mem_fraction: float = Field(0.85, gt=0, le=1, description="sglang mem_fraction_static of the judge")
-    max_tokens: int = Field(
-        4096, ge=1, description="reply budget of the judge (R3-RAG's original: 4,096 tokens)"
+    gpus: StrictInt = Field(
+        4, ge=1, le=1024, description="GPUs of the training node set aside for the judge server"
     )
-    temperature: float | None = Field(
-        0.0, ge=0, le=2, description="judge sampling temperature; null: the server's default (R3-RAG's code)"
+    tensor_parallel: StrictInt = Field(1, ge=1, le=1024, description="GPUs per judge replica")
+    mem_fraction: StrictFloat = Field(0.85, gt=0, le=1, description="sglang mem_fraction_static of the judge")
+    max_tokens: StrictInt = Field(
+        4096, ge=1, le=2**24, description="reply budget of the judge (R3-RAG's original: 4,096 tokens)"
+    )
+    temperature: StrictFloat | None = Field(
+        0.0, ge=0, le=10, description="judge sampling temperature; null: the server's default (R3-RAG's code)"
     )
     unparsable: Literal["zero", "raise"] = Field(
         "zero",
         description="a reply without a Relevance verdict: zero (scores 0 and is logged) or raise (an "
         "error, as R3-RAG's code)",
     )
-    startup_timeout_s: float = Field(1800, ge=1, description="how long the judge server may take to load")
-    timeout_s: float = Field(120, gt=0, description="timeout per judge request")
-    retries: int = Field(3, ge=0, description="retries on connection errors, timeouts, 429 and 5xx")
-    concurrency: int = Field(64, ge=1, description="judge requests in flight")
+    startup_timeout_s: StrictFloat = Field(
+        1800, ge=1, le=MAX_SECONDS, description="how long the judge server may take to load"
+    )
+    timeout_s: StrictFloat = Field(120, gt=0, le=MAX_SECONDS, description="timeout per judge request")
+    retries: StrictInt = Field(
+        3, ge=0, le=100, description="retries on connection errors, timeouts, 429 and 5xx"
+    )
+    concurrency: StrictInt = Field(64, ge=1, le=2**16, description="judge requests in flight")
 
 
 class CodeRerunsConfig(Section):
@@ -957,37 +1086,37 @@ GPU_MODELS = ("A100-40GB", "A100-80GB", "H100-80GB", "H200")
 
 class HardwareConfig(Section):
     """The node the GPU jobs are planned for, and the assumptions of the plan's time model
-    (``python -m spader.training.plan``, docs/gpu.md). A cluster's nodes must match ``cores`` and
+    (``spader plan``, docs/gpu.md). A cluster's nodes must match ``cores`` and
     ``host_memory_gib`` (SLURM's ``--cpus-per-task`` and the cap of ``--mem``) and have at least
     ``backbones.<name>.gpus`` GPUs (``--gpus``)."""
 
-    gpu: Literal[GPU_MODELS] = Field(
+    gpu: Literal[GPU_MODELS] = Field(  # type: ignore[valid-type]
         "A100-80GB",
         description="GPU model: its peak dense bf16 FLOP/s, memory and host-link bandwidth (the plan's "
         "table, spader.training.costs.GPUS) drive the time estimates",
     )
-    gpu_memory_gib: float = Field(
+    gpu_memory_gib: StrictFloat = Field(
         80,
         gt=0,
         le=1024,
         description="memory of one GPU in GiB; the memory plan fails a job whose per-GPU peak exceeds it "
         "(a training job's preflight uses the memory its GPUs report)",
     )
-    gpus: int = Field(
+    gpus: StrictInt = Field(
         8,
         ge=1,
         le=64,
         description="GPUs of one node; a GPU job gets the node's cores and host memory in proportion to the "
         "GPUs it holds (a training job holds backbones.<name>.gpus, evaluation evaluation.gpus)",
     )
-    cores: int = Field(
+    cores: StrictInt = Field(
         64,
         ge=1,
         le=4096,
         description="CPU cores of one node that jobs may use: a GPU job's threads (SLURM --cpus-per-task) are "
         "this share of its GPUs; a cluster's nodes must have at least this many",
     )
-    host_memory_gib: float = Field(
+    host_memory_gib: StrictFloat = Field(
         480,
         ge=1,
         le=65536,
@@ -995,7 +1124,7 @@ class HardwareConfig(Section):
         "host memory (pinned reference model, sglang's weight copies, offloaded states, processes) exceeds "
         "it, and a training job asks SLURM (--mem) for the plan's need with headroom, at most its share of this",
     )
-    disk_gib: float = Field(
+    disk_gib: StrictFloat = Field(
         6000,
         ge=1,
         le=10_000_000,
@@ -1003,7 +1132,7 @@ class HardwareConfig(Section):
         "whose work directory at its peak (checkpoints kept and those coexisting during an attempt) plus "
         "its export exceeds it",
     )
-    mfu: float = Field(
+    mfu: StrictFloat = Field(
         0.4,
         ge=0.05,
         le=0.8,
@@ -1011,7 +1140,7 @@ class HardwareConfig(Section):
         "rollouts' prefill reach (model FLOPs utilisation; 0.35-0.45 is typical of FSDP training of 8B "
         "models with activation checkpointing)",
     )
-    bandwidth_efficiency: float = Field(
+    bandwidth_efficiency: StrictFloat = Field(
         0.6,
         ge=0.05,
         le=1,
@@ -1019,7 +1148,7 @@ class HardwareConfig(Section):
         "step reads the weights and the KV cache of its running sequences) and of the host link that "
         "offloaded states move at",
     )
-    length_share: float = Field(
+    length_share: StrictFloat = Field(
         0.5,
         gt=0,
         le=1,
@@ -1027,7 +1156,7 @@ class HardwareConfig(Section):
         "a share of max_prompt_length + max_response_length; lengths are modelled as uniform with this mean "
         "and the maximum as upper end (docs/gpu.md)",
     )
-    generated_share: float = Field(
+    generated_share: StrictFloat = Field(
         0.25,
         gt=0,
         le=1,
@@ -1062,7 +1191,6 @@ class Config(Section):
         "(index, datasets, mix) with the default run; null: the default run.",
     )
     targets: list[str] = Field(
-        default_factory=lambda: ["qwen3_8b", "llama3_1_8b"],
         min_length=1,
         description="Backbones built by `rule all` (results/<backbone>/f1.tsv).",
     )
@@ -1141,11 +1269,50 @@ class Config(Section):
                 errors.append(
                     f"config key 'variants.{v}.judge': the reranker judge needs retrieval.reranker.model"
                 )
+        errors += self._size_errors()
         errors += self._served_judge_errors()
         for key in self.training.time_limit.hours:
             if key != "default" and key not in self.variants:
                 errors.append(
                     f"config key 'training.time_limit.hours': '{key}' is not a key of 'variants' (or `default`)"
+                )
+        return errors
+
+    def _size_errors(self) -> list[str]:
+        """Sizes that must fit into each other (each would fail a job, or silently do nothing)."""
+        errors = []
+        mix, training, retrieval = self.mix, self.training, self.retrieval
+        if mix.max_answers is not None and mix.max_answers < mix.min_answers:
+            errors.append(
+                f"config key 'mix.max_answers': {mix.max_answers} is below mix.min_answers ({mix.min_answers})"
+            )
+        drawn = sum(getattr(mix.counts, d) for d in DATASETS)
+        if drawn == 0:
+            errors.append("config key 'mix.counts': every count is 0, the training mix would be empty")
+        if training.ppo_mini_batch_size > training.train_batch_size:
+            errors.append(
+                f"config key 'training.ppo_mini_batch_size': {training.ppo_mini_batch_size} is larger than "
+                f"training.train_batch_size ({training.train_batch_size})"
+            )
+        if 0 < drawn < training.train_batch_size:
+            errors.append(
+                f"config key 'training.train_batch_size': {training.train_batch_size} is larger than the "
+                f"{drawn} instances mix.counts draw (no training step would run)"
+            )
+        if retrieval.topk > retrieval.initial_k:
+            errors.append(
+                f"config key 'retrieval.topk': {retrieval.topk} is larger than retrieval.initial_k "
+                f"({retrieval.initial_k})"
+            )
+        most = retrieval.service.max_queries_per_request
+        for key, value in (
+            ("stepsearch.evidence.queries_per_request", self.stepsearch.evidence.queries_per_request),
+            ("agent.max_queries_per_call", self.agent.max_queries_per_call),
+        ):
+            if value is not None and value > most:  # null: uncapped calls are searched in slices
+                errors.append(
+                    f"config key '{key}': {value} is larger than retrieval.service.max_queries_per_request "
+                    f"({most}), which the service refuses"
                 )
         return errors
 

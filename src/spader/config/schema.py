@@ -26,7 +26,7 @@ from spader.config.model import Config
 __all__ = ["HEADER", "dump_yaml", "json_schema"]
 
 HEADER = (
-    "# Generated from spader.config.model by `python -m spader.config write`; do not edit by hand.\n"
+    "# Generated from spader.config.model by `spader config docs`; do not edit by hand.\n"
     "# Every key, its type, default and description: config/README.md (generated from the same model).\n"
 )
 

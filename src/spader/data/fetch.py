@@ -26,6 +26,7 @@ from typing import Any
 import polars as pl
 
 from spader.config import USER_SUPPLIED as _USER_SUPPLIED
+from spader.config.model import HubSource
 from spader.data.layout import dump_mintaka_json
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def download_dataset(
     return Path(fetch(where, dest, desc=dest.name, record_source=str(url)))
 
 
-def fetch_from_hub(hub: Mapping[str, Any], dest: str | os.PathLike, *, key: str) -> Path:
+def fetch_from_hub(hub: HubSource | Mapping[str, Any], dest: str | os.PathLike, *, key: str) -> Path:
     """Get a release file from a hub dataset repository (or a local directory laid out like one).
 
     Args:
@@ -88,33 +89,34 @@ def fetch_from_hub(hub: Mapping[str, Any], dest: str | os.PathLike, *, key: str)
     from huggingface_hub import hf_hub_download
 
     dest = Path(dest)
-    local_dir = hub.get("local_dir")
+    try:
+        hub = HubSource.model_validate(dict(hub))
+    except ValueError as e:
+        raise DatasetSourceError(f"config key '{key}': {e}".replace("\n", "; ")) from e
+    local_dir = hub.local_dir
     where = f"local directory {local_dir}" if local_dir else "the Hugging Face hub"
     try:
         path = hf_hub_download(
-            repo_id=hub["repo_id"],
-            filename=hub["filename"],
-            repo_type=hub.get("repo_type") or "dataset",
-            revision=hub.get("revision") or "main",
+            repo_id=hub.repo_id,
+            filename=hub.filename,
+            repo_type=hub.repo_type,
+            revision=hub.revision,
             local_dir=local_dir,
             local_files_only=local_dir is not None,
         )
     except Exception as e:  # huggingface_hub raises many error types; all mean "not available"
         raise DatasetSourceError(
-            f"config key '{key}': cannot get '{hub['filename']}' of {hub['repo_id']} from {where} ({e})"
+            f"config key '{key}': cannot get '{hub.filename}' of {hub.repo_id} from {where} ({e})"
         ) from e
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
-    fmt = hub.get("format") or "raw"
-    if fmt == "raw":
+    if hub.format == "raw":
         shutil.copyfile(path, tmp)
-    elif fmt == "mintaka_parquet":
-        records = mintaka_records_from_parquet(path, split=hub.get("split"))
+    else:  # mintaka_parquet
+        records = mintaka_records_from_parquet(path, split=hub.split)
         tmp.write_text(dump_mintaka_json(records), encoding="utf-8")
-    else:
-        raise DatasetSourceError(f"config key '{key}.format': unknown format '{fmt}' (raw, mintaka_parquet)")
     tmp.replace(dest)
-    log.info("%s: %s of %s from %s (%s)", dest, hub["filename"], hub["repo_id"], where, fmt)
+    log.info("%s: %s of %s from %s (%s)", dest, hub.filename, hub.repo_id, where, hub.format)
     return dest
 
 

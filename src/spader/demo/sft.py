@@ -15,98 +15,23 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from spader.config.model import WarmstartConfig
 
 log = logging.getLogger(__name__)
 
 __all__ = ["WarmstartSettings", "copy_batch", "copy_vocabulary", "encode_conversation", "train_warmstart"]
 
 
-@dataclass(frozen=True)
-class WarmstartSettings:
-    """Supervised fine-tuning settings (``backbones.<name>.warmstart``; documented in the schema).
-
-    Attributes:
-        steps: optimizer steps.
-        lr: peak AdamW learning rate (linear warm-up, then cosine decay to 10%).
-        batch_size: conversations per step.
-        warmup_ratio: fraction of the steps spent warming up.
-        weight_decay: AdamW weight decay.
-        max_searches: search steps a scripted episode may take (1 or 2).
-        world_questions: also script the demo world's questions about topics that no evaluation
-            question asks about or answers (more distinct names than the small demo mix holds,
-            so that the model learns to copy names rather than recite them).
-        first_turn_examples: besides each whole episode, train on its first turn alone (the
-            prompt and the first search): a short sequence, so copying the question into a query
-            is seen twice as often for a fraction of the cost of a whole episode.
-        generated_worlds: also script this many demo-like worlds generated with other seeds
-            (:func:`spader.demo.trajectories.generated_questions`): their names occur nowhere in
-            the demo world, so the policy learns to write the names it reads, not ones it recalls.
-        copy_weight: weight of a copying task trained beside the episodes at every step (0: none):
-            random spans of name pieces repeated after noise, so that the model learns to write
-            again what it read (:func:`copy_batch`); a name it never saw can only be written so.
-        copy_batch_size: copying sequences per step.
-        copy_length: longest copying sequence (tokens).
-        copy_attention_weight: weight of the copying task's attention targets: the first layer's
-            first head looks at the previous token, the last layer's first head at the current
-            token's earlier occurrence; 0: the next-token loss alone, which learns to copy far
-            more slowly.
-        seed: seed of the batches and of torch.
-    """
-
-    steps: int = 300
-    lr: float = 3.0e-3
-    batch_size: int = 4
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.0
-    max_searches: int = 2
-    world_questions: bool = True
-    first_turn_examples: bool = True
-    generated_worlds: int = 0
-    copy_weight: float = 0.0
-    copy_batch_size: int = 16
-    copy_length: int = 64
-    copy_attention_weight: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(
-                f"warmstart.steps and warmstart.batch_size must be >= 1, got {self.steps}, {self.batch_size}"
-            )
-        if not self.lr > 0 or not 0 <= self.warmup_ratio < 1 or self.weight_decay < 0:
-            raise ValueError(
-                "warmstart.lr must be > 0, warmup_ratio in [0, 1) and weight_decay >= 0, got "
-                f"{self.lr}, {self.warmup_ratio}, {self.weight_decay}"
-            )
-        if self.generated_worlds < 0:
-            raise ValueError(f"warmstart.generated_worlds must be >= 0, got {self.generated_worlds}")
-        if self.copy_weight < 0 or self.copy_attention_weight < 0:
-            raise ValueError(
-                "warmstart.copy_weight and copy_attention_weight must be >= 0, got "
-                f"{self.copy_weight}, {self.copy_attention_weight}"
-            )
-        if self.copy_batch_size < 1 or self.copy_length < 8:
-            raise ValueError(
-                "warmstart.copy_batch_size must be >= 1 and copy_length >= 8, got "
-                f"{self.copy_batch_size}, {self.copy_length}"
-            )
-        if self.max_searches not in (1, 2):
-            raise ValueError(f"warmstart.max_searches must be 1 or 2, got {self.max_searches}")
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> WarmstartSettings:
-        """Build from ``backbones.<name>.warmstart`` (unknown keys are an error)."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - names)
-        if unknown:
-            raise ValueError(f"unknown warmstart setting(s) {unknown}; known: {sorted(names)}")
-        return cls(**dict(cfg))
+#: The supervised warm start's settings: the ``backbones.<name>.warmstart`` section itself (the
+#: configuration model holds its defaults, bounds and descriptions; ``model_validate`` builds it
+#: from a rule's param).
+WarmstartSettings = WarmstartConfig
 
 
 def encode_conversation(tokenizer, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
@@ -375,7 +300,7 @@ def train_warmstart(
         "copy_loss_first": copy_losses[0] if copy_losses else None,
         "copy_loss_last": sum(copy_losses[-10:]) / len(copy_losses[-10:]) if copy_losses else None,
         "train_seconds": round(elapsed, 2),
-        "settings": asdict(settings),
+        "settings": settings.model_dump(mode="json"),
     }
     log.info(
         "warm start: %d steps in %.1f s, loss %.3f -> %.3f (%d conversations, %d tokens)",

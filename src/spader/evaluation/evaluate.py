@@ -93,15 +93,14 @@ def generation_config_sampling(model_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def loop_settings(
-    evaluation: EvaluationConfig, agent: AgentConfig, model_dir: str | os.PathLike, *, max_query_chars: int
+    evaluation: EvaluationConfig, agent: AgentConfig, service, model_dir: str | os.PathLike
 ) -> AgentSettings:
     """The agent loop's settings of one evaluation job: the ``agent`` and ``evaluation`` sections,
-    queries cut to what the search service accepts (as training's search tool cuts them), and with
-    ``evaluation.generation_config`` the sampling fields of the policy's generation_config.json
-    (:func:`generation_config_sampling`, as vLLM fills what the authors' requests left unset)."""
-    settings = dataclasses.replace(
-        AgentSettings.from_config(evaluation, agent), max_query_chars=max_query_chars
-    )
+    queries cut to what the search ``service`` accepts (as training's search tool cuts them), and
+    with ``evaluation.generation_config`` the sampling fields of the policy's
+    generation_config.json (:func:`generation_config_sampling`, as vLLM fills what the authors'
+    requests left unset)."""
+    settings = AgentSettings.from_config(evaluation, agent, service)
     if evaluation.generation_config:
         defaults = generation_config_sampling(model_dir)
         log.info("sampling from %s/generation_config.json: %s", model_dir, defaults)
@@ -246,7 +245,8 @@ def evaluate_policy(
             the episodes (nothing is written).
     """
     agent = agent or AgentConfig()
-    settings = loop_settings(evaluation, agent, model_dir, max_query_chars=retrieval.max_query_chars)
+    # queries are cut to what the service accepts, as training's search tool does
+    settings = loop_settings(evaluation, agent, retrieval, model_dir)
     template = prompt or load_template()
     items = load_eval_set(records_path)
     tiny = is_tiny(model_dir)

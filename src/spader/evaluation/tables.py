@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from spader.config import PROMPTING
+from spader.config import PROMPTING, EvaluationConfig
 from spader.core.metrics import correct_count, macro_average, search_efficiency
 from spader.evaluation.stats import (
     bootstrap_means,
@@ -110,6 +110,10 @@ AVG = "avg"
 NOT_SIGNIFICANT = "(n.s.)"
 
 
+def _evaluation(section: Mapping[str, Any]) -> EvaluationConfig:
+    return EvaluationConfig.model_validate(dict(section))
+
+
 @dataclass(frozen=True)
 class Uncertainty:
     """How intervals and tests are computed.
@@ -122,9 +126,9 @@ class Uncertainty:
         reference: the method every other one is tested against.
     """
 
-    samples: int = 10_000
-    seed: int = 0
-    alpha: float = 0.05
+    samples: int
+    seed: int
+    alpha: float
     reference: str = "spader"
 
     def __post_init__(self):
@@ -138,14 +142,10 @@ class Uncertainty:
         return 1 - self.alpha
 
     @classmethod
-    def from_config(cls, evaluation: Mapping[str, Any] | None) -> Uncertainty:
-        """From ``config["evaluation"]`` (missing keys take the defaults)."""
-        e = evaluation or {}
-        return cls(
-            samples=int(e.get("bootstrap_samples", cls.samples)),
-            seed=int(e.get("bootstrap_seed", cls.seed)),
-            alpha=float(e.get("significance_level", cls.alpha)),
-        )
+    def from_config(cls, evaluation: EvaluationConfig | Mapping[str, Any] | None = None) -> Uncertainty:
+        """From the ``evaluation`` section (a mapping is validated as one; None: its defaults)."""
+        e = evaluation if isinstance(evaluation, EvaluationConfig) else _evaluation(evaluation or {})
+        return cls(samples=e.bootstrap_samples, seed=e.bootstrap_seed, alpha=e.significance_level)
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class Estimates:
         datasets: Sequence[str],
         uncertainty: Uncertainty | None = None,
     ):
-        self.u = uncertainty or Uncertainty()
+        self.u = uncertainty or Uncertainty.from_config()
         self.methods = method_order(methods)
         self.datasets = list(datasets)
         self.scores = {
@@ -520,7 +520,7 @@ def efficiency_table(
     entity its passages surfaced; empty when none was); ``budget_cut`` counts the episodes a token
     budget cut short. ``search_efficiency_lo``/``_hi`` bound the percentile bootstrap interval of
     ``search_efficiency`` over the instances (``all``: over the pooled ones; empty without any)."""
-    u = uncertainty or Uncertainty()
+    u = uncertainty or Uncertainty.from_config()
     rows = []
     for m in method_order(methods):
         for d, recs in _pooled(runs, m, datasets):
@@ -599,7 +599,7 @@ def temporal_table(
 ) -> pl.DataFrame:
     """``method, dataset, turn, cumulative_entities, n, ci_lo, ci_hi`` (turn 1 .. longest episode
     of the run); the interval is the bootstrap's over questions (``all``: over the pooled ones)."""
-    u = uncertainty or Uncertainty()
+    u = uncertainty or Uncertainty.from_config()
     rows = []
     for m in method_order(methods):
         per = [(d, [(d, r) for r in _records(runs, m, d)]) for d in datasets]

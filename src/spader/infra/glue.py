@@ -16,18 +16,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from spader.config import OPERATIONAL_SERVICE_KEYS
 from spader.infra import integrity
 from spader.infra.procs import raise_on_signals, start_watchdog
 from spader.infra.tracking import job_run
 
 __all__ = [
-    "OPERATIONAL_SERVICE_KEYS",
     "code_tags",
     "job",
+    "overlay",
     "retrieval_settings",
     "setup_logging",
-    "without_operational",
     "workflow_root",
 ]
 
@@ -87,38 +85,34 @@ def code_tags(smk) -> dict[str, str]:
     return tags
 
 
-def without_operational(retrieval: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``retrieval`` config section without :data:`OPERATIONAL_SERVICE_KEYS` (what rules
-    take as a param).
+def overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top``'s values in their place, section by section (neither is changed).
 
-    Args:
-        retrieval: the ``retrieval`` section.
-    Returns:
-        A copy whose ``service`` block keeps only the settings that can change a result.
+    >>> overlay({"a": 1, "s": {"x": 1, "y": 2}}, {"s": {"y": 3}})
+    {'a': 1, 's': {'x': 1, 'y': 3}}
     """
-    out = dict(retrieval)
-    out["service"] = {
-        k: v for k, v in (retrieval.get("service") or {}).items() if k not in OPERATIONAL_SERVICE_KEYS
-    }
+    out = dict(base)
+    for key, value in top.items():
+        below = out.get(key)
+        out[key] = (
+            overlay(below, value) if isinstance(value, Mapping) and isinstance(below, Mapping) else value
+        )
     return out
 
 
 def retrieval_settings(params_retrieval: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """A job's full retrieval settings: its ``retrieval`` param plus the operational service
-    settings from the job's config.
+    """A job's full retrieval settings: the ``retrieval`` section of its config overlaid with its
+    ``retrieval`` param. The param holds the settings that can change what its searches return
+    (and the reranker's resolved directory); the config adds the operational ones, which are no
+    param so that editing them reruns nothing (:mod:`spader.infra.reruns`).
 
     Args:
-        params_retrieval: ``snakemake.params.retrieval`` (see :func:`without_operational`).
+        params_retrieval: ``snakemake.params.retrieval``.
         config: ``snakemake.config``.
     Returns:
         The settings with a complete ``service`` block.
     """
-    out = dict(params_retrieval)
-    service = dict(out.get("service") or {})
-    configured = (config.get("retrieval") or {}).get("service") or {}
-    service.update({k: configured[k] for k in OPERATIONAL_SERVICE_KEYS if k in configured})
-    out["service"] = service
-    return out
+    return overlay(config.get("retrieval") or {}, params_retrieval)
 
 
 def workflow_root(smk) -> Path:

@@ -525,17 +525,18 @@ def annotate(paths: Iterable[str | os.PathLike], **facts: Any) -> int:
     return updated
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m spader.infra.integrity record|verify PATH... [--producer RULE]``: record files or
-    directories as they are (outputs written before records existed, known to be intact), or check
-    them against their records. Returns the exit status (1 when a check fails)."""
-    import argparse
+HELP = "record files or directories as they are (record), or check them against their records (verify)"
 
-    parser = argparse.ArgumentParser(prog="python -m spader.infra.integrity", description=main.__doc__)
+
+def add_arguments(parser) -> None:
     parser.add_argument("action", choices=["record", "verify"])
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--producer", default=None, help="the rule that wrote them (record)")
-    args = parser.parse_args(argv)
+
+
+def run(args) -> int:
+    """Record (outputs written before records existed, known to be intact) or verify ``args.paths``;
+    returns the exit status (1 when a check fails)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     status = 0
     for p in args.paths:
@@ -551,6 +552,13 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s", exc)
             status = 1
     return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spader.infra.integrity record|verify PATH... [--producer RULE]`` (``spader integrity``)."""
+    from spader.config.command import run_command
+
+    return run_command("python -m spader.infra.integrity", add_arguments, run, argv, description=HELP)
 
 
 if __name__ == "__main__":

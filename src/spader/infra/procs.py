@@ -335,22 +335,37 @@ def watch(token: str, *, parent: int | None, grace_s: float) -> int:
     return 0
 
 
-def main(args: Sequence[str] | None = None) -> int:
-    """``python -m spader.infra.procs --parent PID --grace S -- command...`` (supervisor) or
-    ``python -m spader.infra.procs --watch TOKEN --parent PID --grace S`` (watchdog)."""
-    parser = argparse.ArgumentParser(prog="python -m spader.infra.procs", description=__doc__.split("\n")[0])
+HELP = "supervise a job's command, or watch a job's processes (used by the workflow's jobs)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parent", type=int, default=None, help="PID of the job (exit if it is gone)")
     parser.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--watch", default=None, metavar="TOKEN", help="be the watchdog of this job token")
     parser.add_argument("command", nargs=argparse.REMAINDER)
-    ns = parser.parse_args(sys.argv[1:] if args is None else args)
+
+
+def run(ns: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if ns.watch:
         return watch(ns.watch, parent=ns.parent, grace_s=ns.grace)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
-        parser.error("no command given")
+        raise ValueError("no command given")
     return supervise(command, parent=ns.parent, grace_s=ns.grace)
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """``python -m spader.infra.procs --parent PID --grace S -- command...`` (supervisor) or
+    ``python -m spader.infra.procs --watch TOKEN --parent PID --grace S`` (watchdog); ``spader procs``."""
+    # a job's supervisor starts with every job: argparse only, no configuration machinery
+    parser = argparse.ArgumentParser(prog="python -m spader.infra.procs", description=HELP)
+    add_arguments(parser)
+    ns = parser.parse_args(sys.argv[1:] if args is None else args)
+    try:
+        return run(ns)
+    except ValueError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
 __all__ = [
     "RESULT_NEUTRAL",
@@ -179,16 +180,20 @@ class _FactsStore:
     """:func:`module_facts` per file, memoised on the file's bytes (in memory, and in ``cache_dir``
     when one is given; an unreadable or unwritable cache is only a slower start)."""
 
+    #: facts by cache directory and the sha256 of a file's bytes, shared by every store of the
+    #: process: a process that parses the workflow many times (the rerun tests) reads each once
+    _shared: ClassVar[dict[tuple[str | None, str], ModuleFacts]] = {}
+
     def __init__(self, cache_dir: str | os.PathLike | None):
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self._memory: dict[str, ModuleFacts] = {}
 
     def of(self, path: Path) -> ModuleFacts:
         data = path.read_bytes()
         key = hashlib.sha256(data).hexdigest()
-        if key in self._memory:
-            return self._memory[key]
         cached = self.cache_dir / f"{key}.json" if self.cache_dir is not None else None
+        memo = (str(self.cache_dir) if self.cache_dir is not None else None, key)
+        if memo in self._shared and (cached is None or cached.is_file()):
+            return self._shared[memo]
         facts = None
         if cached is not None and cached.is_file():
             try:
@@ -205,7 +210,7 @@ class _FactsStore:
                     os.replace(tmp, cached)
                 except OSError:
                     pass
-        self._memory[key] = facts
+        self._shared[memo] = facts
         return facts
 
 
@@ -453,25 +458,26 @@ def affected_rules(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m spader.infra.stage_code affected FILE_OR_MODULE... [--configfile F ...]``."""
-    import argparse
+HELP = "list the rules whose jobs a change to these files or modules reruns (affected)"
 
-    parser = argparse.ArgumentParser(
-        prog="python -m spader.infra.stage_code",
-        description="List the rules whose jobs a change to these files or modules reruns.",
-    )
+
+def add_arguments(parser) -> None:
+    from spader.config.command import add_config_arguments
+
     parser.add_argument("action", choices=["affected"])
     parser.add_argument("targets", nargs="+", help="files of src/spader or workflow/scripts, or module names")
     parser.add_argument("--scripts", default="workflow/scripts", help="the workflow's scripts directory")
-    parser.add_argument(
-        "--configfile", nargs="*", default=["config/config.yaml"], help="config files (for code_reruns)"
-    )
-    args = parser.parse_args(argv)
-    from spader.config import load_config
+    add_config_arguments(parser)
 
-    switches = load_config(*args.configfile).code_reruns
-    rules = affected_rules(args.targets, args.scripts)
+
+def run(args) -> int:
+    from spader.config.command import configured
+
+    switches = configured(args).code_reruns
+    try:
+        rules = affected_rules(args.targets, args.scripts)
+    except KeyError as exc:  # an unknown file or module: one line (spader.config.command)
+        raise ValueError(exc.args[0]) from exc
     out = sys.stdout
     if not rules:
         out.write("no rule runs this code: a change reruns nothing\n")
@@ -484,6 +490,14 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "reruns" if getattr(switches, group) else f"kept (code_reruns.{group}: false)"
         out.write(f"{rule:<20} {verdict:<34} via {', '.join(via)}\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spader.infra.stage_code affected FILE_OR_MODULE... [--configfile F ...]``
+    (``spader stage-code``)."""
+    from spader.config.command import run_command
+
+    return run_command("python -m spader.infra.stage_code", add_arguments, run, argv, description=HELP)
 
 
 if __name__ == "__main__":

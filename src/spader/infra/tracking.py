@@ -29,12 +29,14 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from spader import __version__
+from spader.config.model import MlflowConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ __all__ = [
     "flatten_params",
     "git_state",
     "job_run",
+    "log_dict",
+    "log_metrics",
     "mark_dead_runs",
     "process_tags",
     "start_pipeline_run",
@@ -59,25 +63,53 @@ _MAX_PARAM_CHARS = 6000
 
 
 class MlflowSettings:
-    """Resolved tracking settings (``config['mlflow']``), paths made absolute against ``root``."""
+    """Resolved tracking settings (the ``mlflow`` section), paths made absolute against ``root``."""
 
-    def __init__(self, cfg: Mapping[str, Any], root: str | os.PathLike = "."):
+    def __init__(self, cfg: MlflowConfig | Mapping[str, Any], root: str | os.PathLike = "."):
+        if not isinstance(cfg, MlflowConfig):
+            cfg = MlflowConfig.model_validate(dict(cfg))
         root = Path(root).resolve()
-        uri = str(cfg["tracking_uri"])
+        uri = cfg.tracking_uri
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
             db = root / uri[len("sqlite:///") :]
             db.parent.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{db}"
         self.tracking_uri = uri
-        self.experiment = str(cfg["experiment"])
-        self.artifact_root = (root / cfg["artifact_root"]).resolve()
-        self.state_dir = (root / cfg["state_dir"]).resolve()
-        self.enabled = bool(cfg.get("enabled", True))
-        self.stale_run_hours = float(cfg.get("stale_run_hours", 72))
+        self.experiment = cfg.experiment
+        self.artifact_root = (root / cfg.artifact_root).resolve()
+        self.state_dir = (root / cfg.state_dir).resolve()
+        self.enabled = cfg.enabled
+        self.stale_run_hours = cfg.stale_run_hours
 
     @property
     def pipeline_file(self) -> Path:
         return self.state_dir / "pipeline_run.json"
+
+
+def _active_mlflow():
+    """The mlflow module when the job's run is active (tracking on), else None."""
+    mlflow = sys.modules.get("mlflow")  # a run can only be active once mlflow is imported
+    return mlflow if mlflow is not None and mlflow.active_run() is not None else None
+
+
+def log_metrics(metrics: Mapping[str, float], *, series: Mapping[str, Sequence[float]] | None = None) -> None:
+    """Log ``metrics``, and each of ``series`` as one value per step (0, 1, ...), to the job's
+    MLflow run when one is active (tracking on); else nothing. The workflow's scripts log through
+    this, never through mlflow itself."""
+    mlflow = _active_mlflow()
+    if mlflow is None:
+        return
+    mlflow.log_metrics(dict(metrics))
+    for name, values in (series or {}).items():
+        for step, value in enumerate(values):
+            mlflow.log_metric(name, value, step=step)
+
+
+def log_dict(data: Mapping[str, Any], artifact: str) -> None:
+    """Log ``data`` as the JSON artifact ``artifact`` of the job's active MLflow run (else nothing)."""
+    mlflow = _active_mlflow()
+    if mlflow is not None:
+        mlflow.log_dict(dict(data), artifact)
 
 
 def _mlflow():

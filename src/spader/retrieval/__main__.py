@@ -1,8 +1,8 @@
-"""Command line of the retrieval package.
+"""Command line of the retrieval package: ``spader retrieval`` (also ``python -m spader.retrieval``).
 
-    python -m spader.retrieval index --input <dir of chunk .jsonl files or the .tar.gz> --output <index dir>
+    spader retrieval index --input <dir of chunk .jsonl files or the .tar.gz> --output <index dir>
         [--threads N]
-    python -m spader.retrieval serve --index <dir> [--reranker <id|path|none>] [--host 127.0.0.1] [--port N]
+    spader retrieval serve --index <dir> [--reranker <id|path|none>] [--host 127.0.0.1] [--port N]
         [--devices cuda:0,cuda:1 | cpu] [--parent-pid PID]
 
 Defaults of ``serve`` are those of ``config/config.yaml`` (``retrieval`` section).
@@ -11,21 +11,26 @@ Defaults of ``serve`` are those of ``config/config.yaml`` (``retrieval`` section
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 
+from spader.config.command import CommandParser, run_command
+from spader.config.model import RetrievalConfig
 from spader.retrieval.backend import SearchSettings
-from spader.retrieval.corpus import CorpusFormatError
 from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
 
-_DEFAULTS = SearchSettings()
+#: The ``retrieval`` section's defaults (the configuration model's) as the options' defaults.
+_DEFAULTS = SearchSettings.from_config(RetrievalConfig())
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m spader.retrieval", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+HELP = "build the BM25 index of a chunk corpus (index), serve BM25 + reranking over HTTP (serve)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=type(parser))
 
     ix = sub.add_parser("index", help="build the BM25 index of a chunk corpus")
     ix.add_argument(
@@ -40,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="serve BM25 + reranking over HTTP")
     sv.add_argument("--index", required=True, help="Lucene index directory (raw documents stored)")
-    sv.add_argument("--reranker", default="BAAI/bge-reranker-v2-m3", help="hub id, local path, or 'none'")
+    sv.add_argument("--reranker", default=_DEFAULTS.reranker, help="hub id, local path, or 'none'")
     sv.add_argument("--host", default=_DEFAULTS.host, help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one")
     sv.add_argument("--port-file", default=None, help="write the bound port to this file")
@@ -89,12 +94,19 @@ def _parser() -> argparse.ArgumentParser:
         default=_DEFAULTS.overlap,
         help="BM25 of the next slice while the current one is reranked",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m spader.retrieval`` (what :func:`main` parses)."""
+    parser = CommandParser(prog="python -m spader.retrieval", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> SearchSettings:
     """The search settings a parsed ``serve`` command line carries."""
-    return SearchSettings(
+    return dataclasses.replace(
+        _DEFAULTS,
         k1=args.k1,
         b=args.b,
         initial_k=args.initial_k,
@@ -118,47 +130,58 @@ def settings_from_args(args: argparse.Namespace) -> SearchSettings:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (2 for bad input such as a missing index)."""
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run ``index`` or ``serve``; a missing or broken index, corpus or setting is bad input
+    (one line, exit 2)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
-        if args.command == "index":
-            from spader.retrieval.index import build_bm25_index
+        return _run(args)
+    except (IndexUnavailableError, IndexBuildError) as exc:
+        raise ValueError(str(exc)) from exc
 
-            stats = build_bm25_index(
-                args.input,
-                args.output,
-                stats_path=args.stats,
-                threads=args.threads,
-                expected_documents=args.expected_documents,
-                overwrite=args.overwrite,
-                heap=args.heap,
-            )
-            print(json.dumps(stats, indent=2))
-            return 0
-        # The reranker shares its machine with other torch processes (the policy, evaluation):
-        # OpenMP threads that spin while waiting for a descheduled sibling then burn the CPU the
-        # others need (measured on 2 shared cores: 2-10x slower, erratic). Set before torch loads.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        from spader.retrieval.service import serve
 
-        settings = settings_from_args(args)
-        serve(
-            args.index,
-            settings,
-            host=args.host,
-            port=args.port,
-            port_file=args.port_file,
+def _run(args: argparse.Namespace) -> int:
+    if args.action == "index":
+        from spader.retrieval.index import build_bm25_index
+
+        stats = build_bm25_index(
+            args.input,
+            args.output,
+            stats_path=args.stats,
             threads=args.threads,
-            parent_pid=args.parent_pid,
+            expected_documents=args.expected_documents,
+            overwrite=args.overwrite,
+            heap=args.heap,
         )
+        print(json.dumps(stats, indent=2))
         return 0
-    except (IndexUnavailableError, IndexBuildError, CorpusFormatError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # The reranker shares its machine with other torch processes (the policy, evaluation):
+    # OpenMP threads that spin while waiting for a descheduled sibling then burn the CPU the
+    # others need (measured on 2 shared cores: 2-10x slower, erratic). Set before torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from spader.retrieval.service import serve
+
+    settings = settings_from_args(args)
+    serve(
+        args.index,
+        settings,
+        host=args.host,
+        port=args.port,
+        port_file=args.port_file,
+        threads=args.threads,
+        parent_pid=args.parent_pid,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI (an alias of ``spader retrieval``); returns the exit status (2 for bad input
+    such as a missing index)."""
+    return run_command(
+        "python -m spader.retrieval", add_arguments, run, argv, description=__doc__.split("\n\n")[0]
+    )
 
 
 if __name__ == "__main__":

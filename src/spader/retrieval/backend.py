@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from spader.config.model import MAX_INITIAL_K, RetrievalConfig, ServiceConfig
 from spader.retrieval.corpus import Passage
 from spader.retrieval.errors import BadSearchRequestError, IndexUnavailableError
 from spader.retrieval.replicas import parse_devices
@@ -20,67 +21,42 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MAX_INITIAL_K", "Bm25RerankBackend", "SearchSettings"]
 
-# BM25 candidates per query a request may ask for; reranking cost grows linearly with it.
-MAX_INITIAL_K = 1000
-
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Search and service settings (``config["retrieval"]``, flattened).
-
-    Attributes:
-        k1, b: BM25 parameters.
-        initial_k: BM25 candidates per query (reranked).
-        topk: passages returned per query.
-        reranker: hub id or local directory of the cross-encoder; ``None`` turns reranking off.
-        rerank_batch_size: pairs per forward pass.
-        rerank_max_length: tokens per (query, passage) pair.
-        rerank_max_batch_tokens: most tokens per forward pass (``None``: batch size x max length);
-            bounds the reranker's activation memory whatever the pair lengths.
-        fp16: half precision on GPU.
-        host: bind address of the service.
-        max_queries_per_request: largest accepted batch.
-        max_query_chars: longest accepted query.
-        startup_timeout_s: how long :func:`~spader.retrieval.service.running_service` waits for health.
-        request_timeout_s: client timeout per request.
-        retries: client retries on transient errors.
-        devices: reranker devices, one replica each (``None``: first GPU, else CPU).
-        cache_entries: most results the service's cache keeps (0: no cache).
-        cache_bytes: most bytes the service's cache holds, keys included
-            (:func:`spader.retrieval.cache.entry_nbytes`).
-        slice_queries: most queries searched and reranked in one step; larger and merged requests
-            are cut into slices of this size, so others are served between the slices.
-        overlap: BM25 of the next slice runs while the current slice is reranked.
-        header_timeout_s: seconds a request's headers may take to arrive (from its first byte, or
-            from the connection for its first request); then 408 and the connection closed.
-        body_timeout_s: seconds a request's body may take to arrive after its headers.
-        max_connections: most open connections; one more is answered 503 and closed
-            (:mod:`spader.retrieval.protocol`).
+    """The ``retrieval`` section flattened for the search backend and its service, built by
+    :meth:`from_config` only (the configuration model, ``spader.config.RetrievalConfig``, holds
+    every default and description). Each field is the key of that section named beside it:
+    ``k1``, ``b``: ``bm25.*``; ``initial_k``, ``topk``; ``reranker``: ``reranker.model`` (or the
+    resolved local directory the rules add as ``reranker.path``; None: no reranking);
+    ``rerank_batch_size``, ``rerank_max_length``, ``rerank_max_batch_tokens``, ``fp16``,
+    ``devices``: ``reranker.batch_size``, ``.max_length``, ``.max_batch_tokens``, ``.fp16``,
+    ``.devices``; the others: ``service.<field>``.
     """
 
-    k1: float = 0.9
-    b: float = 0.4
-    initial_k: int = 50
-    topk: int = 5
-    reranker: str | None = None
-    rerank_batch_size: int = 64
-    rerank_max_length: int = 512
-    rerank_max_batch_tokens: int | None = None
-    fp16: bool = True
-    host: str = "127.0.0.1"
-    max_queries_per_request: int = 512
-    max_query_chars: int = 1000
-    startup_timeout_s: float = 1800.0
-    request_timeout_s: float = 120.0
-    retries: int = 3
-    devices: tuple[str, ...] | None = None
-    cache_entries: int = 100_000
-    cache_bytes: int = 256 * 2**20
-    slice_queries: int = 64
-    overlap: bool = True
-    header_timeout_s: float = 20.0
-    body_timeout_s: float = 60.0
-    max_connections: int = 1024
+    k1: float
+    b: float
+    initial_k: int
+    topk: int
+    reranker: str | None
+    rerank_batch_size: int
+    rerank_max_length: int
+    rerank_max_batch_tokens: int | None
+    fp16: bool
+    host: str
+    max_queries_per_request: int
+    max_query_chars: int
+    startup_timeout_s: float
+    request_timeout_s: float
+    retries: int
+    devices: tuple[str, ...] | None
+    cache_entries: int
+    cache_bytes: int
+    slice_queries: int
+    overlap: bool
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
 
     def __post_init__(self):
         if not 1 <= self.topk <= self.initial_k <= MAX_INITIAL_K:
@@ -118,31 +94,34 @@ class SearchSettings:
         return 65536 + self.max_queries_per_request * (12 * self.max_query_chars + 8)
 
     @classmethod
-    def from_config(cls, settings: Mapping[str, Any]) -> SearchSettings:
-        """Build from ``config["retrieval"]`` as the rules pass it (``params.retrieval``).
+    def from_config(cls, settings: RetrievalConfig | Mapping[str, Any]) -> SearchSettings:
+        """Build from the ``retrieval`` section: typed, or as the rules pass it (``params.retrieval``
+        plus the operational keys, validated here; a key it lacks takes the section's default).
 
         The reranker is ``settings["reranker"]["path"]`` (the resolved local directory) when the
-        rules set it, else ``settings["reranker"]["model"]``; ``null``/``"none"`` switches it off.
+        rules set it, else ``reranker.model``; ``null``/``"none"`` switches it off.
         """
-        rr = dict(settings.get("reranker") or {})
-        service = dict(settings.get("service") or {})
-        bm25 = dict(settings.get("bm25") or {})
-        model = rr.get("path") or rr.get("model")
-        known = {f.name for f in fields(cls)}
-        values = {
-            "k1": bm25.get("k1"),
-            "b": bm25.get("b"),
-            "initial_k": settings.get("initial_k"),
-            "topk": settings.get("topk"),
-            "reranker": None if model in (None, "none") else str(model),
-            "rerank_batch_size": rr.get("batch_size"),
-            "rerank_max_length": rr.get("max_length"),
-            "rerank_max_batch_tokens": rr.get("max_batch_tokens"),
-            "fp16": rr.get("fp16"),
-            "devices": rr.get("devices"),
-            **{k: v for k, v in service.items() if k in known},
-        }
-        return cls(**{k: v for k, v in values.items() if v is not None or k == "reranker"})
+        path = None
+        if not isinstance(settings, RetrievalConfig):
+            raw = dict(settings)
+            reranker = dict(raw.get("reranker") or {})
+            path = reranker.pop("path", None)
+            settings = RetrievalConfig.model_validate({**raw, "reranker": reranker})
+        rr, service = settings.reranker, settings.service
+        model = path or rr.model
+        return cls(
+            k1=settings.bm25.k1,
+            b=settings.bm25.b,
+            initial_k=settings.initial_k,
+            topk=settings.topk,
+            reranker=None if model in (None, "none") else str(model),
+            rerank_batch_size=rr.batch_size,
+            rerank_max_length=rr.max_length,
+            rerank_max_batch_tokens=rr.max_batch_tokens,
+            fp16=rr.fp16,
+            devices=rr.devices if rr.devices is None or isinstance(rr.devices, str) else tuple(rr.devices),
+            **{f.name: getattr(service, f.name) for f in fields(cls) if f.name in ServiceConfig.model_fields},
+        )
 
 
 class Bm25RerankBackend:

@@ -28,10 +28,10 @@ import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spader.config.model import EvidenceConfig
 from spader.core.matching import find_hits
 from spader.core.text import normalize
 from spader.data.readers import iter_jsonl, open_release
@@ -54,33 +54,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EvidenceSettings:
-    """How evidence is searched.
-
-    Attributes:
-        depth: passages per query kept after reranking (the BM25 candidates, all reranked).
-        queries_per_request: queries per request to the retrieval service.
-        concurrency: requests in flight.
-        qampari_proof_text: QAMPARI entities take the release's ``proof_text`` instead.
-    """
-
-    depth: int = 50
-    queries_per_request: int = 128
-    concurrency: int = 2
-    qampari_proof_text: bool = False
-
-    def __post_init__(self):
-        if self.depth < 1 or self.queries_per_request < 1 or self.concurrency < 1:
-            raise ValueError(f"evidence settings must be >= 1: {self}")
-
-    @classmethod
-    def from_config(cls, block: Mapping[str, Any]) -> EvidenceSettings:
-        """From the workflow's ``stepsearch.evidence`` block; unknown keys are refused."""
-        unknown = set(block) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"stepsearch.evidence: unknown keys {sorted(unknown)}")
-        return cls(**dict(block))
+#: How evidence is searched: the ``stepsearch.evidence`` section itself (the configuration model
+#: holds its defaults, bounds and descriptions; ``model_validate`` builds it from the rule's param).
+EvidenceSettings = EvidenceConfig
 
 
 def entity_query(question: str, canonical: str) -> str:
@@ -258,7 +234,7 @@ def _coverage(stats: Mapping[str, Mapping[str, int]], settings: EvidenceSettings
     return {
         "datasets": {name: share(dict(c)) for name, c in sorted(stats.items())},
         "total": share(total),
-        "settings": asdict(settings),
+        "settings": settings.model_dump(mode="json", exclude={"gpus"}),
     }
 
 

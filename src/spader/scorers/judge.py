@@ -83,11 +83,11 @@ class JudgeClient:
         timeout: float,
         retries: int,
         concurrency: int,
-        max_tokens: int = 4096,
-        temperature: float | None = 0.0,
+        max_tokens: int,
+        temperature: float | None,
         backoff: float = 0.5,
         api_key: str | None = None,
-        unparsable: str = "zero",
+        unparsable: str,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"judge URL must be http(s)://..., got {base_url!r}")

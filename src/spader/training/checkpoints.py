@@ -22,9 +22,12 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from spader.config.model import MlflowConfig
 from spader.integrations.verl.hydra import hydra_value
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ __all__ = [
     "prune_checkpoints",
     "read_step_metrics",
     "resume_overrides",
+    "training_steps",
 ]
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -278,3 +282,33 @@ def read_step_metrics(metrics_dir: str | os.PathLike) -> dict[int, dict]:
         if bad:
             log.warning("%s: skipped %d unreadable line(s)", f, bad)
     return dict(sorted(steps.items()))
+
+
+def training_steps(
+    finals: list[str | os.PathLike], mlflow: MlflowConfig | Mapping[str, Any]
+) -> dict[str, dict[int, dict]]:
+    """Per training run, its per-step metrics (for the learning curves): from the metrics files of
+    its work directory (the records verl also logs to the MLflow run), or from the MLflow run its
+    ``final.json`` names when those files were deleted with the work directory.
+
+    Args:
+        finals: the ``final.json`` files of the runs.
+        mlflow: the ``mlflow`` section (MLflow is read only when it is enabled).
+    Returns:
+        ``{variant: {step: {metric: value}}}``; a run without metrics is logged and left empty.
+    """
+    from spader.evaluation.curves import steps_from_mlflow
+    from spader.infra.tracking import MlflowSettings
+
+    settings = MlflowSettings(mlflow)
+    out = {}
+    for path in finals:
+        final = json.loads(Path(path).read_text(encoding="utf-8"))
+        metrics_dir = Path(path).parent / "work" / "metrics"
+        steps = read_step_metrics(metrics_dir) if metrics_dir.is_dir() else {}
+        if not steps and final.get("mlflow_run_id") and settings.enabled:
+            steps = steps_from_mlflow(settings.tracking_uri, final["mlflow_run_id"])
+        if not steps:
+            log.warning("%s: no per-step metrics found for its learning curves", path)
+        out[str(final.get("variant") or Path(path).parent.name)] = steps
+    return out

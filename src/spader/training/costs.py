@@ -305,10 +305,10 @@ def judge_seconds(
     judge_shape, judge: Mapping[str, Any], *, requests: float, spec: GpuSpec, hardware
 ) -> float:
     """Seconds the served judge takes to score ``requests`` turns, ``judge.concurrency`` at a time."""
-    tp = int(judge.get("tensor_parallel", 1))
-    replicas = max(1, int(judge.get("gpus", 1)) // tp)
+    tp = int(judge["tensor_parallel"])
+    replicas = max(1, int(judge["gpus"]) // tp)
     per_replica = requests / replicas
-    running = max(1.0, min(per_replica, int(judge.get("concurrency", 64)) / replicas))
+    running = max(1.0, min(per_replica, int(judge["concurrency"]) / replicas))
     reply, prompt = TIME_CONSTANTS["judge_reply_tokens"], TIME_CONSTANTS["judge_prompt_tokens"]
     steps = per_replica * reply / running
     matmul = judge_shape.layers * judge_shape.layer_params + judge_shape.vocab * judge_shape.hidden

@@ -193,8 +193,8 @@ def check_device(training: TrainingConfig | Mapping[str, Any]) -> tuple[str, str
             names both keys).
     """
     training = _section(training)
-    device = training.get("device", "cuda")
-    backend = training.get("rollout_backend", "sglang")
+    device = training["device"]
+    backend = training["rollout_backend"]
     if device not in DEVICES:
         raise ValueError(f"config key 'training.device' must be one of {sorted(DEVICES)}, got {device!r}")
     allowed = DEVICES[device][1]
@@ -276,7 +276,7 @@ def device_overrides(
         steps = int(training["max_steps"])
         out += [
             f"trainer.total_training_steps={steps}",
-            f"trainer.total_epochs={max(steps, int(training.get('epochs', 1)))}",
+            f"trainer.total_epochs={max(steps, int(training['epochs']))}",
         ]
     if device != "cpu":
         return out

@@ -1,13 +1,13 @@
 """The plan of every GPU job of the DAG, before any of them runs: its per-GPU memory peak, and for a
 training job its time, host memory per node, disk and what it asks a scheduler for.
 
-``python -m spader.training.plan [--configfile F ...] [--json]`` prints one entry per backbone x
-variant (training), per backbone (evaluation), for R3-RAG's served judge and for StepSearch's
-evidence job, each with its phases and their components in GiB, and exits 1 when a job's peak
-exceeds ``hardware.gpu_memory_gib`` or a training job needs more host memory or disk than the node
-described under ``hardware`` has. Every training job runs the GPU memory plan on its own composed
-config in its preflight (:func:`spader.training.preflight.check_memory`) and refuses to start when
-it does not fit; rule ``train_policy`` asks SLURM for the cores and host memory
+``spader plan [--configfile F ...] [--json]`` (or ``python -m spader.training.plan``) prints one
+entry per backbone x variant (training), per backbone (evaluation), for R3-RAG's served judge and
+for StepSearch's evidence job, each with its phases and their components in GiB, and exits 1 when a
+job's peak exceeds ``hardware.gpu_memory_gib`` or a training job needs more host memory or disk than
+the node described under ``hardware`` has. Every training job runs the GPU memory plan on its own
+composed config in its preflight (:func:`spader.training.preflight.check_memory`) and refuses to
+start when it does not fit; rule ``train_policy`` asks SLURM for the cores and host memory
 :func:`job_request` gives.
 
 The plan is first order: parameter, gradient and optimizer bytes are exact for the shapes; the
@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spader.config.command import add_config_arguments, configured, repository, run_command
+from spader.config.model import RerankerConfig
 from spader.training.calibration import Calibration, Measured, load_calibration
 
 log = logging.getLogger(__name__)
@@ -508,10 +510,9 @@ def reranker_gib(retrieval: Mapping[str, Any] | None, *, on_gpu: bool = True) ->
         shape = load_shape(str(model), reranker.get("path"))
     except ValueError:
         shape = load_shape("BAAI/bge-reranker-v2-m3")
-    weights = shape.params * (2 if reranker.get("fp16", True) else 4) / GIB
-    tokens = reranker.get("max_batch_tokens") or int(reranker.get("batch_size", 64)) * int(
-        reranker.get("max_length", 512)
-    )
+    section = RerankerConfig.model_validate({k: v for k, v in reranker.items() if k != "path"})
+    weights = shape.params * (2 if section.fp16 else 4) / GIB
+    tokens = section.max_batch_tokens or section.batch_size * section.max_length
     scale = (shape.layers * shape.hidden) / (24 * 1024)
     activations = CONSTANTS["reranker_mib_per_token"] * scale * int(tokens) / 1024
     return weights + activations + CONSTANTS["reranker_slack"] + CONSTANTS["cuda_context"]
@@ -824,17 +825,17 @@ def _plan_costs(job: Job, shape: Shape, m: VerlMemory, verl_cfg: Mapping[str, An
 def judge_job(name: str, shape: Shape, judge: Mapping[str, Any], *, capacity: float, reranker: float) -> Job:
     """R3-RAG's judge served by sglang on its GPUs of the training node (after the retrieval
     service, whose reranker replica may share them)."""
-    job = Job(name=name, gpus=int(judge.get("gpus", 1)), capacity=capacity)
-    tp = int(judge.get("tensor_parallel", 1))
+    job = Job(name=name, gpus=int(judge["gpus"]), capacity=capacity)
+    tp = int(judge["tensor_parallel"])
     process = CONSTANTS["cuda_context"] + (CONSTANTS["nccl"] if tp > 1 else 0.0)
     pre = capacity - reranker - process
-    static, weights, kv = _sglang(shape, pre, float(judge.get("mem_fraction", 0.85)), tp)
+    static, weights, kv = _sglang(shape, pre, float(judge["mem_fraction"]), tp)
     job.phases["serving"] = {
         "reranker": reranker,
         "sglang": process + static + CONSTANTS["sglang_graphs"] + CONSTANTS["sglang_activations"],
     }
     job.notes.append(
-        f"judge {shape.name}: {pre:.1f} GiB free at launch x {judge.get('mem_fraction', 0.85)} = {static:.1f} GiB "
+        f"judge {shape.name}: {pre:.1f} GiB free at launch x {judge['mem_fraction']} = {static:.1f} GiB "
         f"static (weights {weights:.1f}, KV {kv:.1f} = {_kv_tokens(shape, kv, tp):,} tokens per replica)"
     )
     if kv <= 0:
@@ -849,19 +850,19 @@ def evaluation_job(
 ) -> Job:
     """An evaluation job on its first GPU: the engine, then the retrieval service's reranker
     (sglang is built first and sizes its share before the reranker loads)."""
-    job = Job(name=name, gpus=int(evaluation.get("gpus", 1)), capacity=capacity)
-    engine = evaluation.get("engine", "sglang")
+    job = Job(name=name, gpus=int(evaluation["gpus"]), capacity=capacity)
+    engine = evaluation["engine"]
     if engine == "sglang":
         tp = max(1, job.gpus)
         process = CONSTANTS["cuda_context"] + (CONSTANTS["nccl"] if tp > 1 else 0.0)
         pre = capacity - process
-        static, weights, kv = _sglang(shape, pre, float(evaluation.get("gpu_memory_utilization", 0.7)), tp)
+        static, weights, kv = _sglang(shape, pre, float(evaluation["gpu_memory_utilization"]), tp)
         job.phases["evaluation"] = {
             "sglang": process + static + CONSTANTS["sglang_graphs"] + CONSTANTS["sglang_activations"],
             "reranker": reranker,
         }
         job.notes.append(
-            f"sglang: {pre:.1f} GiB free at launch x {evaluation.get('gpu_memory_utilization', 0.7)} = "
+            f"sglang: {pre:.1f} GiB free at launch x {evaluation['gpu_memory_utilization']} = "
             f"{static:.1f} GiB static (weights {weights:.1f}, KV {kv:.1f} = {_kv_tokens(shape, kv, tp):,} tokens)"
         )
         if kv <= 0:
@@ -870,7 +871,7 @@ def evaluation_job(
             )
     else:  # the transformers engine: bf16 weights, a full KV cache per batch, the last logits
         batch, context = (
-            int(evaluation.get("batch_size", 8)),
+            int(evaluation["batch_size"]),
             int(evaluation["max_context_tokens"]),
         )
         job.phases["evaluation"] = {
@@ -1037,7 +1038,7 @@ def plan_config(
         if training["device"] == "cuda" and spec.gpus > 0:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
             measured = calibration.for_shape(shape) if calibration is not None else None
-            nodes = int(training.get("nodes") or 1)
+            nodes = int(training["nodes"])
             runs = shared_training_runs(
                 spec.variants, {k: x.model_dump(mode="json") for k, x in config.variants.items()}, training,
                 verl_config_dir,
@@ -1046,9 +1047,7 @@ def plan_config(
                 if only is not None and not only(b, v):
                     continue
                 variant = config.variants[v].model_dump(mode="json")
-                served = (
-                    variant.get("reward") == "r3rag" and variant.get("judge") == "llm" and not judge["url"]
-                )
+                served = config.variants[v].serves_judge and not judge["url"]
                 # verl shards over every training GPU of the job; a served judge takes GPUs of the
                 # node (one node) or the last node (several)
                 if served and nodes > 1:
@@ -1125,33 +1124,22 @@ def dag_totals(jobs: Sequence[Job], config: Any) -> dict[str, float]:
     }
 
 
-def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None = None) -> int:
-    """``python -m spader.training.plan``: print the plan; exit 1 when a job does not fit."""
-    parser = argparse.ArgumentParser(
-        prog="python -m spader.training.plan", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--configfile",
-        action="append",
-        help="workflow config files, later ones overlaying earlier ones (default: config/config.yaml)",
-    )
-    parser.add_argument("--root", default=".", help="repository root (default: the current directory)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    args = parser.parse_args(argv)
-    write = out or (lambda s: sys.stdout.write(s + "\n"))
-    from spader.config import load_config
+HELP = "the GPU memory plan of a configuration: every GPU job's per-GPU peak (exit 1 when one does not fit)"
 
-    root = Path(args.root)
-    verl_dir = root / "config" / "verl"
-    config = load_config(
-        *[root / c for c in (args.configfile or ["config/config.yaml"])], verl_config_dir=verl_dir
-    )
-    try:
-        calibration = load_record(config, root)
-    except ValueError as exc:
-        write(f"error: {exc}")
-        return 2
-    jobs = plan_config(config, verl_dir, calibration=calibration)
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``spader plan`` (``python -m spader.training.plan``): ``--configfile``, ``--root``, ``--json``."""
+    add_config_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace, *, out: Callable[[str], Any] | None = None) -> int:
+    """Print the plan of the configuration ``args`` names; exit 1 when a job does not fit."""
+    write = out or (lambda s: sys.stdout.write(s + "\n"))
+    config = configured(args)
+    root = repository(args)
+    calibration = load_record(config, root)  # a bad record: one line (ValueError)
+    jobs = plan_config(config, root / "config" / "verl", calibration=calibration)
     bad = [j for j in jobs if not j.fits]
     hw = config.hardware
     totals = dag_totals(jobs, config)
@@ -1180,6 +1168,17 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None 
         if smallest is not None:
             write(f"smallest margin: {smallest:.1f} GiB; {len(bad)} of {len(jobs)} job(s) do not fit")
     return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None = None) -> int:
+    """``python -m spader.training.plan`` (an alias of ``spader plan``)."""
+    return run_command(
+        "python -m spader.training.plan",
+        add_arguments,
+        lambda args: run(args, out=out),
+        argv,
+        description=HELP,
+    )
 
 
 if __name__ == "__main__":

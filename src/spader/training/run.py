@@ -39,16 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from spader.config.model import (
-    OPERATIONAL_TRAINING_KEYS,
     AgentConfig,
     BackboneConfig,
     JudgeConfig,
+    MlflowConfig,
     RetrievalConfig,
     StepSearchConfig,
     TrainingConfig,
     VariantConfig,
 )
-from spader.infra.glue import retrieval_settings
+from spader.infra.glue import overlay, retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.integrations.verl.overrides import agent_overrides
@@ -149,7 +149,7 @@ class TrainJob:
     log_path: Path | None = None
     params_hash: str = ""
     tracking_uri: str | None = None
-    experiment: str = "spader"
+    experiment: str = field(default_factory=lambda: MlflowConfig().experiment)
     extra_overrides: tuple[str, ...] = ()
     entry: tuple[str, ...] | None = None
     # the step-level baselines (spader.training.scorer_launch): StepSearch's evidence and settings,
@@ -185,13 +185,10 @@ class TrainJob:
     def from_snakemake(cls, smk) -> TrainJob:
         """Build the job from the ``snakemake`` object of rule ``train_policy``."""
         params = smk.params
-        mlflow_cfg = smk.config.get("mlflow", {})
-        settings = MlflowSettings(mlflow_cfg, ".") if mlflow_cfg.get("enabled", False) else None
-        configured = smk.config.get("training") or {}
-        training = {  # the param, plus the operational keys from the config (not params)
-            **dict(params.training),
-            **{k: configured[k] for k in OPERATIONAL_TRAINING_KEYS if k in configured},
-        }
+        mlflow = MlflowConfig.model_validate(smk.config["mlflow"])
+        settings = MlflowSettings(mlflow, ".") if mlflow.enabled else None
+        # the config's section overlaid with the param: the operational keys are no param
+        training = overlay(smk.config["training"], dict(params.training))
         return cls(
             backbone=smk.wildcards.backbone,
             variant=smk.wildcards.variant,
@@ -210,9 +207,9 @@ class TrainJob:
             log_path=Path(smk.log[0]) if len(smk.log) else None,
             params_hash=config_hash(dict(params.items())),
             tracking_uri=settings.tracking_uri if settings else None,
-            experiment=settings.experiment if settings else "spader",
+            experiment=mlflow.experiment,
             evidence=_optional(smk.input, "evidence"),
-            stepsearch=smk.config.get("stepsearch"),
+            stepsearch=smk.config["stepsearch"],
             judge=judge_settings(params.get("judge"), smk.config),
             judge_model_dir=_optional(smk.input, "judge_model"),
             agent=dict(params.get("agent") or {}),

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spader.config.model import JUDGE_CLIENT_KEYS, JudgeConfig, StepSearchConfig, VariantConfig
 from spader.integrations.verl.hydra import hydra_value
 
 __all__ = [
@@ -35,9 +36,6 @@ __all__ = [
 #: Judge settings that cannot change a result (where it runs, how long and how often the client
 #: waits and retries): not params of the training rule; the job reads them from its config.
 OPERATIONAL_JUDGE_KEYS = ("url", "startup_timeout_s", "timeout_s", "retries", "concurrency")
-
-# The judge settings the trainer's client reads (algorithm.r3rag.judge.<key>: judge.<key>).
-_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature", "unparsable")
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,12 @@ class BaselineLaunch:
     judge_gpus: int = 0
 
 
-def _judge_name(judge: Mapping[str, Any]) -> str:
-    return str(judge.get("model", "judge"))
+def _variant(variant: VariantConfig | Mapping[str, Any]) -> VariantConfig:
+    return variant if isinstance(variant, VariantConfig) else VariantConfig.model_validate(dict(variant))
+
+
+def _judge(judge: JudgeConfig | Mapping[str, Any]) -> JudgeConfig:
+    return judge if isinstance(judge, JudgeConfig) else JudgeConfig.model_validate(dict(judge))
 
 
 def baseline_launch(
@@ -78,13 +80,20 @@ def baseline_launch(
     Raises:
         ValueError: a needed input is missing (the message names it).
     """
-    reward = variant.get("reward")
+    reward = _variant(variant).reward
     if reward == "stepsearch":
         if evidence is None:
             raise ValueError(
                 "a stepsearch variant trains with the evidence of rule build_evidence (input 'evidence')"
             )
-        workers = int((stepsearch or {}).get("workers", 0))
+        if stepsearch is None:
+            raise ValueError("a stepsearch variant trains with the 'stepsearch' config section")
+        section = (
+            stepsearch
+            if isinstance(stepsearch, StepSearchConfig)
+            else StepSearchConfig.model_validate(dict(stepsearch))
+        )
+        workers = section.workers
         return BaselineLaunch(
             record_turns=True,
             overrides=[
@@ -94,13 +103,14 @@ def baseline_launch(
         )
     if reward != "r3rag":
         return BaselineLaunch()
-    if variant.get("judge", "llm") != "llm":
+    if not _variant(variant).serves_judge:
         return BaselineLaunch(record_turns=True)
     if judge is None:
         raise ValueError("an r3rag variant with judge llm needs the 'judge' config block")
-    overrides = [f"++algorithm.r3rag.judge.model={hydra_value(_judge_name(judge))}"]
-    overrides += [f"++algorithm.r3rag.judge.{k}={hydra_value(judge[k])}" for k in _CLIENT_KEYS if k in judge]
-    served = 0 if judge.get("url") else int(judge.get("gpus", 1))
+    typed = _judge(judge)
+    overrides = [f"++algorithm.r3rag.judge.model={hydra_value(typed.model)}"]
+    overrides += [f"++algorithm.r3rag.judge.{k}={hydra_value(getattr(typed, k))}" for k in JUDGE_CLIENT_KEYS]
+    served = 0 if typed.url else typed.gpus
     return BaselineLaunch(record_turns=True, overrides=overrides, judge_gpus=served)
 
 
@@ -150,8 +160,9 @@ def judge_endpoint(
     if judge is None or not any(o.startswith("++algorithm.r3rag.judge.") for o in launch.overrides):
         yield [], {}
         return
-    if judge.get("url"):
-        yield [f"++algorithm.r3rag.judge.url={hydra_value(str(judge['url']))}"], {}
+    judge = _judge(judge)
+    if judge.url:
+        yield [f"++algorithm.r3rag.judge.url={hydra_value(judge.url)}"], {}
         return
     from spader.scorers.judge_server import running_judge, split_gpus, visible_gpus
 
@@ -164,14 +175,13 @@ def judge_endpoint(
     else:
         train, served = [], list(node.gpus)
         where = {"host": node.address, "launcher": node.launcher}
-    tp = int(judge.get("tensor_parallel", 1))
     with running_judge(
         model_dir,
         gpus=served,
-        served_name=_judge_name(judge),
-        startup_timeout_s=float(judge.get("startup_timeout_s", 1800)),
-        mem_fraction=float(judge.get("mem_fraction", 0.85)),
-        tensor_parallel=tp,
+        served_name=judge.model,
+        startup_timeout_s=judge.startup_timeout_s,
+        mem_fraction=judge.mem_fraction,
+        tensor_parallel=judge.tensor_parallel,
         log_path=log_path,
         command=command,
         **where,
@@ -184,7 +194,7 @@ def judge_endpoint(
 def judge_params(variant: Mapping[str, Any], judge: Mapping[str, Any]) -> dict[str, Any] | None:
     """The training rule's ``judge`` param: the judge settings that can change a result, for an
     ``r3rag`` variant with the LLM judge only (None otherwise, so editing them retrains nothing else)."""
-    if variant.get("reward") != "r3rag" or variant.get("judge", "llm") != "llm":
+    if not _variant(variant).serves_judge:
         return None
     return {k: v for k, v in judge.items() if k not in OPERATIONAL_JUDGE_KEYS}
 
@@ -195,5 +205,5 @@ def judge_settings(
     """A job's full judge settings: its ``judge`` param plus the operational keys from its config."""
     if params_judge is None:
         return None
-    configured = config.get("judge") or {}
-    return {**dict(params_judge), **{k: configured[k] for k in OPERATIONAL_JUDGE_KEYS if k in configured}}
+    configured = config["judge"]
+    return {**dict(params_judge), **{k: configured[k] for k in OPERATIONAL_JUDGE_KEYS}}

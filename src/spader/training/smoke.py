@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from spader.config import load_config as load_workflow_config
+from spader.config.command import add_config_arguments, config_files, configured, repository, run_command
 
 log = logging.getLogger(__name__)
 
@@ -235,17 +236,12 @@ def prepare_command(
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m spader.training.smoke", description=__doc__.splitlines()[0]
-    )
+HELP = "GPU smoke test: two verl steps of SPADER on one GPU with sglang at the paper's response length"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/gpu_smoke", help="output directory (default: %(default)s)")
-    parser.add_argument("--root", default=".", help="repository root (default: the current directory)")
-    parser.add_argument(
-        "--configfile",
-        action="append",
-        help="workflow config files, later ones overlaying earlier ones (default: config/config.yaml config/demo.yaml)",
-    )
+    add_config_arguments(parser, overlays=["config/demo.yaml"])
     parser.add_argument(
         "--prepare", action="store_true", help="first build the inputs with Snakemake (CPU rules)"
     )
@@ -253,16 +249,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="compose and check the verl command, print it, stop"
     )
-    args = parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m spader.training.smoke`` (an alias of ``spader smoke``)."""
+    return run_command("python -m spader.training.smoke", add_arguments, run, argv, description=HELP)
+
+
+def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-
-    root = Path(args.root)
-    configfiles = args.configfile or ["config/config.yaml", "config/demo.yaml"]
-    config = load_config([root / c for c in configfiles], root)
+    root = repository(args)
+    config = configured(args).model_dump(mode="json")
     if args.prepare:
-        cmd = prepare_command(config, configfiles, args.cores)
+        overlays = [str(p) for p in config_files(args)[1:]]  # snakemake reads config/config.yaml itself
+        cmd = prepare_command(config, overlays, args.cores)
         log.info("building the inputs: %s", " ".join(cmd))
         subprocess.run(cmd, cwd=root, check=True)
     job = smoke_job(config, args.out, root=root)

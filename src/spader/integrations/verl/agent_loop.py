@@ -157,20 +157,23 @@ class TurnEndingServer:
 
 
 def _turn_settings(config) -> tuple[AgentConfig, str]:
-    """The turn settings of the ``spader_agent`` block (config.yaml ``agent``, passed at launch;
-    ``aliases`` from ``training.divergences``), checked by the config model; keys the block lacks
-    take the model's defaults. Returns the ``agent`` section and the alias mode."""
-    block = config.get("spader_agent") or {}
-    if hasattr(block, "items"):
-        block = {k: (list(v) if k == "stop" and v is not None else v) for k, v in block.items()}
-    fields = {k: v for k, v in block.items() if k in AgentConfig.model_fields}
-    aliases = str(block.get("aliases") or "aware")
+    """The turn settings of the ``spader_agent`` block (config.yaml ``agent``, passed at launch),
+    read as the typed ``agent`` section (a key the block lacks takes the section's default), and
+    the alias mode of the training reward (``aliases``, from ``training.divergences``).
+
+    Raises:
+        ValueError: a value out of its bounds (the message names ``spader_agent.<key>``).
+    """
+    block = dict(config.get("spader_agent") or {})
+    aliases = str(block.pop("aliases", None) or "aware")
     if aliases not in ("aware", "blind"):
         raise ValueError(f"spader_agent.aliases must be aware or blind, got {aliases!r}")
+    plain = {k: (list(v) if k == "stop" else v) for k, v in block.items()}
     try:
-        return AgentConfig.model_validate(fields), aliases
+        agent = AgentConfig.model_validate(plain)
     except ValueError as exc:
-        raise ValueError(f"spader_agent: {exc}") from exc
+        raise ValueError(f"spader_agent is invalid: {exc}".replace("\n", "; ")) from exc
+    return agent, aliases
 
 
 def end_on_generated(output: AgentLoopOutput) -> AgentLoopOutput:

@@ -98,9 +98,14 @@ def peer_groups(index, response_mask: torch.Tensor, estimator: str) -> tuple[tor
 
 
 def _eps_placement(config) -> str:
-    """``algorithm.spader.epsilon`` (the paper's ``outside`` when the block or key is absent)."""
+    """``algorithm.spader.epsilon`` (``training.divergences.epsilon``, set at launch)."""
     block = config.get("spader") if config is not None else None
-    return str(block.get("epsilon", "outside")) if block is not None else "outside"
+    if block is None or block.get("epsilon") is None:
+        raise ValueError(
+            "the SPADER estimators read the spread's epsilon placement from algorithm.spader.epsilon, "
+            "which is not set"
+        )
+    return str(block["epsilon"])
 
 
 def _gamma(config) -> float:

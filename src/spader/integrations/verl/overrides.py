@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spader.config.model import AgentConfig
+from spader.config.model import AgentConfig, DivergencesConfig, TrainingConfig, VariantConfig
+from spader.core.methods import ADVANTAGES, reward_spec
 from spader.integrations.verl.hydra import hydra_value
 
 __all__ = [
-    "AGENT_DEFAULTS",
     "AGENT_KEYS",
     "ESTIMATORS",
     "TRAINING_KEYS",
@@ -42,16 +42,8 @@ __all__ = [
     "training_overrides",
 ]
 
-#: config.yaml ``variants.<v>.advantage`` -> verl ``algorithm.adv_estimator``.
-ESTIMATORS = {
-    "spa": "spader_spa",
-    "grpo_return": "spader_traj",
-    "grpo": "spader_grpo",  # verl's GRPO without failed episodes as peers (.estimators)
-    "gae": "gae",
-    "turn_gae": "r3rag_turn_gae",  # R3-RAG's per-turn GAE (spader.integrations.verl.turn_gae)
-}
-#: config.yaml ``variants.<v>.reward`` of the step-level baselines -> the advantage each is defined with.
-BASELINE_REWARDS = {"stepsearch": "gae", "r3rag": "turn_gae"}
+#: config.yaml ``variants.<v>.advantage`` -> verl ``algorithm.adv_estimator`` (the registry's).
+ESTIMATORS = {name: spec.estimator for name, spec in ADVANTAGES.items()}
 
 #: config.yaml ``training.<key>`` -> the verl key that receives it (every one exists in verl's ppo_trainer).
 TRAINING_KEYS = {
@@ -109,86 +101,66 @@ AGENT_KEYS = {
 PARSER_FORMATS = {"spader": "spader", "authors": "spader_authors"}
 
 
-#: config.yaml's ``agent`` defaults (the schema's), for jobs built without a workflow config.
-AGENT_DEFAULTS = AgentConfig().model_dump()
-
-
 def _num(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{key} must be a number, got {value!r}")
     return float(value)
 
 
-def method_settings(variant: Mapping[str, Any], training: Mapping[str, Any]) -> dict[str, Any]:
+def method_settings(
+    variant: VariantConfig | Mapping[str, Any], training: TrainingConfig | Mapping[str, Any]
+) -> dict[str, Any]:
     """The verl keys a config.yaml variant sets, with their values (what :func:`method_overrides`
     renders as overrides and :func:`training_identity` hashes).
 
     Args:
-        variant: ``config["variants"][name]`` (``advantage``, ``reward``, ``alpha``, ``beta``,
-            ``cost``, ``invalid_format_reward``).
+        variant: ``config["variants"][name]`` (validated as a :class:`VariantConfig`; its
+            ``invalid_format_reward`` is the terminal reward of an invalid format).
         training: ``config["training"]`` (``gamma`` and ``divergences`` are used).
     Returns:
         ``{dotted verl key: value}`` in a fixed order.
+    Raises:
+        ValueError: the variant or section is invalid (an advantage that does not train the reward, ...).
     """
-    advantage, reward = variant.get("advantage"), variant.get("reward")
-    if advantage not in ESTIMATORS:
-        raise ValueError(f"variant advantage must be one of {sorted(ESTIMATORS)}, got {advantage!r}")
-    if reward not in ("step", "terminal", *BASELINE_REWARDS):
-        raise ValueError(
-            f"variant reward must be one of step, terminal, {', '.join(BASELINE_REWARDS)}, got {reward!r}"
-        )
-    if (reward in BASELINE_REWARDS or advantage == "turn_gae") and BASELINE_REWARDS.get(reward) != advantage:
-        raise ValueError(
-            f"reward {reward!r} and advantage {advantage!r} do not go together ({BASELINE_REWARDS})"
-        )
-    if advantage == "gae" and reward == "step":
-        raise ValueError(
-            "PPO (advantage gae) is trained on the terminal reward; dense step rewards need spa/grpo_return"
-        )
-    if advantage in ("spa", "grpo_return") and reward != "step":
-        raise ValueError(f"advantage {advantage!r} is defined on the step rewards (reward: step)")
-    divergences = training.get("divergences") or {}
-    aliases = divergences.get("aliases", "aware")
-    if aliases not in ("aware", "blind"):
-        raise ValueError(f"training.divergences.aliases must be aware or blind, got {aliases!r}")
+    variant = variant if isinstance(variant, VariantConfig) else VariantConfig.model_validate(dict(variant))
+    divergences = (
+        training.divergences
+        if isinstance(training, TrainingConfig)
+        else DivergencesConfig.model_validate(dict(training["divergences"]))
+    )
+    gamma = training.gamma if isinstance(training, TrainingConfig) else training["gamma"]
+    reward = reward_spec(variant.reward)
+    aliases = divergences.aliases
     out: dict[str, Any] = {
-        "algorithm.adv_estimator": ESTIMATORS[advantage],
+        "algorithm.adv_estimator": ESTIMATORS[variant.advantage],
         "reward.custom_reward_function.reward_kwargs.invalid_format_reward": _num(
-            variant.get("invalid_format_reward", -1.0), "variant invalid_format_reward"
+            variant.invalid_format_reward, "variant invalid_format_reward"
         ),
         "reward.custom_reward_function.reward_kwargs.aliases": aliases,
         "spader_agent.aliases": aliases,
     }
-    if reward == "terminal":
+    if reward.step_reward is None:  # verl's own terminal reward
         out["trainer.v1.trainer_mode"] = "sync"
         return out
-    if reward in BASELINE_REWARDS:  # docs/baselines.md; structure and constants in their YAMLs
-        out["trainer.v1.trainer_mode"] = "spader_sync"
-        out["algorithm.step_reward"] = reward
-        if reward == "stepsearch":
-            out["algorithm.stepsearch.lambda_s"] = _num(variant.get("lambda_s", 0.6), "variant lambda_s")
-        else:
-            out["algorithm.r3rag.judge.kind"] = str(variant.get("judge", "llm"))
+    out["trainer.v1.trainer_mode"] = "spader_sync"
+    if reward.name == "stepsearch":  # docs/baselines.md; structure and constants in their YAMLs
+        out["algorithm.step_reward"] = reward.step_reward
+        out["algorithm.stepsearch.lambda_s"] = _num(variant.lambda_s, "variant lambda_s")
         return out
-    novelty = divergences.get("novelty", "inverse")
-    if novelty not in ("inverse", "exp_decay"):
-        raise ValueError(f"training.divergences.novelty must be inverse or exp_decay, got {novelty!r}")
-    epsilon = divergences.get("epsilon", "outside")
-    if epsilon not in ("outside", "inside_sqrt"):
-        raise ValueError(f"training.divergences.epsilon must be outside or inside_sqrt, got {epsilon!r}")
-    warmup = divergences.get("cost_warmup")
-    if warmup is not None:
-        warmup = {"free_steps": int(warmup["free_steps"]), "ramp_steps": int(warmup["ramp_steps"])}
+    if reward.name == "r3rag":
+        out["algorithm.step_reward"] = reward.step_reward
+        out["algorithm.r3rag.judge.kind"] = variant.judge
+        return out
+    warmup = divergences.cost_warmup
     out.update(
         {
-            "trainer.v1.trainer_mode": "spader_sync",
-            "algorithm.gamma": _num(training.get("gamma"), "training.gamma"),
-            "algorithm.spader.alpha": _num(variant.get("alpha"), "variant alpha"),
-            "algorithm.spader.beta": _num(variant.get("beta"), "variant beta"),
-            "algorithm.spader.cost": _num(variant.get("cost"), "variant cost"),
-            "algorithm.spader.novelty": novelty,
-            "algorithm.spader.cost_warmup": warmup,
-            "algorithm.spader.epsilon": epsilon,
+            "algorithm.gamma": _num(gamma, "training.gamma"),
+            "algorithm.spader.alpha": _num(variant.alpha, "variant alpha"),
+            "algorithm.spader.beta": _num(variant.beta, "variant beta"),
+            "algorithm.spader.cost": _num(variant.cost, "variant cost"),
+            "algorithm.spader.novelty": divergences.novelty,
+            "algorithm.spader.cost_warmup": None if warmup is None else warmup.model_dump(),
+            "algorithm.spader.epsilon": divergences.epsilon,
         }
     )
     return out
@@ -201,10 +173,10 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
         Overrides for :func:`spader.integrations.verl.compose.compose`. Keys of the project's own
         blocks are written ``++key=value`` (set, or add when missing): no YAML carries them.
 
-    >>> grpo = {"advantage": "grpo", "reward": "terminal", "alpha": 0, "beta": 0, "cost": 0}
-    >>> for o in method_overrides({**grpo, "invalid_format_reward": -1.0}, {"gamma": 0.9}):
+    >>> grpo = {"verl_config": "grpo", "advantage": "grpo", "reward": "terminal", "invalid_format_reward": -1.0}
+    >>> for o in method_overrides(grpo, {"gamma": 0.9, "divergences": {}}):
     ...     print(o)
-    algorithm.adv_estimator=grpo
+    algorithm.adv_estimator=spader_grpo
     ++reward.custom_reward_function.reward_kwargs.invalid_format_reward=-1.0
     ++reward.custom_reward_function.reward_kwargs.aliases=aware
     ++spader_agent.aliases=aware
@@ -256,7 +228,7 @@ def config_overrides(
     variant: Mapping[str, Any], training: Mapping[str, Any], agent: Mapping[str, Any] | None = None
 ) -> list[str]:
     """Everything config.yaml gives one variant's verl config: :func:`method_overrides`,
-    :func:`training_overrides` and :func:`agent_overrides` (``AGENT_DEFAULTS`` without ``agent``).
+    :func:`training_overrides` and :func:`agent_overrides` (the section's defaults without ``agent``).
 
     The project YAMLs carry structure only, so a variant YAML composed without these overrides has
     verl's defaults (batch 1024, one rollout, ...) rather than the paper's setup; the training
@@ -265,7 +237,7 @@ def config_overrides(
     return [
         *method_overrides(variant, training),
         *training_overrides(training),
-        *agent_overrides(agent if agent is not None else AGENT_DEFAULTS),
+        *agent_overrides(agent if agent is not None else AgentConfig().model_dump(mode="json")),
     ]
 
 

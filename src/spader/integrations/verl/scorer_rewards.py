@@ -30,7 +30,9 @@ import transfer_queue as tq
 from tensordict import TensorDict
 from verl.workers.utils.padding import response_to_nested
 
+from spader.config.model import JUDGE_CLIENT_KEYS, JudgeConfig
 from spader.core.densify import FINAL_TURN_KEY
+from spader.core.methods import ADVANTAGES, REWARDS
 from spader.core.parsing import final_answer
 from spader.core.r3rag import classify_final_turn, judge_messages, reranker_relevance, turn_reasoning
 from spader.core.scorer_densify import (
@@ -39,7 +41,6 @@ from spader.core.scorer_densify import (
     r3rag_dense_rewards,
     stepsearch_dense_rewards,
 )
-from spader.core.stepsearch import LAMBDA_S
 
 __all__ = [
     "JUDGES",
@@ -56,15 +57,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: ``algorithm.step_reward`` values: SPADER's own rewards and the two baselines'.
-STEP_REWARDS = ("spader", "stepsearch", "r3rag")
+#: ``algorithm.step_reward`` values: SPADER's own rewards and the two baselines' (the registry's).
+STEP_REWARDS = tuple(r.step_reward for r in REWARDS.values() if r.step_reward is not None)
 #: R3-RAG judges: an LLM behind an OpenAI-compatible endpoint, or the reranker's scores.
 JUDGES = ("llm", "reranker")
 
 
 def step_reward_kind(cfg: Any) -> str:
     """``algorithm.step_reward`` of a full verl config (``spader`` when absent)."""
-    kind = str(cfg["algorithm"].get("step_reward", "spader") or "spader")
+    kind = str(cfg["algorithm"].get("step_reward") or REWARDS["step"].step_reward)
     if kind not in STEP_REWARDS:
         raise ValueError(f"algorithm.step_reward must be one of {STEP_REWARDS}, got {kind!r}")
     return kind
@@ -79,11 +80,13 @@ def _block(cfg: Any, name: str) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class StepSearchSettings:
-    """``algorithm.stepsearch``: step-reward scale, the evidence artifact, TF-IDF processes."""
+    """``algorithm.stepsearch``: the step-reward scale (``variants.<name>.lambda_s``), the evidence
+    artifact (rule build_evidence) and the TF-IDF processes (``stepsearch.workers``), all set at
+    launch."""
 
-    lambda_s: float = LAMBDA_S
-    evidence_path: str | None = None
-    workers: int = 0
+    lambda_s: float
+    evidence_path: str | None
+    workers: int
 
     def __post_init__(self):
         if self.lambda_s < 0 or self.workers < 0:
@@ -93,33 +96,25 @@ class StepSearchSettings:
     def from_config(cls, cfg: Any) -> StepSearchSettings:
         b = _block(cfg, "stepsearch")
         try:
-            path = b.get("evidence_path")
-            return cls(float(b["lambda_s"]), None if path is None else str(path), int(b.get("workers", 0)))
+            path = b["evidence_path"]
+            return cls(float(b["lambda_s"]), None if path is None else str(path), int(b["workers"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"algorithm.stepsearch is malformed ({type(exc).__name__}: {exc})") from exc
 
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    """``algorithm.r3rag.judge``: which judge, and how the LLM judge's endpoint is used."""
+    """``algorithm.r3rag.judge``: which judge, and for the LLM judge the ``judge`` section it is
+    reached with (its ``model``, ``url`` and client keys, set at launch; None for the reranker)."""
 
-    kind: str = "llm"
-    url: str | None = None
-    model: str = "Qwen/Qwen2.5-14B-Instruct"
-    timeout_s: float = 120.0
-    retries: int = 3
-    concurrency: int = 64
-    max_tokens: int = 4096
-    temperature: float | None = 0.0
-    unparsable: str = "zero"
+    kind: str
+    client: JudgeConfig | None
 
     def __post_init__(self):
         if self.kind not in JUDGES:
             raise ValueError(f"algorithm.r3rag.judge.kind must be one of {JUDGES}, got {self.kind!r}")
-        if self.unparsable not in ("zero", "raise"):
-            raise ValueError(
-                f"algorithm.r3rag.judge.unparsable must be zero or raise, got {self.unparsable!r}"
-            )
+        if (self.kind == "llm") != (self.client is not None):
+            raise ValueError("algorithm.r3rag.judge: the llm judge (and only it) has client settings")
 
     @classmethod
     def from_config(cls, cfg: Any) -> JudgeSettings:
@@ -127,25 +122,15 @@ class JudgeSettings:
         if j is None:
             raise ValueError("algorithm.r3rag.judge is missing")
         try:
-            return cls(
-                kind=str(j["kind"]),
-                url=None if j.get("url") is None else str(j["url"]),
-                model=str(j.get("model", cls.model)),
-                timeout_s=float(j.get("timeout_s", cls.timeout_s)),
-                retries=int(j.get("retries", cls.retries)),
-                concurrency=int(j.get("concurrency", cls.concurrency)),
-                max_tokens=int(j.get("max_tokens", cls.max_tokens)),
-                temperature=_optional_float(j.get("temperature", cls.temperature)),
-                unparsable=str(j.get("unparsable", cls.unparsable)),
-            )
+            kind = str(j["kind"])
+            if kind != "llm":
+                return cls(kind=kind, client=None)
+            keys = ("model", "url", *JUDGE_CLIENT_KEYS)
+            return cls(kind=kind, client=JudgeConfig.model_validate({k: j[k] for k in keys}))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ValueError) and str(exc).startswith("algorithm."):
                 raise
             raise ValueError(f"algorithm.r3rag.judge is malformed ({type(exc).__name__}: {exc})") from exc
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def turn_fields(
@@ -250,23 +235,24 @@ class R3RagRewards(_BatchRewards):
     def __init__(self, settings: JudgeSettings):
         self.settings = settings
         self.client = None
-        if settings.kind == "llm":
+        judge = settings.client
+        if judge is not None:
             from spader.scorers.judge import JudgeClient
 
-            if not settings.url:
+            if not judge.url:
                 raise ValueError(
                     "algorithm.r3rag.judge.url is not set: the training job starts the judge server "
                     "(judge.gpus) or takes judge.url from the workflow config"
                 )
             self.client = JudgeClient(
-                settings.url,
-                settings.model,
-                timeout=settings.timeout_s,
-                retries=settings.retries,
-                concurrency=settings.concurrency,
-                max_tokens=settings.max_tokens,
-                temperature=settings.temperature,
-                unparsable=settings.unparsable,
+                judge.url,
+                judge.model,
+                timeout=judge.timeout_s,
+                retries=judge.retries,
+                concurrency=judge.concurrency,
+                max_tokens=judge.max_tokens,
+                temperature=judge.temperature,
+                unparsable=judge.unparsable,
             )
             self.client.check()
         self.unparsed = 0
@@ -310,13 +296,11 @@ def check_baseline_config(cfg: Any) -> None:
     Raises:
         ValueError naming the key.
     """
-    from spader.integrations.verl.turn_gae import TURN_GAE
-
     kind = step_reward_kind(cfg)
     algorithm = cfg["algorithm"]
-    expected = {"stepsearch": "gae", "r3rag": TURN_GAE}.get(kind)
-    if expected is None:
+    if kind not in ("stepsearch", "r3rag"):
         raise ValueError(f"algorithm.step_reward={kind} is not a step-level baseline")
+    (expected,) = [a.estimator for a in ADVANTAGES.values() if kind in a.rewards]
     if kind == "stepsearch":
         StepSearchSettings.from_config(cfg)
     else:

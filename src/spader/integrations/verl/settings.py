@@ -1,4 +1,7 @@
-"""The SPADER settings carried by a verl config (``algorithm.gamma`` and ``algorithm.spader``)."""
+"""The SPADER settings carried by a verl config (``algorithm.gamma`` and ``algorithm.spader``, set at
+launch from ``training.gamma``, ``variants.<name>.alpha/beta/cost`` and ``training.divergences``:
+:func:`spader.integrations.verl.overrides.method_settings`); every key is required, the defaults
+are the configuration model's."""
 
 from __future__ import annotations
 
@@ -25,14 +28,14 @@ class SpaderSettings:
             ``inside_sqrt`` (authors' code), see :data:`spader.core.advantage.EPS_PLACEMENTS`.
     """
 
-    gamma: float = 0.9
-    alpha: float = 1.0
-    beta: float = 4.0
-    cost: float = 0.01
-    novelty: str = "inverse"
-    free_steps: int | None = None
-    ramp_steps: int | None = None
-    epsilon: str = "outside"
+    gamma: float
+    alpha: float
+    beta: float
+    cost: float
+    novelty: str
+    free_steps: int | None
+    ramp_steps: int | None
+    epsilon: str
 
     def __post_init__(self):
         if not 0.0 <= self.gamma <= 1.0:
@@ -61,14 +64,14 @@ class SpaderSettings:
             raise ValueError(f"algorithm.spader.cost_warmup must be null or a mapping, got {warmup!r}")
         try:
             return cls(
-                gamma=float(algorithm.get("gamma", 1.0)),
+                gamma=float(algorithm["gamma"]),
                 alpha=float(block["alpha"]),
                 beta=float(block["beta"]),
                 cost=float(block["cost"]),
-                novelty=str(block.get("novelty", "inverse")),
+                novelty=str(block["novelty"]),
                 free_steps=None if warmup is None else int(warmup["free_steps"]),
                 ramp_steps=None if warmup is None else int(warmup["ramp_steps"]),
-                epsilon=str(block.get("epsilon", "outside")),
+                epsilon=str(block["epsilon"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ValueError) and str(exc).startswith("algorithm."):

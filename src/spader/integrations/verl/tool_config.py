@@ -9,8 +9,6 @@ from typing import Any
 
 import yaml
 
-from spader.config.model import ServiceConfig
-
 __all__ = ["TOOL_CLASS", "TOOL_NAME", "TOOL_SCHEMA", "write_tool_config"]
 
 TOOL_CLASS = "spader.integrations.verl.search_tool.SearchTool"
@@ -37,7 +35,7 @@ def write_tool_config(
     *,
     service_url: str,
     retrieval: Mapping[str, Any],
-    max_queries_per_call: int | None = 10,
+    max_queries_per_call: int | None,
     max_chars: int,
     record_turns: bool = False,
     observation_format: str = "spader",
@@ -49,7 +47,8 @@ def write_tool_config(
         service_url: base URL of the retrieval service (``http://127.0.0.1:<port>``).
         retrieval: the workflow's ``config["retrieval"]`` (``topk``, ``initial_k``,
             ``service.request_timeout_s``, ``service.retries``, ``service.max_query_chars``).
-        max_queries_per_call: queries of one tool call beyond this are not run (None: all run).
+        max_queries_per_call: queries of one tool call beyond this are not run (``agent.max_queries_per_call``;
+            None: all run).
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
@@ -63,18 +62,16 @@ def write_tool_config(
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
         )
-    # the service section as the config model reads it: keys it does not set take the model's defaults
-    service = ServiceConfig.model_validate(retrieval.get("service") or {})
     try:
         config = {
             "type": "native",
             "retrieval_service_url": service_url,
             "topk": int(retrieval["topk"]),
             "initial_k": int(retrieval["initial_k"]),
-            "timeout": float(service.request_timeout_s),
-            "retries": int(service.retries),
-            "max_query_chars": int(service.max_query_chars),
-            "max_queries_per_request": int(service.max_queries_per_request),
+            "timeout": float(retrieval["service"]["request_timeout_s"]),
+            "retries": int(retrieval["service"]["retries"]),
+            "max_query_chars": int(retrieval["service"]["max_query_chars"]),
+            "max_queries_per_request": int(retrieval["service"]["max_queries_per_request"]),
             "max_queries_per_call": None if max_queries_per_call is None else int(max_queries_per_call),
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
