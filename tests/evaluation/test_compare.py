@@ -10,7 +10,7 @@ from spader.evaluation.compare import COLUMNS, compare_runs_table
 from spader.evaluation.tables import Uncertainty
 
 DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
-U = Uncertainty(samples=2000, seed=0)
+U = Uncertainty(samples=2000, seed=0, alpha=0.05)
 
 
 def rec(qid, f1, dropped=False):

@@ -73,7 +73,7 @@ def compare_runs_table(
     Raises:
         KeyError: a run lacks the records of a method on a dataset (names both).
     """
-    u = uncertainty or Uncertainty()
+    u = uncertainty or Uncertainty.from_config()
     rows = []
     for m in method_order(methods):
         strata = {}
