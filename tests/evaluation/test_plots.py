@@ -161,30 +161,43 @@ def test_temporal_figure_draws_interval_bands():
 
 
 def test_learning_curves_figure_has_a_panel_per_curve_and_names_what_was_not_logged(tmp_path):
+    """SPADER's training reward (step rewards plus the terminal F1) is never drawn beside GRPO's
+    (the terminal reward alone): the answer F1 of both shares one panel, SPADER's step reward has
+    its own, which says that GRPO has none."""
     import matplotlib.pyplot as plt
 
     from spader.evaluation.curves import CURVES, curves_table
 
     steps = {
-        s: {"critic/score/mean": s / 10, "episode/format_valid": 0.5, "response_length/mean": 90.0}
+        s: {"critic/score/mean": 3.0 + s, "episode/f1": s / 10, "spader/search_reward/mean": 0.2 * s,
+            "episode/format_valid": 0.5, "response_length/mean": 90.0}
         for s in (1, 2)
+    }  # fmt: skip
+    grpo = {
+        1: {"critic/score/mean": 0.1, "episode/f1": 0.1},
+        2: {"critic/score/mean": 0.3, "episode/f1": 0.3},
     }
-    table = curves_table({"spader": steps, "grpo": {1: {"critic/score/mean": 0.1}}}, backbone="demo")
+    table = curves_table({"spader": steps, "grpo": grpo}, backbone="demo")
     fig = curves_figure(table, title="Learning curves (demo)")
     try:
         panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
         titles = [ax.get_title() for ax in panels]
         texts = {ax.get_title(): " ".join(t.get_text() for t in ax.texts) for ax in panels}
+        lines = {ax.get_title(): [list(ln.get_ydata()) for ln in ax.lines] for ax in panels}
         drawn = _drawn(fig)
     finally:
         plt.close(fig)
     assert titles == [c.label for c in CURVES]
     assert list(drawn) == ["spader", "grpo"]
+    f1_panel, step_panel = (c.label for c in CURVES[:2])
+    assert sorted(lines[f1_panel]) == [[0.1, 0.2], [0.1, 0.3]]  # the answer F1 of both runs
+    assert lines[step_panel] == [[0.2, 0.4]] and texts[step_panel] == "no SPADER step reward: grpo"
+    assert not any(3.0 + 1 in y for ys in lines.values() for y in ys)  # critic/score/mean: nowhere
     assert (
         "not logged: grpo" in texts["valid-format rate"]
         and "not logged: spader, grpo" in texts["KL to the reference"]
     )
-    assert texts["mean reward"] == ""
+    assert texts[f1_panel] == ""
     out = tmp_path / "curves.png"
     plot_curves(table, out)
     assert out.read_bytes()[:4] == b"\x89PNG"

@@ -14,18 +14,21 @@ import pytest
 
 from spader.evaluation import stats
 from spader.evaluation.stats import (
+    EXACT_MAX_PAIRS,
+    SignFlip,
     bootstrap_means,
     holm,
     paired_permutation_test,
     percentile_interval,
     seed_spread,
+    smallest_p,
     stratified_mean,
 )
 
 
 def test_doctests():
     result = doctest.testmod(stats)
-    assert result.attempted >= 6 and result.failed == 0
+    assert result.attempted >= 7 and result.failed == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +157,80 @@ def test_exact_permutation_test_equals_full_enumeration(sizes):
     assert float(p[0]) == pytest.approx(reference_exact_p(a, b))
 
 
+def test_the_test_is_exact_up_to_the_cut_off_whatever_the_number_of_random_patterns():
+    """12 questions and 100 random patterns: all 4,096 sign patterns are enumerated (a random
+    estimate with 100 patterns would miss the exact p by about 0.03); 13 questions: 8,192 patterns,
+    enumerated with 10,000 random patterns to spare, drawn at random with 300."""
+    rng = random.Random(8)
+    a = [_scores(rng, 1, n)[0] for n in (5, 7)]
+    b = [_scores(rng, 1, n)[0] for n in (5, 7)]
+    p = paired_permutation_test([np.array(s) for s in a], [np.array(s) for s in b], samples=100, seed=0)
+    assert float(p[0]) == pytest.approx(reference_exact_p(a, b), abs=1e-12)
+    assert EXACT_MAX_PAIRS == 12 and stats.exact(13, 10_000) and not stats.exact(13, 300)
+    a13, b13 = _scores(rng, 1, 13)[0], _scores(rng, 1, 13)[0]
+    p13 = paired_permutation_test(np.array(a13), np.array(b13), samples=10_000, seed=4)
+    assert float(p13[0]) == pytest.approx(reference_exact_p([a13], [b13]), abs=1e-12)
+    p13 = paired_permutation_test(np.array(a13), np.array(b13), samples=300, seed=4)
+    assert float(p13[0]) == pytest.approx(reference_random_p([a13], [b13], 300, seed=4))
+
+
+def test_each_table_can_state_the_smallest_p_its_test_reaches():
+    """Every question better by the same amount: only the observed signs and their mirror image are
+    as extreme, so the exact test reaches 2 / 2**n and no less; random patterns reach 1 / (samples + 1)."""
+    for n in (1, 6, 10, 12):
+        assert smallest_p(n, 10_000) == 2 / 2**n
+        assert float(paired_permutation_test(np.ones(n), np.zeros(n), 10_000, 0)[0]) == smallest_p(n, 10_000)
+    assert smallest_p(40, 499) == 1 / 500
+    assert float(paired_permutation_test(np.ones(40), np.zeros(40), 499, 0)[0]) == 1 / 500
+    assert SignFlip(np.ones(6), np.zeros(6), 10, 0).smallest_p == 2 / 64
+    with pytest.raises(ValueError, match="at least one pair"):
+        smallest_p(0, 10)
+
+
+def _agree(flip: SignFlip, level: float) -> None:
+    """The interval is the set of shifts the test does not reject: it excludes 0 exactly when the
+    p-value is below alpha, its ends are not rejected, and just beyond them is."""
+    alpha = 1 - level
+    lo, hi = flip.interval(level)
+    p0 = flip.p_value()
+    assert np.array_equal((lo > 0) | (hi < 0), p0 < alpha), (lo, hi, p0)
+    for k in range(len(p0)):
+        for end, side in ((lo[k], -1.0), (hi[k], 1.0)):
+            if math.isinf(end):
+                continue
+            delta = np.zeros_like(p0)
+            delta[k] = end
+            assert flip.p_value(delta)[k] >= alpha
+            delta[k] = end + side * 1e-7
+            assert flip.p_value(delta)[k] < alpha
+
+
+def test_difference_intervals_agree_with_the_test_on_the_same_questions():
+    rng = np.random.default_rng(3)
+    for trial in range(30):  # 2 to 21 questions: exact enumeration and random patterns
+        sizes = [int(x) for x in rng.integers(2, 8, size=int(rng.integers(1, 4)))]
+        # scores with many ties, as F1 has: several quantities on the same questions
+        a = [rng.choice([0.0, 0.0, 0.5, 1.0, 0.25], size=(3, n)) for n in sizes]
+        b = [
+            np.where(rng.random((3, n)) < 0.5, x, rng.choice([0.0, 1.0, 0.5], size=(3, n)))
+            for x, n in zip(a, sizes, strict=True)
+        ]
+        for level in (0.9, 0.95):
+            _agree(SignFlip(a, b, samples=400, seed=trial), level)
+    # the example of a six-question table: three questions differ (p = 1/4); a percentile
+    # bootstrap interval of the same difference excludes 0 all the same, this one does not
+    spader, rag = np.array([1.0, 0.0, 0.5, 0.0, 1.0, 0.0]), np.zeros(6)
+    flip = SignFlip(rag, spader, 10_000, 0)
+    boot = bootstrap_means(np.stack([rag, spader]), 10_000, 0)
+    _, boot_hi = percentile_interval(boot[:, 0] - boot[:, 1], 0.95)
+    assert float(flip.p_value()[0]) == 0.25 and float(boot_hi) < 0
+    lo, hi = flip.interval(0.95)
+    assert lo[0] < 0 <= hi[0]
+    # too few questions to reject any shift at this level: the interval is unbounded
+    lo, hi = SignFlip(np.ones(4), np.zeros(4), 100, 0).interval(0.95)
+    assert lo[0] == -math.inf and hi[0] == math.inf
+
+
 def test_random_permutation_test_equals_the_slow_reference():
     rng = random.Random(6)
     a = [_scores(rng, 1, n)[0] for n in (20, 15)]
@@ -212,3 +289,15 @@ def test_permutation_test_keeps_its_level_and_finds_a_real_difference():
         found += float(paired_permutation_test(better, b, 500, seed=t)[0]) < 0.05
     assert rejected / trials <= 0.09, rejected / trials
     assert found / trials >= 0.8, found / trials
+
+
+def test_sign_flip_intervals_cover_a_symmetric_true_difference_about_95_percent_of_the_time():
+    rng = np.random.default_rng(2)
+    truth, covered, trials = 0.1, 0, 200
+    for t in range(trials):
+        base = rng.random(40)
+        a = base + truth + rng.normal(0, 0.3, 40)
+        b = base + rng.normal(0, 0.3, 40)
+        lo, hi = SignFlip(a, b, 200, seed=t).interval(0.95)
+        covered += float(lo[0]) <= truth <= float(hi[0])
+    assert 0.90 <= covered / trials <= 0.99, covered / trials

@@ -94,7 +94,7 @@ def test_prf_table_is_long_form_with_counts():
 def test_ablation_and_beta_rows_say_which_runs_this_backbone_has():
     runs = make_runs(METHODS)
     abl = ablation_table(runs, METHODS, VARIANTS, DATASETS)
-    intervals = ["avg_lo", "avg_hi", "avg_p_vs_reference"]
+    intervals = ["avg_lo", "avg_hi", "avg_p_vs_reference", "avg_p_holm", "avg_p_min"]
     assert abl.columns == ["method", "setting", "status", *DATASETS, "avg", *intervals]
     assert abl["method"].to_list() == ["spader", "no_spa", "no_np", "no_ig"]
     assert abl["setting"].to_list() == ["SPADER", "w/o SPA", "w/o NP", "w/o IG"]
@@ -105,7 +105,9 @@ def test_ablation_and_beta_rows_say_which_runs_this_backbone_has():
     )  # never invented
     spader = abl.row(0, named=True)
     assert spader["avg_lo"] <= spader["avg"] <= spader["avg_hi"] and spader["avg_p_vs_reference"] is None
-    assert 0 < abl.filter(pl.col("method") == "no_np")["avg_p_vs_reference"].item() <= 1
+    no_np = abl.filter(pl.col("method") == "no_np").row(0, named=True)
+    assert 0 < no_np["avg_p_vs_reference"] <= no_np["avg_p_holm"] <= 1
+    assert no_np["avg_p_min"] == pytest.approx(2 / 2**8)  # 8 questions: all 256 sign patterns
     beta = beta_sweep_table(runs, METHODS, VARIANTS, DATASETS)
     assert beta.columns == ["method", "beta", "status", *DATASETS, "avg", *intervals]
     assert beta["method"].to_list() == ["beta_0", "beta_1", "beta_4", "beta_8"]
@@ -127,6 +129,8 @@ def test_ablation_and_beta_tables_for_a_backbone_without_variants_keep_their_col
         "avg_lo",
         "avg_hi",
         "avg_p_vs_reference",
+        "avg_p_holm",
+        "avg_p_min",
     ]
 
 
@@ -205,7 +209,12 @@ def test_aggregate_results_writes_every_table_and_plot(tmp_path):
     paths = [_write_run(tmp_path, m, d, runs[(m, d)], tiny=True) for m in methods for d in DATASETS]
     outputs = {k: tmp_path / f"{k}.tsv" for k in OUTPUTS} | {k: tmp_path / f"{k}.png" for k in PLOTS}
     steps = {
-        s: {"critic/score/mean": 0.1 * s, "actor/kl_loss": 0.01, "response_length/mean": 40.0}
+        s: {
+            "critic/score/mean": 0.1 * s,
+            "episode/f1": 0.05 * s,
+            "actor/kl_loss": 0.01,
+            "response_length/mean": 40.0,
+        }
         for s in (1, 2, 3)
     }
     f1 = aggregate_results(
@@ -242,7 +251,7 @@ def test_aggregate_results_writes_every_table_and_plot(tmp_path):
     ]
     assert all(re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]( \(n\.s\.\))?", c) for c in shown["qampari"])
     curves = pl.read_csv(outputs["curves"], separator="\t")
-    assert set(curves["curve"]) == {"reward", "kl", "response_length"} and set(curves["run"]) == {"spader"}
+    assert set(curves["curve"]) == {"answer_f1", "kl", "response_length"} and set(curves["run"]) == {"spader"}
     for name in PLOTS:
         assert outputs[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and outputs[name].stat().st_size > 5000
 
@@ -274,7 +283,7 @@ def test_training_runs_table_says_which_rows_share_a_run():
 # --------------------------------------------------------------------------------------------
 # uncertainty: intervals, paired tests, seeds
 # --------------------------------------------------------------------------------------------
-U = Uncertainty(samples=1000, seed=3, alpha=0.05)  # exact tests up to 9 questions (512 sign patterns)
+U = Uncertainty(samples=1000, seed=3, alpha=0.05)  # exact up to 12 questions, 1,000 random patterns beyond
 
 
 def _graded(scores: list[float], prefix: str = "q", seed=None) -> list[dict]:
@@ -307,7 +316,8 @@ def test_intervals_and_tests_are_the_stats_modules_on_each_questions_scores():
     )
     sig = significance_table(runs, ["spader", "react"], DATASETS, est)
     assert sig.columns == [
-        "method", "reference", "dataset", "metric", "n", "diff", "diff_lo", "diff_hi", "p_value", "p_holm", "significant",
+        "method", "reference", "dataset", "metric", "n", "diff", "diff_lo", "diff_hi", "p_value", "p_holm",
+        "significant", "p_min",
     ]  # fmt: skip
     f1 = sig.filter(pl.col("metric") == "f1")
     assert f1["dataset"].to_list() == [*DATASETS, "avg"] and set(f1["reference"]) == {"spader"}
@@ -316,8 +326,13 @@ def test_intervals_and_tests_are_the_stats_modules_on_each_questions_scores():
     assert f1["p_value"].to_list()[:4] == pytest.approx([2 / 64] * 4)
     direct = paired_permutation_test(react[2], np.ones(9), U.samples, U.seed)
     assert f1["p_value"][0] == pytest.approx(float(direct[0]))
-    assert f1["significant"].to_list() == [True] * 5 and all(f1["diff_hi"] < 0)
-    assert all(p_holm >= p for p, p_holm in zip(f1["p_value"], f1["p_holm"], strict=True))
+    # the intervals are the differences the same test does not reject: every one excludes 0
+    assert all(f1["diff_hi"] < 0) and all(f1["diff_lo"] >= -1 - 1e-9)
+    # 9 questions: the smallest reachable p is 2 / 512; 36 over avg: 1 / 1001 with random patterns
+    assert f1["p_min"].to_list() == pytest.approx([2 / 512] * 4 + [1 / 1001])
+    # Holm over the 5 rows of a metric: 4 x 0.031 is not below 0.05, avg (p ~ 0.001) is
+    assert f1["p_holm"].to_list()[:4] == pytest.approx([4 * 2 / 64] * 4)
+    assert f1["significant"].to_list() == [False] * 4 + [True]
 
 
 def test_a_difference_inside_the_noise_is_marked_not_significant():
@@ -334,6 +349,33 @@ def test_a_difference_inside_the_noise_is_marked_not_significant():
     assert cells["spader"]["qampari"].startswith("0.417 [")
     assert cells["rag"]["qampari"] == "0.000 [0.000, 0.000] (n.s.)"  # 3 of 6 questions differ: p = 1/4
     assert not cells["rag"]["avg"].endswith("(n.s.)")  # over 24 questions the difference is significant
+
+
+def test_significance_and_the_marks_follow_holms_p_and_the_intervals_follow_the_test():
+    """Six questions per test set, every one better for spader: p = 2/64 = 0.031 on each set, below
+    0.05, but not after Holm's adjustment over the table's F1 rows, so neither significance.tsv nor
+    the F1 table's marks call it significant; over the 24 questions of ``avg`` it is. Every
+    difference interval excludes 0 exactly when its p-value is below the level."""
+    runs = {}
+    for d in DATASETS:
+        runs[("spader", d)] = _graded([1.0] * 6)
+        runs[("grpo", d)] = _graded([0.0] * 6)
+        runs[("rag", d)] = _graded([0.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    methods = ["spader", "grpo", "rag"]
+    est = Estimates(runs, methods, DATASETS, U)
+    sig = significance_table(runs, methods, DATASETS, est)
+    assert all(
+        ((r["diff_hi"] < 0) or (r["diff_lo"] > 0)) == (r["p_value"] < U.alpha)
+        for r in sig.iter_rows(named=True)
+    )
+    assert all(r["significant"] == (r["p_holm"] < U.alpha) for r in sig.iter_rows(named=True))
+    grpo = sig.filter((pl.col("method") == "grpo") & (pl.col("metric") == "f1"))
+    assert grpo["p_value"].to_list()[:4] == pytest.approx([2 / 64] * 4)
+    assert grpo["significant"].to_list() == [False] * 4 + [True]
+    assert grpo["p_min"].to_list() == pytest.approx([2 / 64] * 4 + [1 / 1001])
+    cells = {r["method"]: r for r in f1_ci_table(runs, methods, DATASETS, est).iter_rows(named=True)}
+    assert cells["grpo"]["qampari"].endswith("(n.s.)") and not cells["grpo"]["avg"].endswith("(n.s.)")
+    assert est.significant("grpo", "qampari") is False and est.significant("grpo", "avg") is True
 
 
 def test_without_the_reference_there_is_no_test():
@@ -370,13 +412,14 @@ def test_curves_table_reads_each_curve_from_its_first_logged_metric():
 
     spader = {
         0: {"val-core/f1": 0.1},  # validation before training: no curve point
-        1: {"critic/score/mean": 0.5, "episode/format_valid": 0.25, "spader/new_entities/mean": 1.0,
+        1: {"critic/score/mean": 0.5, "episode/f1": 0.2, "spader/search_reward/mean": 0.3,
+            "episode/format_valid": 0.25, "spader/new_entities/mean": 1.0,
             "episode/searches": 1.5, "response_length/mean": 60.0, "actor/kl_loss": 0.0},
-        2: {"critic/score/mean": 0.9, "episode/format_valid": 0.5, "spader/new_entities/mean": 2.0,
-            "episode/entities": 2.5, "episode/searches": 2.0, "response_length/mean": 70.0,
-            "actor/kl_loss": float("nan")},
+        2: {"critic/score/mean": 0.9, "episode/f1": 0.4, "episode/format_valid": 0.5,
+            "spader/new_entities/mean": 2.0, "episode/entities": 2.5, "episode/searches": 2.0,
+            "response_length/mean": 70.0, "actor/kl_loss": float("nan")},
     }  # fmt: skip
-    grpo = {1: {"critic/score/mean": -0.5, "response_length/mean": 50.0}}
+    grpo = {1: {"critic/score/mean": -0.5, "episode/f1": 0.0, "response_length/mean": 50.0}}
     labels = run_labels({"spader": "spader", "beta_4": "spader", "grpo": "grpo"})
     assert labels == {"spader": "spader (= beta_4)", "grpo": "grpo"}
     table = curves_table({"spader": spader, "grpo": grpo}, backbone="demo", labels=labels)
@@ -386,9 +429,18 @@ def test_curves_table_reads_each_curve_from_its_first_logged_metric():
     assert rows[("spader (= beta_4)", "entities", 1)] == ("spader/new_entities/mean", 1.0)
     assert ("spader (= beta_4)", "kl", 2) not in rows  # not finite: no point
     assert not any(step == 0 for _, _, step in rows)
-    assert missing_curves(table, ["grpo"]) == {"grpo": ["format_valid", "searches", "entities", "kl"]}
+    # the answer F1 is every run's; SPADER's step reward is read only where it was logged, and
+    # verl's critic/score/mean (step + terminal for SPADER, terminal alone for GRPO) never
+    assert rows[("spader (= beta_4)", "answer_f1", 2)] == ("episode/f1", 0.4)
+    assert rows[("grpo", "answer_f1", 1)] == ("episode/f1", 0.0)
+    assert rows[("spader (= beta_4)", "step_reward", 1)] == ("spader/search_reward/mean", 0.3)
+    assert "critic/score/mean" not in set(table["metric"])
+    assert missing_curves(table, ["grpo"]) == {
+        "grpo": ["step_reward", "format_valid", "searches", "entities", "kl"]
+    }
     assert {c.name for c in CURVES} == {
-        "reward",
+        "answer_f1",
+        "step_reward",
         "format_valid",
         "searches",
         "entities",

@@ -222,7 +222,17 @@ def test_demo_report_shows_the_learning_curves(demo, smk):
     runs = {r["run"] for r in curves}
     assert runs == {"spader", "grpo"}
     spader = {r["curve"] for r in curves if r["run"] == "spader"}
-    assert {"reward", "format_valid", "searches", "entities", "response_length", "kl"} <= spader
+    grpo = {r["curve"] for r in curves if r["run"] == "grpo"}
+    assert {
+        "answer_f1",
+        "step_reward",
+        "format_valid",
+        "searches",
+        "entities",
+        "response_length",
+        "kl",
+    } <= spader
+    assert "answer_f1" in grpo and "step_reward" not in grpo  # terminal F1 only: no step reward
     assert {int(r["step"]) for r in curves} == {1, 2}
     assert (results / "learning_curves.png").stat().st_size > 10_000
     report = demo["work"] / "report.html"

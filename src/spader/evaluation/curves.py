@@ -6,9 +6,11 @@ A training job logs verl's per-step metrics, and the project's own, to its MLflo
 reads through the job's ``final.json`` (the MLflow run named there when those files were deleted).
 This module turns ``{run: {step: metrics}}`` into the curves of :data:`CURVES`:
 
-* ``reward`` - mean reward of the step's trajectories (verl's ``critic/score/mean``: for SPADER
-  and the step-level baselines the sum of step and terminal rewards, for GRPO and PPO the
-  terminal reward alone);
+* ``answer_f1`` - mean F1 of the batch's final answers (0 for an invalid answer), the one reward
+  every variant is scored on, so the only reward level comparable across variants;
+* ``step_reward`` - mean reward of a search step under SPADER's rewards (variants trained on them
+  only: GRPO and PPO have no step reward, and verl's ``critic/score/mean``, step rewards plus the
+  terminal reward for SPADER but the terminal reward alone for GRPO, is not drawn at all);
 * ``format_valid`` - share of trajectories ending in a well-formed answer;
 * ``searches`` - search steps per trajectory;
 * ``entities`` - distinct gold entities the searches of a trajectory surfaced;
@@ -16,7 +18,8 @@ This module turns ``{run: {step: metrics}}`` into the curves of :data:`CURVES`:
 * ``kl`` - KL to the reference policy (the KL loss, or the KL penalty in the reward).
 
 Each curve lists the metric names it is read from, first found first; a run that logged none of
-them has no such curve, and the figure says so.
+them has no such curve, and the figure says so (``absent``: "not logged", or for the step reward
+"no SPADER step reward").
 """
 
 from __future__ import annotations
@@ -32,15 +35,23 @@ __all__ = ["CURVES", "Curve", "curves_table", "missing_curves", "run_labels", "s
 
 @dataclass(frozen=True)
 class Curve:
-    """One learning curve: its name, its axis label and the metric names it is read from."""
+    """One learning curve: its name, its axis label, the metric names it is read from and what the
+    figure says of a run without it."""
 
     name: str
     label: str
     metrics: tuple[str, ...]
+    absent: str = "not logged"
 
 
 CURVES: tuple[Curve, ...] = (
-    Curve("reward", "mean reward", ("critic/score/mean",)),
+    Curve("answer_f1", "answer F1 (terminal; every variant)", ("episode/f1",)),
+    Curve(
+        "step_reward",
+        "search-step reward (SPADER's step rewards)",
+        ("spader/search_reward/mean",),
+        absent="no SPADER step reward",
+    ),
     Curve("format_valid", "valid-format rate", ("episode/format_valid",)),
     Curve("searches", "search steps per trajectory", ("episode/searches", "spader/search_steps/mean")),
     Curve(

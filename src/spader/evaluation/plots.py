@@ -298,9 +298,12 @@ def plot_curves(table: pl.DataFrame, out: str | os.PathLike, *, title: str = "",
 
 
 def curves_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
-    """Learning curves: one panel per curve (reward, valid-format rate, searches, entities,
-    response length, KL), one line per training run, by training step. A run that did not log a
-    curve is named in that panel.
+    """Learning curves: one panel per curve (answer F1, SPADER's search-step reward, valid-format
+    rate, searches, entities, response length, KL), one line per training run, by training step.
+    Every panel holds one quantity measured the same way for every run in it: the answer F1 of all
+    variants in one panel, the step rewards of the variants that have them in another (never a
+    step-plus-terminal reward beside a terminal-only one). A run without a curve is named in
+    that panel.
 
     Args:
         table: :func:`spader.evaluation.curves.curves_table` output (``run, curve, label, step,
@@ -335,7 +338,7 @@ def curves_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
             )  # fmt: skip
         if missing:
             ax.text(
-                0.02, 0.98, "not logged: " + ", ".join(missing), transform=ax.transAxes, fontsize=6,
+                0.02, 0.98, f"{curve.absent}: " + ", ".join(missing), transform=ax.transAxes, fontsize=6,
                 va="top", color="0.4",
             )  # fmt: skip
         if not runs:

@@ -33,11 +33,15 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
+    "EXACT_MAX_PAIRS",
+    "SignFlip",
     "bootstrap_means",
+    "exact",
     "holm",
     "paired_permutation_test",
     "percentile_interval",
     "seed_spread",
+    "smallest_p",
     "stratified_mean",
 ]
 
@@ -128,16 +132,135 @@ def percentile_interval(draws: np.ndarray, level: float = 0.95) -> tuple[np.ndar
     return lo, hi
 
 
-def _sign_sums(rng: np.random.Generator | None, rows: int, d: np.ndarray, exact_from: int) -> np.ndarray:
-    """``(rows, k)`` sums of the sign-flipped differences ``d`` (``(k, n)``); with ``rng`` None, the
-    rows are sign patterns ``exact_from .. exact_from + rows - 1`` of all ``2**n``."""
-    n = d.shape[1]
-    if rng is None:
-        codes = np.arange(exact_from, exact_from + rows)[:, None]
-        signs = 1.0 - 2.0 * ((codes >> np.arange(n)[None, :]) & 1)
-    else:
-        signs = 1.0 - 2.0 * rng.integers(0, 2, size=(rows, n))
-    return signs @ d.T
+#: The sign-flip test enumerates all ``2**n`` sign patterns for up to this many pairs (4,096
+#: patterns), and beyond it while ``2**n`` is not more than the random patterns it would draw
+#: (``samples``; 13 pairs at the default 10,000); otherwise it draws ``samples`` random patterns.
+EXACT_MAX_PAIRS = 12
+
+
+def exact(n: int, samples: int) -> bool:
+    """Whether the test of ``n`` pairs enumerates every sign pattern (:data:`EXACT_MAX_PAIRS`)."""
+    return n <= EXACT_MAX_PAIRS or (n < 63 and (1 << n) <= samples)
+
+
+def smallest_p(n: int, samples: int) -> float:
+    """The smallest p-value :func:`paired_permutation_test` can return for ``n`` pairs.
+
+    Exact enumeration (:func:`exact`): ``2 / 2**n`` (only the observed signs and their mirror image
+    are as extreme, when every pair differs in the same direction); random patterns:
+    ``1 / (samples + 1)``. With 6 questions no difference can reach p < 0.031, so nothing is
+    significant at 0.05 after a multiple-testing adjustment over more than one comparison.
+
+    >>> smallest_p(6, 10_000), round(smallest_p(100, 9_999), 6)
+    (0.03125, 0.0001)
+    """
+    if n < 1:
+        raise ValueError(f"a paired test needs at least one pair, got {n}")
+    return 2.0 / (1 << n) if exact(n, samples) else 1.0 / (samples + 1)
+
+
+class SignFlip:
+    """The paired sign-flip test of ``stratified_mean(a) - stratified_mean(b) == delta``, for any
+    shift ``delta``, on one fixed set of sign patterns.
+
+    Under the null hypothesis each question's difference minus ``delta`` is symmetric about 0, so
+    its sign is kept or flipped with probability 1/2. The statistic is the stratified mean of the
+    shifted differences, one weighted sum over all questions (stratum s weighs ``1 / (S * n_s)``),
+    so a pattern's statistic is linear in ``delta``: ``sum_i s_i w_i d_i - delta * sum_i s_i w_i``.
+    The patterns are all ``2**n`` when :func:`exact` says so, otherwise ``samples`` random ones
+    (``seed``); :meth:`p_value` at ``delta = 0`` is the test of :func:`paired_permutation_test`,
+    and :meth:`interval` the set of shifts it does not reject, so the interval excludes 0 exactly
+    when the test rejects.
+    """
+
+    def __init__(
+        self,
+        a: Sequence[np.ndarray] | np.ndarray,
+        b: Sequence[np.ndarray] | np.ndarray,
+        samples: int,
+        seed: int,
+    ):
+        pa, pb = _strata(a), _strata(b)
+        if [x.shape for x in pa] != [x.shape for x in pb]:
+            raise ValueError(
+                f"paired scores differ in shape: {[x.shape for x in pa]} vs {[x.shape for x in pb]}"
+            )
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        self.weights = np.concatenate([np.full(x.shape[1], 1.0 / (len(pa) * x.shape[1])) for x in pa])
+        self.diffs = np.concatenate([x - y for x, y in zip(pa, pb, strict=True)], axis=1)  # (k, n)
+        n = self.diffs.shape[1]
+        self.n, self.samples = n, samples
+        self.exact = exact(n, samples)
+        self.statistic = self.diffs @ self.weights  # (k,) the observed stratified mean difference
+        wd = self.diffs * self.weights
+        rows = 1 << n if self.exact else samples
+        self._s1 = np.empty((rows, wd.shape[0]))  # per pattern: sum_i s_i w_i d_i
+        self._s0 = np.empty(rows)  # per pattern: sum_i s_i w_i
+        rng = None if self.exact else np.random.default_rng(seed)
+        for start in range(0, rows, _CHUNK):
+            count = min(_CHUNK, rows - start)
+            if rng is None:
+                codes = np.arange(start, start + count)[:, None]
+                signs = 1.0 - 2.0 * ((codes >> np.arange(n)[None, :]) & 1)
+            else:
+                signs = 1.0 - 2.0 * rng.integers(0, 2, size=(count, n))
+            self._s1[start : start + count] = signs @ wd.T
+            self._s0[start : start + count] = signs @ self.weights
+
+    @property
+    def smallest_p(self) -> float:
+        """The smallest p-value this test can return (:func:`smallest_p`)."""
+        return smallest_p(self.n, self.samples)
+
+    def p_value(self, delta: np.ndarray | float = 0.0) -> np.ndarray:
+        """Two-sided p-values ``(k,)`` of ``mean difference == delta`` (``delta`` scalar or ``(k,)``).
+
+        The share of sign patterns whose statistic is at least as far from 0 as the observed one:
+        ``hits / 2**n`` over all patterns (the observed one among them), or ``(1 + hits) / (1 +
+        samples)`` over random ones; 1.0 where every shifted difference is 0.
+        """
+        delta = np.broadcast_to(np.asarray(delta, dtype=np.float64), self.statistic.shape)
+        observed = np.abs(self.statistic - delta)
+        tol = 1e-12 * np.maximum(1.0, np.abs(self.diffs - delta[:, None]) @ self.weights)
+        hits = np.zeros(len(delta))
+        rows = max(_CHUNK, (1 << 22) // max(1, len(delta)))  # about 4M pattern x quantity cells at once
+        for start in range(0, len(self._s0), rows):
+            s1, s0 = self._s1[start : start + rows], self._s0[start : start + rows]
+            hits += (np.abs(s1 - s0[:, None] * delta[None, :]) >= observed - tol).sum(axis=0)
+        p = hits / len(self._s0) if self.exact else (hits + 1) / (self.samples + 1)
+        return np.where(observed <= tol, 1.0, np.minimum(p, 1.0))
+
+    def interval(self, level: float = 0.95, *, steps: int = 40) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)`` per quantity: the shifts ``delta`` whose test :meth:`p_value` does not reject
+        at ``1 - level`` (found by bisection to ``range * 2**-steps``; ``-inf``/``inf`` where no
+        shift is rejected on that side, which happens when the smallest reachable p is not below
+        ``1 - level``). The search for the bound on 0's side starts from 0 itself, so the interval
+        excludes 0 exactly when ``p_value(0) < 1 - level``.
+        """
+        if not 0 < level < 1:
+            raise ValueError(f"level must be in (0, 1), got {level}")
+        alpha = 1.0 - level
+        point = self.statistic
+        span = np.ptp(self.diffs, axis=1) + 1.0
+        bounds = []
+        for side in (-1.0, 1.0):
+            # beyond every difference all shifted differences share a sign: the smallest p
+            far = (self.diffs.min(axis=1) if side < 0 else self.diffs.max(axis=1)) + side * span
+            unbounded = self.p_value(far) >= alpha
+            inner, outer = point.copy(), far.copy()  # p(inner) >= alpha > p(outer)
+            zero_between = (side * (0.0 - point) > 0) & (side * (outer - 0.0) > 0)
+            if zero_between.any():
+                rejected = self.p_value(np.zeros_like(point)) < alpha
+                outer = np.where(zero_between & rejected, 0.0, outer)
+                inner = np.where(zero_between & ~rejected, 0.0, inner)
+            for _ in range(steps):
+                mid = (inner + outer) / 2
+                rejected = self.p_value(mid) < alpha
+                outer = np.where(rejected, mid, outer)
+                inner = np.where(rejected, inner, mid)
+            bounds.append(np.where(unbounded, side * np.inf, inner))
+        return bounds[0], bounds[1]
 
 
 def paired_permutation_test(
@@ -151,13 +274,13 @@ def paired_permutation_test(
     Under the null hypothesis the scores of the two methods on a question are exchangeable, so
     each question's difference keeps or flips its sign with probability 1/2, independently. The
     p-value is the share of sign patterns whose statistic is at least as far from 0 as the one
-    observed, counting the observed one: ``(1 + hits) / (1 + samples)`` for random patterns, or the
-    exact share over all ``2**n`` patterns when that is not more than ``samples``.
+    observed: exact over all ``2**n`` patterns for few pairs (:func:`exact`), otherwise
+    ``(1 + hits) / (1 + samples)`` over random patterns (:class:`SignFlip`).
 
     Args:
         a, b: scores of the two methods, stratified like :func:`bootstrap_means` (same shapes,
             same questions in the same order).
-        samples: random sign patterns (an upper bound on the exact enumeration).
+        samples: random sign patterns (where the test does not enumerate them all).
         seed: seed of the random patterns.
     Returns:
         ``(k,)`` p-values, one per quantity (1.0 where the two methods score the same on every
@@ -168,24 +291,7 @@ def paired_permutation_test(
     >>> float(paired_permutation_test(np.ones(6), np.ones(6), samples=1000, seed=0)[0])
     1.0
     """
-    pa, pb = _strata(a), _strata(b)
-    if [x.shape for x in pa] != [x.shape for x in pb]:
-        raise ValueError(f"paired scores differ in shape: {[x.shape for x in pa]} vs {[x.shape for x in pb]}")
-    # the statistic as one weighted sum over all questions: stratum s weighs 1 / (S * n_s)
-    weights = np.concatenate([np.full(x.shape[1], 1.0 / (len(pa) * x.shape[1])) for x in pa])
-    d = np.concatenate([x - y for x, y in zip(pa, pb, strict=True)], axis=1) * weights
-    observed = np.abs(d.sum(axis=1))
-    tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
-    n = d.shape[1]
-    exact = n < 63 and (1 << n) <= samples
-    total = (1 << n) if exact else samples
-    rng = None if exact else np.random.default_rng(seed)
-    hits = np.zeros(d.shape[0])
-    for start in range(0, total, _CHUNK):
-        rows = min(_CHUNK, total - start)
-        hits += (np.abs(_sign_sums(rng, rows, d, start)) >= observed - tol).sum(axis=0)
-    p = hits / total if exact else (hits + 1) / (samples + 1)
-    return np.where(observed <= tol, 1.0, np.minimum(p, 1.0))
+    return SignFlip(a, b, samples, seed).p_value()
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -31,12 +31,16 @@ reported beside it.
 * ``prf`` carries ``<metric>_lo`` / ``<metric>_hi`` for precision, recall and F1, the number of
   ``seeds`` and ``f1_seed_sd``;
 * ``significance``: every method against the reference (``spader``) on the same questions, per
-  dataset and ``avg``, for P, R and F1: the difference, its paired-bootstrap interval, the
-  paired permutation test's p-value, Holm's adjustment over the table's comparisons of one metric,
-  and whether it is significant at the configured level;
+  dataset and ``avg``, for P, R and F1: the difference, the paired sign-flip test's p-value
+  (exact over all sign patterns for few questions), the interval of the difference that same test
+  gives (the differences it does not reject: it excludes 0 exactly when the p-value is below the
+  level), Holm's adjustment over the table's comparisons of one metric, whether that adjusted
+  p-value is below the configured level (``significant``), and the smallest p-value the test
+  can reach with the table's number of questions (``p_min``);
 * ``f1_ci``: the F1 table as the report shows it, each cell ``F1 [lo, hi]``, marked ``(n.s.)``
-  where the method does not differ significantly from the reference;
-* ``ablation`` / ``beta_sweep`` carry the interval of ``avg`` and its p-value against the reference.
+  where the method does not differ significantly from the reference (the same verdict);
+* ``ablation`` / ``beta_sweep`` carry the interval of ``avg``, its p-value against the
+  reference, Holm's adjustment of it and the smallest reachable p-value.
 """
 
 from __future__ import annotations
@@ -51,11 +55,12 @@ import polars as pl
 from spader.config import PROMPTING, EvaluationConfig
 from spader.core.metrics import correct_count, macro_average, search_efficiency
 from spader.evaluation.stats import (
+    SignFlip,
     bootstrap_means,
     holm,
-    paired_permutation_test,
     percentile_interval,
     seed_spread,
+    smallest_p,
 )
 
 __all__ = [
@@ -233,7 +238,8 @@ class Estimates:
                 rows.append(qs.scores[:, [order[q] for q in ids if q in common]])
             self._stack[d] = np.stack(rows) if rows else np.zeros((0, len(METRICS), 1))
         self._draws: dict[str, np.ndarray] = {}
-        self._p: dict[tuple[str, str], np.ndarray] = {}  # (dataset, reference) -> (methods, 3)
+        self._p: dict[tuple, Any] = {}  # sign-flip tests, their p-values and Holm's adjustments
+        self._intervals: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def _strata(self, dataset: str) -> list[np.ndarray]:
         names = self.datasets if dataset == AVG else [dataset]
@@ -256,37 +262,77 @@ class Estimates:
         """``(lo, hi)`` of P/R/F1 at the configured level."""
         return percentile_interval(self.draws(dataset)[:, self.methods.index(method)], self.u.level)
 
-    def difference(
-        self, method: str, dataset: str, reference: str
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``method - reference`` on P/R/F1 and its paired-bootstrap interval."""
-        draws = self.draws(dataset)
-        i, j = self.methods.index(method), self.methods.index(reference)
-        lo, hi = percentile_interval(draws[:, i] - draws[:, j], self.u.level)
-        return self.point(method, dataset) - self.point(reference, dataset), lo, hi
-
-    def p_value(self, method: str, dataset: str, reference: str) -> np.ndarray:
-        """Paired permutation test's p-values of ``method`` vs ``reference`` on P/R/F1.
-
-        The tests of every method against ``reference`` on one dataset run together: they share
-        the random sign patterns (one seed), so each method's p-value is the one it would get alone.
-        """
+    def _flip(self, dataset: str, reference: str) -> SignFlip:
+        """The sign-flip test of every method against ``reference`` on ``dataset`` (or ``avg``):
+        one set of sign patterns (one seed) for all of them, so each method's p-value and interval
+        are the ones it would get alone."""
         key = (dataset, reference)
         if key not in self._p:
             names = self.datasets if dataset == AVG else [dataset]
             j = self.methods.index(reference)
             a = [self._stack[d].reshape(-1, self._stack[d].shape[-1]) for d in names]
             b = [np.tile(self._stack[d][j], (len(self.methods), 1)) for d in names]
-            p = paired_permutation_test(a, b, self.u.samples, self.u.seed)
-            self._p[key] = p.reshape(len(self.methods), len(METRICS))
-        return self._p[key][self.methods.index(method)]
+            self._p[key] = SignFlip(a, b, self.u.samples, self.u.seed)
+        return self._p[key]
+
+    def _row(self, method: str) -> slice:
+        i = self.methods.index(method)
+        return slice(i * len(METRICS), (i + 1) * len(METRICS))
+
+    def difference(
+        self, method: str, dataset: str, reference: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``method - reference`` on P/R/F1 and its interval at the configured level: the shifts the
+        paired sign-flip test does not reject (:meth:`SignFlip.interval`), so the interval excludes
+        0 exactly when :meth:`p_value` is below the level's alpha."""
+        if (dataset, reference) not in self._intervals:
+            self._intervals[(dataset, reference)] = self._flip(dataset, reference).interval(self.u.level)
+        lo, hi = self._intervals[(dataset, reference)]
+        rows = self._row(method)
+        return self.point(method, dataset) - self.point(reference, dataset), lo[rows], hi[rows]
+
+    def p_value(self, method: str, dataset: str, reference: str) -> np.ndarray:
+        """Paired permutation test's p-values of ``method`` vs ``reference`` on P/R/F1 (exact over
+        all sign patterns up to :data:`spader.evaluation.stats.EXACT_MAX_PAIRS` questions)."""
+        flip = self._flip(dataset, reference)
+        if (dataset, reference, "p") not in self._p:
+            self._p[(dataset, reference, "p")] = flip.p_value()
+        return self._p[(dataset, reference, "p")][self._row(method)]
+
+    def questions(self, dataset: str) -> int:
+        """Number of questions (pairs) of ``dataset``; ``avg``: of all datasets together."""
+        return sum(self._stack[d].shape[-1] for d in (self.datasets if dataset == AVG else [dataset]))
+
+    def smallest_p(self, dataset: str) -> float:
+        """The smallest p-value the paired test can reach on ``dataset``'s questions
+        (:func:`spader.evaluation.stats.smallest_p`)."""
+        return smallest_p(self.questions(dataset), self.u.samples)
+
+    def comparisons(self) -> list[tuple[str, str]]:
+        """The family Holm adjusts over, per metric: every method but the reference, on every
+        dataset and on ``avg`` (the rows of :func:`significance_table`)."""
+        ref = self.u.reference
+        if ref not in self.methods:
+            return []
+        return [(m, d) for m in self.methods if m != ref for d in [*self.datasets, AVG]]
+
+    def p_holm(self, method: str, dataset: str, metric: str = "f1") -> float:
+        """Holm's adjustment of ``method``'s p-value against the reference over :meth:`comparisons`."""
+        key = ("holm", metric)
+        if key not in self._p:
+            family = self.comparisons()
+            k = METRICS.index(metric)
+            raw = [float(self.p_value(m, d, self.u.reference)[k]) for m, d in family]
+            self._p[key] = dict(zip(family, holm(raw), strict=True))
+        return self._p[key][(method, dataset)]
 
     def significant(self, method: str, dataset: str, metric: str = "f1") -> bool | None:
-        """Whether ``method`` differs from the reference (None: it is the reference, or there is none)."""
+        """Whether ``method`` differs from the reference after Holm's adjustment over the table's
+        comparisons (None: it is the reference, or there is none)."""
         ref = self.u.reference
         if method == ref or ref not in self.methods:
             return None
-        return bool(self.p_value(method, dataset, ref)[METRICS.index(metric)] < self.u.alpha)
+        return bool(self.p_holm(method, dataset, metric) < self.u.alpha)
 
     def seeds(self, method: str, dataset: str) -> tuple[int, float | None]:
         """Number of sampling seeds and the standard deviation of macro F1 over them (None for one)."""
@@ -339,40 +385,36 @@ def significance_table(
     runs: Runs, methods: Sequence[str], datasets: Sequence[str], estimates: Estimates | None = None
 ) -> pl.DataFrame:
     """Every method against the reference on the same questions: ``method, reference, dataset,
-    metric, n, diff, diff_lo, diff_hi, p_value, p_holm, significant`` for each dataset and
-    ``avg`` and each of P, R, F1. ``diff`` is method minus reference; its interval is the paired
-    bootstrap's; ``p_value`` the paired permutation test's (two-sided); ``p_holm`` is Holm's
-    adjustment over the table's rows of the same metric; ``significant`` compares ``p_value``
-    with the level. Empty when the reference was not evaluated."""
+    metric, n, diff, diff_lo, diff_hi, p_value, p_holm, significant, p_min`` for each dataset and
+    ``avg`` and each of P, R, F1.
+
+    ``diff`` is method minus reference; ``p_value`` the paired sign-flip test's (two-sided, exact
+    over all sign patterns up to :data:`spader.evaluation.stats.EXACT_MAX_PAIRS` questions);
+    ``diff_lo``/``diff_hi`` the differences that test does not reject at the level (so the
+    interval excludes 0 exactly when ``p_value`` is below the level); ``p_holm`` Holm's adjustment
+    over the table's rows of the same metric; ``significant`` is ``p_holm`` below the level;
+    ``p_min`` the smallest p-value the test can reach with ``n`` questions (Holm's adjustment of
+    the smallest is at least ``p_min`` times the number of rows of a metric). Empty when the
+    reference was not evaluated."""
     est = _estimates(runs, methods, datasets, estimates)
     ref = est.u.reference
     rows = []
-    if ref in est.methods:
-        for m in est.methods:
-            if m == ref:
-                continue
-            for d in [*datasets, AVG]:
-                diff, lo, hi = est.difference(m, d, ref)
-                p = est.p_value(m, d, ref)
-                n = sum(len(est.scores[(m, x)].ids) for x in (datasets if d == AVG else [d]))
-                for k, metric in enumerate(METRICS):
-                    rows.append(
-                        {
-                            "method": m, "reference": ref, "dataset": d, "metric": metric, "n": n,
-                            "diff": float(diff[k]), "diff_lo": float(lo[k]), "diff_hi": float(hi[k]),
-                            "p_value": float(p[k]),
-                        }
-                    )  # fmt: skip
-    for metric in METRICS:
-        idx = [i for i, r in enumerate(rows) if r["metric"] == metric]
-        for i, adjusted in zip(idx, holm([rows[i]["p_value"] for i in idx]), strict=True):
-            rows[i]["p_holm"] = adjusted
-    for r in rows:
-        r["significant"] = r["p_value"] < est.u.alpha
+    for m, d in est.comparisons():
+        diff, lo, hi = est.difference(m, d, ref)
+        p = est.p_value(m, d, ref)
+        for k, metric in enumerate(METRICS):
+            rows.append(
+                {
+                    "method": m, "reference": ref, "dataset": d, "metric": metric, "n": est.questions(d),
+                    "diff": float(diff[k]), "diff_lo": float(lo[k]), "diff_hi": float(hi[k]),
+                    "p_value": float(p[k]), "p_holm": est.p_holm(m, d, metric),
+                    "significant": est.significant(m, d, metric), "p_min": est.smallest_p(d),
+                }
+            )  # fmt: skip
     schema = {
         "method": pl.String, "reference": pl.String, "dataset": pl.String, "metric": pl.String,
         "n": pl.Int64, "diff": pl.Float64, "diff_lo": pl.Float64, "diff_hi": pl.Float64,
-        "p_value": pl.Float64, "p_holm": pl.Float64, "significant": pl.Boolean,
+        "p_value": pl.Float64, "p_holm": pl.Float64, "significant": pl.Boolean, "p_min": pl.Float64,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 
@@ -387,7 +429,8 @@ def f1_ci_table(
 ) -> pl.DataFrame:
     """The F1 table as the report shows it: ``method, <datasets...>, avg`` with text cells
     ``F1 [lo, hi]``, followed by ``(n.s.)`` where the method does not differ significantly from
-    the reference on those questions (paired permutation test)."""
+    the reference on those questions (paired permutation test, Holm-adjusted over the
+    significance table's F1 rows: the same verdict as its ``significant`` column)."""
     est = _estimates(runs, methods, datasets, estimates)
     k = METRICS.index("f1")
     rows = []
@@ -416,7 +459,13 @@ def f1_table(runs: Runs, methods: Sequence[str], datasets: Sequence[str]) -> pl.
     return pl.DataFrame(rows, schema=_f1_schema(datasets, {"method": pl.String}))
 
 
-_INTERVAL_COLUMNS = {"avg_lo": pl.Float64, "avg_hi": pl.Float64, "avg_p_vs_reference": pl.Float64}
+_INTERVAL_COLUMNS = {
+    "avg_lo": pl.Float64,
+    "avg_hi": pl.Float64,
+    "avg_p_vs_reference": pl.Float64,
+    "avg_p_holm": pl.Float64,
+    "avg_p_min": pl.Float64,
+}
 
 
 def _status_rows(
@@ -428,8 +477,9 @@ def _status_rows(
     estimates: Estimates | None,
 ) -> list[dict]:
     """Rows of the ablation and beta-sweep tables: F1 per dataset and ``avg``, the interval of
-    ``avg`` and its p-value against the reference (empty for the reference and for runs this
-    backbone does not have)."""
+    ``avg``, its p-value against the reference, that p-value after Holm's adjustment over the
+    significance table's F1 rows and the smallest p-value the test can reach on these questions
+    (the p-values empty for the reference; everything empty for runs this backbone does not have)."""
     evaluated = [n for n in names if n in methods]
     est = _estimates(runs, methods, datasets, estimates) if evaluated else None
     k = METRICS.index("f1")
@@ -440,8 +490,14 @@ def _status_rows(
             row.update(status=EVALUATED, **_f1_row(runs, name, datasets))
             lo, hi = est.interval(name, AVG)
             ref = est.u.reference
-            p = est.p_value(name, AVG, ref)[k] if name != ref and ref in est.methods else None
-            row.update(avg_lo=float(lo[k]), avg_hi=float(hi[k]), avg_p_vs_reference=p)
+            tested = name != ref and ref in est.methods
+            row.update(
+                avg_lo=float(lo[k]),
+                avg_hi=float(hi[k]),
+                avg_p_vs_reference=float(est.p_value(name, AVG, ref)[k]) if tested else None,
+                avg_p_holm=est.p_holm(name, AVG) if tested else None,
+                avg_p_min=est.smallest_p(AVG) if tested else None,
+            )
         else:
             row.update(status=NOT_RUN, **{d: None for d in datasets}, avg=None)
             row.update(dict.fromkeys(_INTERVAL_COLUMNS))
@@ -456,8 +512,8 @@ def ablation_table(
     datasets: Sequence[str],
     estimates: Estimates | None = None,
 ) -> pl.DataFrame:
-    """``method, setting, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference`` for the
-    ablation runs defined in ``variants``."""
+    """``method, setting, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference,
+    avg_p_holm, avg_p_min`` for the ablation runs defined in ``variants``."""
     names = [v for v in ABLATION_ROWS if v in variants]
     rows = _status_rows(runs, names, methods, datasets, lambda v: {"setting": ABLATION_ROWS[v]}, estimates)
     leading = {"method": pl.String, "setting": pl.String, "status": pl.String}
@@ -471,8 +527,8 @@ def beta_sweep_table(
     datasets: Sequence[str],
     estimates: Estimates | None = None,
 ) -> pl.DataFrame:
-    """``method, beta, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference`` for the
-    ``beta_*`` variants, by beta."""
+    """``method, beta, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference,
+    avg_p_holm, avg_p_min`` for the ``beta_*`` variants, by beta."""
     names = sorted((v for v in variants if v.startswith("beta_")), key=lambda v: float(variants[v]["beta"]))
     rows = _status_rows(
         runs, names, methods, datasets, lambda v: {"beta": float(variants[v]["beta"])}, estimates
