@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -121,14 +122,23 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def demo_args() -> list[str]:
-    """The README's CPU demo command, without its ``snakemake``."""
+def demo_commands() -> list[list[str]]:
+    """The README's CPU demo commands (the default run, then the authors' run beside it), each
+    without its ``snakemake``."""
     readme = (REPO / "README.md").read_text()
     section = readme.split("\n## CPU demo", 1)[1]
-    command = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
-    args = command.split()
-    assert args[0].endswith("snakemake")
-    return args[1:]
+    block = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
+    commands = []
+    for line in filter(None, (line.strip() for line in block.splitlines())):
+        args = line.split()
+        assert args[0].endswith("snakemake"), line
+        commands.append(args[1:])
+    return commands
+
+
+def demo_args() -> list[str]:
+    """The README's first CPU demo command (the default run), without its ``snakemake``."""
+    return demo_commands()[0]
 
 
 class Smk:
@@ -141,6 +151,7 @@ class Smk:
     parse_jobs = staticmethod(parse_jobs)
     copy_repo = staticmethod(copy_repo)
     demo_args = staticmethod(demo_args)
+    demo_commands = staticmethod(demo_commands)
 
 
 @pytest.fixture(scope="session")
@@ -161,9 +172,11 @@ class BackgroundDemo:
         self.output = root / "snakemake.out"
         self.started = time.monotonic()
         self.finished: float | None = None
+        # the README's commands one after the other, in one process group (stopped together)
+        script = " && ".join(shlex.join([SNAKEMAKE, *args]) for args in demo_commands())
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [SNAKEMAKE, *demo_args()],
+                ["bash", "-c", script],
                 cwd=self.work,
                 env=snakemake_env(self.work),
                 stdout=out,

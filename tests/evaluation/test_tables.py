@@ -148,6 +148,7 @@ def test_efficiency_is_the_authors_mean_per_instance_beside_the_pooled_figures()
         "method", "dataset", "n", "search_efficiency", "queries_written", "correct_entities",
         "search_calls", "queries_issued", "entities_found", "search_calls_per_surfaced_entity",
         "queries_per_surfaced_entity", "budget_cut", "search_efficiency_lo", "search_efficiency_hi",
+        "conversation_queries_per_correct_entity",
     ]  # fmt: skip
     assert df["dataset"].to_list() == [*DATASETS, "all"]
     q = df.row(0, named=True)

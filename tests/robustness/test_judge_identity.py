@@ -27,7 +27,16 @@ LOADING = [sys.executable, "-c", "import time; time.sleep(120)"]  # our server, 
 
 def _client(url: str, **kw) -> JudgeClient:
     return JudgeClient(
-        url, "judge", timeout=10, retries=1, concurrency=2, max_tokens=8, temperature=0.0, backoff=0.01, **kw
+        url,
+        "judge",
+        timeout=10,
+        retries=1,
+        concurrency=2,
+        max_tokens=8,
+        temperature=0.0,
+        unparsable="zero",
+        backoff=0.01,
+        **kw,
     )
 
 

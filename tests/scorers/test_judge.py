@@ -28,6 +28,7 @@ def client(url, **kw):
         "concurrency": 4,
         "max_tokens": 8,
         "temperature": 0.0,
+        "unparsable": "zero",
         "backoff": 0.01,
         **kw,
     }
@@ -85,6 +86,7 @@ def test_a_rejected_request_is_not_retried():
             concurrency=1,
             max_tokens=8,
             temperature=0.0,
+            unparsable="zero",
             backoff=0.01,
         ) as judge:
             with pytest.raises(JudgeError, match="HTTP 404.*not served"):
@@ -116,10 +118,26 @@ def test_an_endpoint_that_is_down_fails_clearly():
 
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="http"):
-        JudgeClient("127.0.0.1:8000", "m", timeout=1, retries=0, concurrency=1, max_tokens=8, temperature=0.0)
+        JudgeClient(
+            "127.0.0.1:8000",
+            "m",
+            timeout=1,
+            retries=0,
+            concurrency=1,
+            max_tokens=8,
+            temperature=0.0,
+            unparsable="zero",
+        )
     with pytest.raises(ValueError, match="concurrency=0"):
         JudgeClient(
-            "http://127.0.0.1:1/v1", "m", timeout=1, retries=0, concurrency=0, max_tokens=8, temperature=0.0
+            "http://127.0.0.1:1/v1",
+            "m",
+            timeout=1,
+            retries=0,
+            concurrency=0,
+            max_tokens=8,
+            temperature=0.0,
+            unparsable="zero",
         )
 
 
@@ -160,3 +178,16 @@ def test_launcher_starts_waits_for_and_stops_the_server(tiny_model, tmp_path):
     with pytest.raises(JudgeUnavailableError, match=r"exited with code 3(.|\n)*no GPU here"):
         with running_judge(tiny_model, gpus=["0"], served_name="judge", startup_timeout_s=60, command=crash):
             pass
+
+
+def test_their_judge_call_leaves_the_temperature_to_the_server_and_fails_on_no_verdict():
+    """R3-RAG's code: no temperature in the request (the server's default), an unparsable reply an
+    error; the defaults send temperature 0 and score such a reply 0."""
+    with TestServer(create_app(None, script=["no verdict here"])) as server:
+        with client(server.url) as judge:
+            assert judge.judge(MESSAGES).score == 0.0
+        with client(server.url, temperature=None, unparsable="raise") as judge:
+            with pytest.raises(JudgeError, match="without a 'Relevance"):
+                judge.judge(MESSAGES)
+        first, second = server.counters.bodies
+    assert first["temperature"] == 0.0 and "temperature" not in second

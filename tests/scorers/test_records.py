@@ -77,7 +77,12 @@ def test_tool_config_carries_the_switch(tmp_path):
     retrieval = {
         "topk": 5,
         "initial_k": 50,
-        "service": {"request_timeout_s": 9, "retries": 1, "max_query_chars": 9},
+        "service": {
+            "request_timeout_s": 9,
+            "retries": 1,
+            "max_query_chars": 9,
+            "max_queries_per_request": 64,
+        },
     }
     path = write_tool_config(
         tmp_path / "t.yaml",

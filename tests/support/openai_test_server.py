@@ -33,6 +33,7 @@ class _State:
         self.fail_first = fail_first
         self.fail_status = fail_status
         self.requests = 0
+        self.bodies: list[dict] = []  # every chat request as received
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
@@ -88,6 +89,7 @@ def create_app(
     def chat(body: dict, request: Request):
         with state.lock:
             state.requests += 1
+            state.bodies.append(dict(body))
             n = state.requests
             state.in_flight += 1
             state.max_in_flight = max(state.max_in_flight, state.in_flight)

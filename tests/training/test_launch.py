@@ -384,7 +384,8 @@ def test_a_judge_on_a_node_of_its_own_is_started_there_bound_to_the_shared_addre
         assert proc.environ().get("SPADER_JUDGE_NODE") == "node-b"  # started through the launcher
         assert proc.environ().get("CUDA_VISIBLE_DEVICES") == "0"  # the judge node's own GPU
         with JudgeClient(url, str(judge["model"]), timeout=10, retries=0, concurrency=1,
-                         max_tokens=8, temperature=0.0, api_key=env[JUDGE_KEY_ENV]) as client:  # fmt: skip
+                         max_tokens=8, temperature=0.0, unparsable="zero",
+                         api_key=env[JUDGE_KEY_ENV]) as client:  # fmt: skip
             client.check()
 
 

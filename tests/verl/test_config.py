@@ -108,10 +108,10 @@ def test_config_yaml_values_reach_the_composed_config(name, composed):
     for key, value in method_settings(VARIANTS[name], TRAINING).items():
         got = OmegaConf.select(cfg, key)
         assert (OmegaConf.to_container(got) if OmegaConf.is_config(got) else got) == value, key
-    assert (
-        cfg.reward.custom_reward_function.reward_kwargs.invalid_format_reward
-        == TRAINING["divergences"]["invalid_format_reward"]
-    )
+    kwargs = cfg.reward.custom_reward_function.reward_kwargs
+    assert kwargs.invalid_format_reward == VARIANTS[name]["invalid_format_reward"]
+    assert (kwargs.parser, kwargs.aliases) == (AGENT["parser"], TRAINING["divergences"]["aliases"])
+    assert cfg.actor_rollout_ref.rollout.multi_turn.format == "spader"
 
 
 def test_a_yaml_composed_without_the_overrides_has_verls_defaults():
@@ -137,15 +137,15 @@ def test_every_training_key_reaches_verl():
 
 
 def test_method_overrides_set_the_divergence_options():
-    spec = dict(VARIANTS["spader"], beta=2.5)
+    spec = dict(VARIANTS["spader"], beta=2.5, invalid_format_reward=0.0)
     training = dict(
         TRAINING,
         gamma=0.8,
         divergences={
             "novelty": "exp_decay",
-            "invalid_format_reward": 0.0,
             "cost_warmup": {"free_steps": 100, "ramp_steps": 100},
             "epsilon": "inside_sqrt",
+            "aliases": "blind",
         },
     )
     cfg = compose("spader", method_overrides(spec, training))
@@ -159,6 +159,10 @@ def test_method_overrides_set_the_divergence_options():
         "epsilon": "inside_sqrt",
     }
     assert cfg.reward.custom_reward_function.reward_kwargs.invalid_format_reward == 0.0
+    assert cfg.reward.custom_reward_function.reward_kwargs.aliases == cfg.spader_agent.aliases == "blind"
+    # the invalid-format reward is the variant's: the authors' GRPO keeps -1 beside SPADER's 0
+    grpo = compose("grpo", method_overrides(dict(VARIANTS["grpo"], invalid_format_reward=-1.0), training))
+    assert grpo.reward.custom_reward_function.reward_kwargs.invalid_format_reward == -1.0
     # a step-reward variant over a YAML without the spader structure still composes
     cfg = compose("grpo", method_overrides(VARIANTS["no_spa"], TRAINING))
     assert cfg.algorithm.adv_estimator == "spader_traj" and cfg.algorithm.spader.beta == 4.0

@@ -164,7 +164,12 @@ def test_write_tool_config_is_loaded_by_verl(tmp_path, retrieval_service):
     retrieval = {
         "topk": 5,
         "initial_k": 50,
-        "service": {"request_timeout_s": 30, "retries": 2, "max_query_chars": 500},
+        "service": {
+            "request_timeout_s": 30,
+            "retries": 2,
+            "max_query_chars": 500,
+            "max_queries_per_request": 64,
+        },
     }
     path = write_tool_config(
         tmp_path / "tools" / "search.yaml",

@@ -62,6 +62,47 @@ def test_demo_writes_the_tables(demo):
     assert (demo["work"] / "results/demo/data/verl/train.parquet").exists()
 
 
+def test_demo_sets_the_authors_run_beside_the_default_run(demo):
+    """The README's second command: the prompting baselines evaluated with config/authors.yaml in
+    results/runs/authors/, on the default run's index, data and warm start, and the table that
+    compares the two runs dataset by dataset."""
+    import json
+
+    work = demo["work"]
+    root = work / "results" / "runs" / "authors"
+    with open(root / "results" / "demo" / "versus_default.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert {r["method"] for r in rows} == {"rag", "react"} and {r["run"] for r in rows} == {"authors"}
+    assert {r["dataset"] for r in rows} == {*DATASETS, "avg"}
+    assert {r["metric"] for r in rows} == {"precision", "recall", "f1"} and len(rows) == 2 * 5 * 3
+    with open(work / "results" / "demo" / "f1.tsv", newline="") as f:
+        default_f1 = {r["method"]: r for r in csv.DictReader(f, delimiter="\t")}
+    for row in (r for r in rows if r["metric"] == "f1"):
+        m, d = row["method"], row["dataset"]
+        names = DATASETS if d == "avg" else [d]
+        own = []
+        for name in names:  # this run's score from its own records
+            records = [json.loads(line) for line in (root / f"results/demo/eval/{m}/{name}.jsonl").open()]
+            own.append(sum(r["f1"] for r in records) / len(records))
+        assert float(row["this_run"]) == pytest.approx(sum(own) / len(own), abs=1e-3)
+        assert float(row["default"]) == pytest.approx(float(default_f1[m][d]), abs=1e-3)
+        assert float(row["diff"]) == pytest.approx(float(row["this_run"]) - float(row["default"]), abs=2e-3)
+        assert int(row["n"]) == 6 * len(names)
+        for side in ("default", "this_run", "diff"):
+            assert float(row[f"{side}_lo"]) <= float(row[side]) + 1e-3 <= float(row[f"{side}_hi"]) + 2e-3
+    # it evaluated with the authors' options and shared the rest: no index, data or model of its own
+    summary = json.loads((root / "results/demo/eval/react/qampari.json").read_text())
+    assert (summary["settings"]["loop"], summary["settings"]["agent"]["parser"]) == ("authors", "authors")
+    assert summary["prompt_template"] == "spader/core/prompts/authors.txt"
+    assert not (root / "resources").exists() and not (root / "results" / "models").exists()
+    assert (
+        not (root / "results" / "demo" / "warmstart").exists()
+        and not (root / "results" / "demo" / "index").exists()
+    )
+    records = [json.loads(line) for line in (root / "results/demo/eval/react/qampari.jsonl").open()]
+    assert all(r["conversation_queries"] >= 2 for r in records)  # the authors' prompt's example call
+
+
 def test_demo_leaves_benchmark_files_of_the_costly_rules(demo):
     """Snakemake's `benchmark:` on the costly rules: one TSV per job (docs/cluster.md, "Costs")."""
     bench = demo["work"] / "results" / "benchmarks"

@@ -11,6 +11,8 @@ from spader.config import (
     hub_slug,
     load_yaml,
     model_kind,
+    named_run_root,
+    rebase_run_paths,
     verl_config_chain,
     verl_config_dir,
 )
@@ -66,6 +68,33 @@ MISSING_SOURCES = dict(CONFIG.missing_sources())
 if not workflow.remote_exec:
     for _key, _hint in MISSING_SOURCES.items():
         logger.warning(f"config key '{_key}' is not set: {_hint} (jobs that need it will fail)")
+
+# ---------------------------------------------------------------------------------------------
+# A named run (config key `run`, e.g. config/authors.yaml) works in a directory of its own,
+# results/runs/<run>/ (its results/, logs/, .snakemake/): its outputs never overwrite the default
+# run's, and the two can run at once. What does not depend on the run's settings is shared with
+# the default run, whose working directory SHARED leads back to: downloads, tiny models, the demo's
+# warm start and results/<suite>/ (index, normalized data, mix, evaluation sets, evidence); those
+# paths go through shared(). Paths of the config that are relative to the default run's directory
+# are rebased. A cluster job starting in the run's directory is already there.
+# ---------------------------------------------------------------------------------------------
+_RUN_DIR, SHARED = named_run_root(CONFIG.run, Path.cwd())
+if _RUN_DIR is not None:
+    _RUN_DIR.mkdir(parents=True, exist_ok=True)
+    if workflow.overwrite_workdir is None:
+        workflow.workdir(str(_RUN_DIR))
+    else:  # `-d` disables Snakemake's workdir directive; the jobs it spawns get the same `-d`
+        os.chdir(_RUN_DIR)
+if SHARED:
+    config.update(rebase_run_paths(config, SHARED))
+    CONFIG = check_config(config, verl_config_dir=VERL_CONFIG_DIR)
+
+
+def shared(path):
+    """`path` of the default run's working directory, seen from this run's (itself in the
+    default run)."""
+    return SHARED + path
+
 
 SUITE = config["suite"]
 VARIANTS = list(config["variants"])
@@ -153,6 +182,18 @@ def get_final_output():
     )
 
 
+def default_run_evaluations(backbone):
+    """The default run's evaluation summaries and records of this (named) run's methods: what
+    rule compare_runs compares against (the default run makes them; no rule here does)."""
+    return expand(
+        shared("results/{backbone}/eval/{method}/{dataset}.{ext}"),
+        backbone=backbone,
+        method=methods_of(backbone),
+        dataset=DATASETS,
+        ext=["json", "jsonl"],
+    )
+
+
 def methods_of(backbone):
     spec = config["backbones"][backbone]
     return list(spec["variants"]) + list(spec["prompting"])
@@ -165,9 +206,9 @@ def methods_of(backbone):
 def model_dir(name):
     kind = model_kind(name)
     if kind == "tiny":
-        return f"results/models/tiny/{name.split(':', 1)[1]}"
+        return shared(f"results/models/tiny/{name.split(':', 1)[1]}")
     if kind == "hub":
-        return f"resources/models/hub/{hub_slug(name)}"
+        return shared(f"resources/models/hub/{hub_slug(name)}")
     return name
 
 
@@ -217,7 +258,7 @@ def get_backbone_model(wildcards):
     """The policy the backbone's methods start from: its warm start (rule warmstart_policy) when
     `backbones.<name>.warmstart` is set (tiny models only), else the model itself."""
     if config["backbones"][wildcards.backbone].get("warmstart"):
-        return f"results/{wildcards.backbone}/warmstart/model"
+        return shared(f"results/{wildcards.backbone}/warmstart/model")
     return get_base_model(wildcards)
 
 
@@ -279,11 +320,11 @@ def retrieval_params(rule):
 # Corpus
 # ---------------------------------------------------------------------------------------------
 def get_dump(wildcards):
-    return config["corpus"]["archive"] or f"resources/{SUITE}/corpus/chunked_wikipedia.tar.gz"
+    return config["corpus"]["archive"] or shared(f"resources/{SUITE}/corpus/chunked_wikipedia.tar.gz")
 
 
 def get_index(wildcards=None):
-    return config["corpus"]["prebuilt_index"] or f"results/{SUITE}/index/bm25"
+    return config["corpus"]["prebuilt_index"] or shared(f"results/{SUITE}/index/bm25")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +332,7 @@ def get_index(wildcards=None):
 # ---------------------------------------------------------------------------------------------
 def get_split_source(wildcards):
     split = config["datasets"][wildcards.dataset]["splits"][wildcards.split]
-    return f"resources/{wildcards.suite}/datasets/{wildcards.dataset}/{split['file']}"
+    return shared(f"resources/{wildcards.suite}/datasets/{wildcards.dataset}/{split['file']}")
 
 
 def get_split_member(wildcards):
@@ -307,7 +348,7 @@ def get_mix_files(split):
     """Normalized files the mix reads: the train splits of the datasets it draws from, the test
     splits of every dataset (an evaluation question of any dataset stays out of the mix)."""
     return expand(
-        "results/{{suite}}/data/normalized/{dataset}/{split}.jsonl",
+        shared("results/{{suite}}/data/normalized/{dataset}/{split}.jsonl"),
         dataset=get_mix_datasets() if split == "train" else DATASETS,
         split=split,
     )
@@ -363,7 +404,7 @@ def get_evidence(wildcards):
     """StepSearch's evidence for a variant that needs it, else nothing."""
     if config["variants"][wildcards.variant]["reward"] != "stepsearch":
         return []
-    return f"results/{SUITE}/data/evidence/train.jsonl"
+    return shared(f"results/{SUITE}/data/evidence/train.jsonl")
 
 
 def get_judge_model(wildcards):
@@ -379,7 +420,7 @@ def get_evidence_release(wildcards):
     if not config["stepsearch"]["evidence"]["qampari_proof_text"]:
         return []
     split = config["datasets"]["qampari"]["splits"]["train"]
-    return f"resources/{SUITE}/datasets/qampari/{split['file']}"
+    return shared(f"resources/{SUITE}/datasets/qampari/{split['file']}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 
 rule evaluate_policy:
     input:
-        records=expand("results/{suite}/data/eval/{{dataset}}.jsonl", suite=SUITE),
+        records=expand(shared("results/{suite}/data/eval/{{dataset}}.jsonl"), suite=SUITE),
         index=get_index(),
         model=get_policy_model,
         reranker=get_reranker,
@@ -158,3 +158,41 @@ rule aggregate_results:
         code=code_of("aggregate_results"),
     script:
         "../scripts/aggregate_results.py"
+
+
+# A named run (config key `run`) against the default run of the same checkout: every method of the
+# backbone on every dataset, paired by question, with the intervals and tests of the other tables
+# (spader.evaluation.compare). The default run's evaluations are its own outputs, made by a run
+# with the default config; this run only reads them.
+if CONFIG.run is not None:
+
+    rule compare_runs:
+        input:
+            default=lambda wc: default_run_evaluations(wc.backbone),
+            summaries=lambda wc: expand(
+                "results/{backbone}/eval/{method}/{dataset}.{ext}",
+                backbone=wc.backbone,
+                method=methods_of(wc.backbone),
+                dataset=DATASETS,
+                ext=["json", "jsonl"],
+            ),
+        output:
+            table=report(
+                "results/{backbone}/versus_default.tsv",
+                caption="../report/versus_default.rst",
+                category="Results",
+                labels={"backbone": "{backbone}", "table": "this run against the default run"},
+            ),
+        log:
+            "logs/compare_runs/{backbone}.log",
+        params:
+            run=CONFIG.run,
+            methods=lambda wc: methods_of(wc.backbone),
+            datasets=list(DATASETS),
+            uncertainty={
+                k: config["evaluation"][k]
+                for k in ("bootstrap_samples", "bootstrap_seed", "significance_level")
+            },
+            code=code_of("compare_runs"),
+        script:
+            "../scripts/compare_runs.py"

@@ -4,7 +4,7 @@
 
 rule download_model:
     output:
-        model=directory("resources/models/hub/{repo}"),
+        model=directory(shared("resources/models/hub/{repo}")),
     log:
         "logs/download_model/{repo}.log",
     params:
@@ -16,7 +16,7 @@ rule download_model:
 
 rule build_tiny_model:
     output:
-        model=directory("results/models/tiny/{kind}"),
+        model=directory(shared("results/models/tiny/{kind}")),
     log:
         "logs/build_tiny_model/{kind}.log",
     params:
@@ -31,15 +31,15 @@ rule build_tiny_model:
 # (spader.demo.warmstart). It starts its own retrieval service, like evaluation.
 rule warmstart_policy:
     input:
-        mix=f"results/{SUITE}/data/mix/train.jsonl",
-        eval_sets=expand("results/{suite}/data/eval/{dataset}.jsonl", suite=SUITE, dataset=DATASETS),
+        mix=shared(f"results/{SUITE}/data/mix/train.jsonl"),
+        eval_sets=expand(shared("results/{suite}/data/eval/{dataset}.jsonl"), suite=SUITE, dataset=DATASETS),
         index=get_index(),
         model=get_base_model,
         reranker=get_reranker,
     output:
-        model=directory("results/{backbone}/warmstart/model"),
-        trajectories="results/{backbone}/warmstart/trajectories.jsonl",
-        summary="results/{backbone}/warmstart/summary.json",
+        model=directory(shared("results/{backbone}/warmstart/model")),
+        trajectories=shared("results/{backbone}/warmstart/trajectories.jsonl"),
+        summary=shared("results/{backbone}/warmstart/summary.json"),
     log:
         job="logs/warmstart_policy/{backbone}.log",
         service="logs/warmstart_policy/{backbone}.service.log",

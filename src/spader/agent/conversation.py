@@ -24,6 +24,10 @@ The observation's text is tokenized as text: a passage holding ``<|im_start|>`` 
 ``<|eot_id|>`` gets the ordinary tokens of those characters, never the special token a tokenizer
 would make of them in a rendered conversation (:func:`observation_ids`); the template's own
 special tokens around it are kept.
+
+The authors' evaluation script instead sends the whole message list to a chat-completions server
+every turn, so the history is rendered again through the chat template each time, from the
+turns' texts (``evaluation.loop: authors``, :class:`RenderedConversation`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from spader.core.prompt import observation_message
 
 __all__ = [
     "Conversation",
+    "RenderedConversation",
     "missing_closing",
     "observation_ids",
     "render_ids",
@@ -175,17 +180,20 @@ def text_safe_ids(
     )
 
 
-def observation_ids(tokenizer, text: str) -> list[int]:
+def observation_ids(tokenizer, text: str, fmt: str = "spader") -> list[int]:
     """Ids of one observation turn and of the next assistant header: the user message
-    ``<tool_response>\\n{text}\\n</tool_response>`` rendered after a fixed two-message context,
-    minus that context. ``text`` (passages, queries, errors) is tokenized as text: a special-token
-    string in it never becomes a special token (:func:`text_safe_ids`).
+    ``<tool_response>\\n{text}\\n</tool_response>`` (:func:`spader.core.prompt.observation_message`,
+    in observation format ``fmt``) rendered after a fixed two-message context, minus that context.
+    ``text`` (passages, queries, errors) is tokenized as text: a special-token string in it never
+    becomes a special token (:func:`text_safe_ids`).
 
     Raises:
         ValueError: the template renders the context differently once a message follows it.
     """
     prefix = list(_prefix_ids(tokenizer))
-    full = text_safe_ids(tokenizer, _PREFIX, observation_message, text, add_generation_prompt=True)
+    full = text_safe_ids(
+        tokenizer, _PREFIX, lambda t: observation_message(t, fmt), text, add_generation_prompt=True
+    )
     if full[: len(prefix)] != prefix:
         raise ValueError("the chat template does not render an observation turn as an append-only suffix")
     return full[len(prefix) :]
@@ -227,8 +235,9 @@ class Conversation:
         generated: one flag per id after the prompt, True for ids the model generated.
     """
 
-    def __init__(self, tokenizer, prompt_ids: Sequence[int]):
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], fmt: str = "spader"):
         self.tokenizer = tokenizer
+        self.fmt = fmt
         self.ids = [int(i) for i in prompt_ids]
         self.prompt_tokens = len(self.ids)
         self.generated: list[bool] = []
@@ -254,8 +263,59 @@ class Conversation:
 
     def observation(self, text: str) -> list[int]:
         """The ids :meth:`add_observation` would append for ``text`` (to check the budget first)."""
-        return observation_ids(self.tokenizer, text)
+        return observation_ids(self.tokenizer, text, self.fmt)
 
     def add_observation(self, ids: Sequence[int]) -> None:
         """Append an observation turn's ids (:meth:`observation`), next assistant header included."""
         self._extend(ids, False)
+
+
+class RenderedConversation:
+    """One episode as the authors' evaluation script holds it: a message list rendered through the
+    chat template before every turn (with the assistant header), each turn kept as the text a
+    chat-completions server returns (its ids decoded without special tokens). Re-rendering may
+    change earlier tokens (Qwen3's template rewrites the reasoning of a turn), so the ids are not
+    an append-only record; budgets count the rendered length.
+
+    The same interface as :class:`Conversation` (``ids``, ``prompt_tokens``, ``response_tokens``,
+    ``add_turn``, ``close_turn``, ``observation``, ``add_observation``).
+    """
+
+    def __init__(self, tokenizer, messages: Sequence[dict], fmt: str = "spader"):
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+        self.messages = [dict(m) for m in messages]
+        self.ids = render_ids(tokenizer, self.messages, add_generation_prompt=True)
+        self.prompt_tokens = len(self.ids)
+        self._pending: dict | None = None
+
+    @property
+    def response_tokens(self) -> int:
+        return len(self.ids) - self.prompt_tokens
+
+    def add_turn(self, ids: Sequence[int]) -> None:
+        """The turn as the server's message content; the history rendered without a header."""
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        self.messages.append({"role": "assistant", "content": text})
+        self.ids = render_ids(self.tokenizer, self.messages, add_generation_prompt=False)
+
+    def close_turn(self) -> list[int]:
+        """Nothing to add: the template closes every rendered turn itself."""
+        return []
+
+    def observation(self, text: str) -> list[int]:
+        """The ids the history grows by with the observation and the next header (their number is
+        what the budget checks)."""
+        message = observation_message(text, self.fmt)
+        self._pending = message
+        full = render_ids(self.tokenizer, [*self.messages, message], add_generation_prompt=True)
+        return full[len(self.ids) :] if len(full) > len(self.ids) else []
+
+    def add_observation(self, ids: Sequence[int]) -> None:
+        """Append the observation of the last :meth:`observation` call and render the history with
+        the next assistant header."""
+        if self._pending is None:
+            raise RuntimeError("add_observation without observation()")
+        self.messages.append(self._pending)
+        self._pending = None
+        self.ids = render_ids(self.tokenizer, self.messages, add_generation_prompt=True)

@@ -44,6 +44,9 @@ class Sampling:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int = 0
+    top_k: int = -1  # -1: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,9 @@ class TransformersEngine:
                 max_new_tokens=int(b),
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
                 stop=tuple(sampling.stop),
                 no_stop_trim=True,
                 skip_special_tokens=False,

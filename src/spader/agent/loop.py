@@ -47,13 +47,19 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
-from spader.agent.conversation import Conversation, render_ids, turn_token_count
+from spader.agent.conversation import Conversation, RenderedConversation, render_ids, turn_token_count
 from spader.agent.generation import Engine, Generation, Sampling
 from spader.config.model import AgentConfig, EvaluationConfig, ServiceConfig
 from spader.core.matching import passage_hits
 from spader.core.metrics import unique_gold
-from spader.core.parsing import AnswerParse, malformed_turn, parse_turn
-from spader.core.prompt import PromptTemplate, build_messages, fit_observation, format_observation
+from spader.core.parsing import AnswerParse, authors_answer, malformed_turn, parse_turn
+from spader.core.prompt import (
+    PromptTemplate,
+    build_messages,
+    error_observation,
+    fit_authors_observation,
+    fit_observation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +90,12 @@ AGENT_KEYS = (
     "max_tool_response_chars",
     "stop",
     "regenerations",
+    "parser",
+    "observation_format",
 )
+#: Statuses of an episode that failed (scored 0; the authors' loop scores a generation error on
+#: what it wrote and leaves an episode error out of the means).
+FAILED = ("generation_error", "episode_error")
 
 
 class SearchLimits(Protocol):
@@ -103,8 +114,12 @@ class AgentSettings:
     """Budgets and decoding of the loop, built by :meth:`from_config` from the typed sections (the
     configuration model holds every default and description): ``max_turns``,
     ``max_turn_tokens``, ``max_queries_per_call``, ``max_tool_response_chars``, ``stop`` and
-    ``regenerations`` are ``agent.*`` (the same in training); ``max_context_tokens`` (resolved),
-    ``temperature``, ``top_p``, ``seed`` and ``max_error_share`` are ``evaluation.*``;
+    ``regenerations``, ``parser`` and ``observation_format`` are ``agent.*`` (the same in
+    training); ``max_context_tokens`` (resolved), ``max_response_tokens``, ``temperature``,
+    ``top_p``, ``seed``, ``max_error_share`` and ``loop`` are ``evaluation.*``, and
+    ``evaluation.max_turn_tokens`` replaces ``agent.max_turn_tokens`` when set; ``top_k``,
+    ``min_p`` and ``repetition_penalty`` are off unless ``evaluation.generation_config`` fills
+    them;
     ``max_query_chars`` is the search service's limit (``retrieval.service.max_query_chars``).
     ``max_error_share`` None never stops a run for generation errors (tests, benchmarks).
     """
@@ -112,30 +127,38 @@ class AgentSettings:
     max_turns: int
     max_turn_tokens: int | None
     max_context_tokens: int
-    max_queries_per_call: int
+    max_response_tokens: int | None
+    max_queries_per_call: int | None
     max_query_chars: int
     max_tool_response_chars: int
     temperature: float
     top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
     stop: tuple[str, ...]
     seed: int
     regenerations: int
     max_error_share: float | None
+    parser: str
+    observation_format: str
+    loop: str
 
     def __post_init__(self):
-        positive = (
-            "max_turns",
-            "max_context_tokens",
-            "max_queries_per_call",
-            "max_query_chars",
-            "max_tool_response_chars",
-        )
+        positive = ("max_turns", "max_context_tokens", "max_query_chars", "max_tool_response_chars")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 section = "agent" if name in AGENT_KEYS else "evaluation"
                 raise ValueError(f"{section}.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.max_turn_tokens is not None and int(self.max_turn_tokens) < 1:
-            raise ValueError(f"agent.max_turn_tokens must be null or >= 1, got {self.max_turn_tokens!r}")
+        for name in ("max_turn_tokens", "max_queries_per_call", "max_response_tokens"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                section = "agent" if name in AGENT_KEYS else "evaluation"
+                raise ValueError(f"{section}.{name} must be null or >= 1, got {value!r}")
+        for name in ("parser", "observation_format", "loop"):
+            if getattr(self, name) not in ("spader", "authors"):
+                section = "evaluation" if name == "loop" else "agent"
+                raise ValueError(f"{section}.{name} must be spader or authors, got {getattr(self, name)!r}")
         if int(self.regenerations) < 0:
             raise ValueError(f"agent.regenerations must be >= 0, got {self.regenerations!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
@@ -164,24 +187,45 @@ class AgentSettings:
                 "evaluation.max_context_tokens is null: resolve it to training's max_prompt_length + "
                 "max_response_length first (spader.config.Config.evaluation_context_tokens)"
             )
+        turn_cap = (
+            evaluation.max_turn_tokens if evaluation.max_turn_tokens is not None else agent.max_turn_tokens
+        )
         return cls(
             max_turns=agent.max_turns,
-            max_turn_tokens=agent.max_turn_tokens,
+            max_turn_tokens=turn_cap,
             max_queries_per_call=agent.max_queries_per_call,
             max_query_chars=service.max_query_chars,
             max_tool_response_chars=agent.max_tool_response_chars,
             stop=tuple(agent.stop),
             regenerations=agent.regenerations,
+            parser=agent.parser,
+            observation_format=agent.observation_format,
             max_context_tokens=evaluation.max_context_tokens,
+            max_response_tokens=evaluation.max_response_tokens,
             temperature=evaluation.temperature,
             top_p=evaluation.top_p,
+            # off: the configuration samples at temperature and top-p alone; the option
+            # evaluation.generation_config fills them from the policy's file
+            # (spader.evaluation.evaluate.loop_settings)
+            top_k=-1,
+            min_p=0.0,
+            repetition_penalty=1.0,
             seed=evaluation.seed,
             max_error_share=evaluation.max_error_share,
+            loop=evaluation.loop,
         )
 
     @property
     def sampling(self) -> Sampling:
-        return Sampling(temperature=self.temperature, top_p=self.top_p, stop=self.stop, seed=self.seed)
+        return Sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            stop=self.stop,
+            seed=self.seed,
+        )
 
 
 @dataclass(frozen=True)
@@ -224,16 +268,22 @@ class Episode:
 
     ``status``: ``running`` while active, then ``answered`` (an ``<answer>`` turn, valid or not),
     ``no_action`` (a turn with neither tool call nor answer), ``turn_budget``, ``context_budget``,
-    ``generation_error`` or ``episode_error`` (``error`` says why; both score 0). ``conversation``
-    holds the ids the model saw.
+    ``generation_error`` or ``episode_error`` (``error`` says why; both score 0, except in the
+    authors' loop, which scores a generation error on what the episode wrote and leaves an
+    episode error out of the means: :attr:`dropped`). ``conversation`` holds the ids the model saw;
+    ``prompt_text`` the user prompt. With the authors' parser the answer is the last ``<answer>``
+    of the episode's turns, whatever ended it.
     """
 
     question: Question
-    conversation: Conversation | None = None
+    conversation: Conversation | RenderedConversation | None = None
     steps: list[Step] = field(default_factory=list)
     status: str = "running"
     answer: AnswerParse | None = None
     error: str | None = None
+    prompt_text: str = ""
+    parser: str = "spader"
+    loop: str = "spader"
     _seen: set[int] = field(default_factory=set, repr=False)
     _gold: list[list[str]] | None = field(default=None, repr=False)
 
@@ -257,15 +307,33 @@ class Episode:
         return self.status == "context_budget" or bool(self.steps and self.steps[-1].budget_cut)
 
     @property
+    def dropped(self) -> bool:
+        """Left out of the means (the authors' loop drops an episode that failed otherwise than by a
+        generation error)."""
+        return self.loop == "authors" and self.status == "episode_error"
+
+    @property
+    def scored_despite_error(self) -> bool:
+        return self.loop == "authors" and self.status == "generation_error"
+
+    @property
     def format_valid(self) -> bool:
-        return self.status == "answered" and self.answer is not None and self.answer.valid
+        if self.answer is None or not self.answer.valid:
+            return False
+        if self.parser == "authors":  # the last <answer> anywhere, whatever ended the episode
+            return self.status not in FAILED or self.scored_despite_error
+        return self.status == "answered"
+
+    def assistant_text(self) -> str:
+        """The episode's turns joined by newlines (the text the authors' parser reads)."""
+        return "\n".join(s.text for s in self.steps if s.kind != "retrieval")
 
     @property
     def invalid_reason(self) -> str | None:
         if self.format_valid:
             return None
-        if self.status == "answered" and self.answer is not None:
-            return self.answer.reason
+        if self.answer is not None and (self.status == "answered" or self.parser == "authors"):
+            return self.answer.reason or self.status
         return self.status
 
     @property
@@ -302,7 +370,11 @@ def _observe(ep: Episode, step: Step, text: str, settings: AgentSettings) -> Non
     conv.close_turn()
     ids = conv.observation(text)
     step.observation = text
-    if len(conv.ids) + len(ids) >= settings.max_context_tokens:
+    over_response = (
+        settings.max_response_tokens is not None
+        and conv.response_tokens + len(ids) >= settings.max_response_tokens
+    )
+    if len(conv.ids) + len(ids) >= settings.max_context_tokens or over_response:
         ep.status = "context_budget"
         return
     conv.add_observation(ids)
@@ -314,7 +386,12 @@ def _record_passages(
     """Observation of one search step; discovery counts only the passages it shows (as in
     training), matched on titles and texts, never on the queries. An observation the token
     budget has no room for shows nothing (the episode ends there, as in training)."""
-    text, shown = fit_observation(queries, passages, settings.max_tool_response_chars)
+    if settings.observation_format == "authors":
+        text, shown = fit_authors_observation(
+            queries, passages, settings.max_tool_response_chars, context="evaluation"
+        )
+    else:
+        text, shown = fit_observation(queries, passages, settings.max_tool_response_chars)
     _observe(ep, step, text, settings)
     if ep.status == "context_budget":
         return
@@ -341,7 +418,7 @@ def _search_one(ep: Episode, step: Step, search: SearchFn, settings: AgentSettin
         if not _rejected(exc):
             raise
         step.tool_error = f"the search service rejected the queries ({type(exc).__name__}: {exc})"
-        _observe(ep, step, format_observation([], error=step.tool_error), settings)
+        _observe(ep, step, _error_text(step.tool_error, settings), settings)
         return
     if len(results) != len(step.queries):
         raise RuntimeError(f"search returned {len(results)} result lists for {len(step.queries)} queries")
@@ -389,25 +466,34 @@ def _rag_retrieval(episodes: list[Episode], search: SearchFn, settings: AgentSet
     _run_searches(pending, search, settings)
 
 
+def _error_text(error: str, settings: AgentSettings) -> str:
+    return error_observation(error, settings.observation_format, settings.max_tool_response_chars)
+
+
 def _apply_turn(ep: Episode, step: Step, last_turn: bool, full: bool, settings: AgentSettings) -> bool:
     """Classify the generated turn; returns True when its queries must be run now."""
-    turn = parse_turn(step.text, settings.stop)
+    turn = parse_turn(step.text, settings.stop, settings.parser)
     step.kind = turn.kind
     if turn.kind in ("answer", "none"):
-        ep.answer = turn.answer
+        ep.answer = turn.answer if settings.parser == "spader" else authors_answer(ep.assistant_text())
         ep.status = "answered" if turn.kind == "answer" else ("context_budget" if full else "no_action")
         return False
     call = turn.tool_call
-    if last_turn or full:  # the budget ends here: the call is not run (as in training's tool loop)
+    # the budget ends here: the call is not run (as in training's tool loop); the authors' evaluation
+    # loop runs the call of its last turn too
+    if full or (last_turn and settings.loop == "spader"):
         ep.status = "turn_budget" if last_turn and not full else "context_budget"
         step.skipped_queries = len(call.queries) if call and call.queries else 0
         return False
     if call.error is not None:
         step.tool_error = call.error
-        _observe(ep, step, format_observation([], error=call.error), settings)
+        _observe(ep, step, _error_text(call.error, settings), settings)
         return False
     # as training's tool: each query cut to what the service accepts, at most max_queries_per_call
-    step.queries = [q[: settings.max_query_chars] for q in call.queries[: settings.max_queries_per_call]]
+    cap = settings.max_queries_per_call
+    step.queries = [
+        q[: settings.max_query_chars] for q in (call.queries if cap is None else call.queries[:cap])
+    ]
     step.skipped_queries = len(call.queries) - len(step.queries)
     return True
 
@@ -449,6 +535,8 @@ def _turn_ids(gen: Generation, tokenizer, settings: AgentSettings) -> tuple[list
     keep = turn_token_count(tokenizer, ids, settings.stop)
     if keep < len(ids):
         return ids[:keep], False
+    if not settings.stop:
+        return ids, gen.finish == "length"
     text = tokenizer.decode(ids, skip_special_tokens=False)
     return ids, gen.finish == "length" and not any(tag in text for tag in settings.stop)
 
@@ -492,11 +580,16 @@ def run_episodes(
         GenerationFailure: more generation errors than ``settings.max_error_share`` allows.
     """
     tokenizer = engine.tokenizer
-    episodes = [Episode(question=q) for q in questions]
+    episodes = [Episode(question=q, parser=settings.parser, loop=settings.loop) for q in questions]
     for ep in episodes:
         try:
-            prompt = render_prompt(tokenizer, build_messages(ep.question.question, template))
-            ep.conversation = Conversation(tokenizer, prompt)
+            messages = build_messages(ep.question.question, template)
+            ep.prompt_text = messages[-1]["content"]
+            if settings.loop == "authors":  # the history is rendered again before every turn
+                ep.conversation = RenderedConversation(tokenizer, messages, settings.observation_format)
+            else:
+                prompt = render_prompt(tokenizer, messages)
+                ep.conversation = Conversation(tokenizer, prompt, settings.observation_format)
         except Exception as exc:  # noqa: BLE001 (a template error is this episode's failure)
             ep.status, ep.error = "generation_error", f"chat template failed: {type(exc).__name__}: {exc}"
     _check_errors(episodes, engine, settings)
@@ -513,6 +606,8 @@ def run_episodes(
         requests = []
         for ep in running:
             room = settings.max_context_tokens - len(ep.conversation.ids)
+            if settings.max_response_tokens is not None:  # training's response budget after the prompt
+                room = min(room, settings.max_response_tokens - ep.conversation.response_tokens)
             if room <= 0:
                 ep.status = "context_budget"
                 continue
@@ -525,7 +620,8 @@ def run_episodes(
             again = [
                 i
                 for i, (req, gen) in enumerate(zip(requests, gens, strict=True))
-                if gen.error is None and malformed_turn(_decode(gen, tokenizer, settings), settings.stop)
+                if gen.error is None
+                and malformed_turn(_decode(gen, tokenizer, settings), settings.stop, settings.parser)
             ]
             if not again:
                 break
@@ -549,7 +645,10 @@ def run_episodes(
                 step.text = tokenizer.decode(ids, skip_special_tokens=False)
                 step.completion_tokens, step.budget_cut = len(ids), cut
                 ep.conversation.add_turn(ids)
-                full = len(ep.conversation.ids) >= settings.max_context_tokens
+                full = len(ep.conversation.ids) >= settings.max_context_tokens or (
+                    settings.max_response_tokens is not None
+                    and ep.conversation.response_tokens >= settings.max_response_tokens
+                )
                 if _apply_turn(ep, step, last_turn=turn == turns - 1, full=full, settings=settings):
                     pending.append((ep, step))
             except Exception as exc:  # noqa: BLE001 (this episode's failure, scored 0)
@@ -569,6 +668,10 @@ def run_episodes(
     for ep in episodes:  # only reachable when the loop ran out of turns with nothing generated
         if ep.status == "running":
             ep.status = "turn_budget"
+        if settings.parser == "authors" and ep.answer is None and ep.status != "episode_error":
+            # the last <answer> of the turns, whatever ended the episode (their script scores what
+            # an episode wrote, also one a generation error stopped)
+            ep.answer = authors_answer(ep.assistant_text())
     bar.update(len(episodes) - bar.n)
     bar.close()
     return episodes

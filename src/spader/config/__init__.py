@@ -30,6 +30,8 @@ from spader.config.model import (
     TrainingConfig,
     VariantConfig,
     model_kind,
+    named_run_root,
+    rebase_run_paths,
 )
 
 __all__ = [
@@ -54,7 +56,9 @@ __all__ = [
     "load_yaml",
     "merge_files",
     "model_kind",
+    "named_run_root",
     "overlay",
+    "rebase_run_paths",
     "resolved_config",
     "verl_config_chain",
     "verl_config_dir",

@@ -44,6 +44,7 @@ __all__ = [
     "OPERATIONAL_SERVICE_KEYS",
     "OPERATIONAL_TRAINING_KEYS",
     "PROMPTING",
+    "RUNS_DIR",
     "USER_SUPPLIED",
     "AgentConfig",
     "BackboneConfig",
@@ -75,6 +76,8 @@ __all__ = [
     "VariantConfig",
     "WarmstartConfig",
     "model_kind",
+    "named_run_root",
+    "rebase_run_paths",
 ]
 
 #: The four datasets of the paper, in table order.
@@ -117,7 +120,7 @@ CROSS_KEY_RULES = (
     "`mix.min_answers` <= `mix.max_answers`; `mix.counts` draw at least one instance.",
     "`training.ppo_mini_batch_size` <= `training.train_batch_size` <= the instances `mix.counts` draw.",
     "`retrieval.topk` <= `retrieval.initial_k`; `stepsearch.evidence.queries_per_request` and "
-    "`agent.max_queries_per_call` <= `retrieval.service.max_queries_per_request`.",
+    "`agent.max_queries_per_call` (unless null) <= `retrieval.service.max_queries_per_request`.",
     "More than one node for an LLM-judged R3-RAG variant (its `variants.<name>.nodes`, else "
     "`training.nodes`) with `judge.url` null: the judge is served on the last node (`judge.gpus` <= "
     "`backbones.<name>.gpus`) and verl trains on the GPUs of the others, whose number must divide "
@@ -598,6 +601,13 @@ class VariantConfig(Section):
         description="nodes of this variant's training job (null: training.nodes); e.g. 2 for an "
         "LLM-judged r3rag, whose judge then has the second node (docs/cluster.md)",
     )
+    invalid_format_reward: StrictFloat = Field(
+        -1.0,
+        ge=-1,
+        le=1,
+        description="terminal reward of an invalid format (paper: -1; the authors' code gives 0 in "
+        "SPADER's reward manager and its ablations, -1 in their GRPO)",
+    )
 
     @model_validator(mode="after")
     def _advantage_trains_reward(self) -> VariantConfig:
@@ -637,8 +647,11 @@ class DivergencesConfig(Section):
     novelty: Literal["inverse", "exp_decay"] = Field(
         "inverse", description="inverse: beta/N (paper); exp_decay: beta*exp(-(N-1)) (code)"
     )
-    invalid_format_reward: StrictFloat = Field(
-        -1.0, ge=-1, le=1, description="terminal reward of an invalid format (paper -1, code 0)"
+    aliases: Literal["aware", "blind"] = Field(
+        "aware",
+        description="training reward's gold entities: aware (any alias matches, paper) or blind (the "
+        "authors' code: each alias list becomes one string, so an entity with two or more aliases "
+        "never matches, in the F1 and in step discovery)",
     )
     cost_warmup: CostWarmup | None = Field(
         None, description="tool-cost warm-up by training step (code); null: none"
@@ -750,6 +763,11 @@ class TrainingConfig(Section):
         ge=0,
         le=MAX_SEED,
         description="training seed: prompt order, mini-batch shuffling, rollout sampling",
+    )
+    shuffle: bool = Field(
+        True,
+        description="shuffle the training prompts each epoch (verl's data.shuffle; the authors' code: "
+        "false, the file's order)",
     )
     device: Literal["cuda", "cpu"] = Field(
         "cuda",
@@ -866,21 +884,36 @@ class AgentConfig(Section):
     max_tool_response_chars: StrictInt = Field(
         11000, ge=1, le=2**30, description="observation cap in characters"
     )
-    max_queries_per_call: StrictInt = Field(
+    max_queries_per_call: StrictInt | None = Field(
         10,
         ge=1,
         le=2**20,
-        description="queries of one tool call beyond this are not run (they still count in q_t)",
+        description="queries of one tool call beyond this are not run (they still count in q_t); null: "
+        "every query runs (the authors' code)",
     )
     stop: list[Literal["</tool_call>", "</answer>"]] = Field(
         default_factory=lambda: ["</tool_call>", "</answer>"],
-        min_length=1,
-        description="a turn ends right after the first of these closing tags (kept)",
+        description="a turn ends right after the first of these closing tags (kept); [] : no stop "
+        "string, a turn runs to the model's end of turn or the budget (the authors' code)",
+    )
+    parser: Literal["spader", "authors"] = Field(
+        "spader",
+        description="how turns and answers are read: spader (a turn's call is its first, ended by its "
+        "closing tag; the answer is the last turn's last <answer>, a JSON list of strings) or authors "
+        "(a turn's call is its last <tool_call>; a turn without one ends the episode; the answer is "
+        "the last <answer> anywhere, read as JSON, else a Python literal, else the raw string)",
+    )
+    observation_format: Literal["spader", "authors"] = Field(
+        "spader",
+        description="observation text: spader (numbered passages per query, lowest-ranked dropped to "
+        "fit max_tool_response_chars) or authors (the authors' search server's JSON with the queries "
+        "echoed and each title repeated, indent 2, capped at 10,000 characters with a System Note, "
+        "then cut to its first max_tool_response_chars characters; their error messages)",
     )
     prompt_template: Annotated[str, StringConstraints(min_length=1)] | None = Field(
         None,
-        description="a prompt template file (one {question} placeholder) replacing the project's; "
-        "null: src/spader/core/prompts/default.txt",
+        description="the user prompt: a packaged template by name (default, authors: the authors' "
+        "wording) or a template file (one {question} placeholder); null: default",
     )
 
     @model_validator(mode="after")
@@ -900,6 +933,21 @@ class EvaluationConfig(Section):
         description="token budget of an episode (prompt and response); null: training's "
         "max_prompt_length + max_response_length",
     )
+    max_response_tokens: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=2**24,
+        description="cap on the tokens after the prompt (generated and observations), as training's "
+        "max_response_length caps a rollout; null: only max_context_tokens (whose prompt share a "
+        "short prompt leaves to the response)",
+    )
+    max_turn_tokens: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=2**24,
+        description="cap on new tokens per assistant turn in evaluation only (the authors' evaluation: "
+        "5,096); null: agent.max_turn_tokens",
+    )
     temperature: StrictFloat = Field(
         1.0,
         ge=0,
@@ -907,6 +955,20 @@ class EvaluationConfig(Section):
         description="sampling temperature (the authors' evaluation: 1.0); 0 is greedy decoding",
     )
     top_p: StrictFloat = Field(1.0, gt=0, le=1, description="top-p when sampling")
+    generation_config: bool = Field(
+        False,
+        description="fill top_k, top_p, min_p and repetition_penalty from the policy's "
+        "generation_config.json (vLLM's default since 0.8, which the authors' evaluation served; verl "
+        "copies the file into merged checkpoints); false: top_p as configured, no top-k",
+    )
+    loop: Literal["spader", "authors"] = Field(
+        "spader",
+        description="evaluation loop: spader (training's ids kept turn by turn, a call in the last turn "
+        "is not run, every failure scores 0) or authors (their script: the history re-rendered "
+        "through the chat template each turn, the last turn's call runs, an episode stopped by a "
+        "generation error is scored on what it wrote, an episode that failed otherwise is left out "
+        "of the means)",
+    )
     seed: StrictInt = Field(
         0,
         ge=0,
@@ -1001,7 +1063,7 @@ class StepSearchConfig(Section):
 
 
 #: The judge settings the trainer's judge client reads (besides ``model`` and ``url``).
-JUDGE_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature")
+JUDGE_CLIENT_KEYS = ("timeout_s", "retries", "concurrency", "max_tokens", "temperature", "unparsable")
 
 
 class JudgeConfig(Section):
@@ -1023,7 +1085,14 @@ class JudgeConfig(Section):
     max_tokens: StrictInt = Field(
         4096, ge=1, le=2**24, description="reply budget of the judge (R3-RAG's original: 4,096 tokens)"
     )
-    temperature: StrictFloat = Field(0.0, ge=0, le=10, description="judge sampling temperature")
+    temperature: StrictFloat | None = Field(
+        0.0, ge=0, le=10, description="judge sampling temperature; null: the server's default (R3-RAG's code)"
+    )
+    unparsable: Literal["zero", "raise"] = Field(
+        "zero",
+        description="a reply without a Relevance verdict: zero (scores 0 and is logged) or raise (an "
+        "error, as R3-RAG's code)",
+    )
     startup_timeout_s: StrictFloat = Field(
         1800, ge=1, le=MAX_SECONDS, description="how long the judge server may take to load"
     )
@@ -1050,7 +1119,7 @@ class CodeRerunsConfig(Section):
     models: bool = Field(True, description="build_tiny_model, warmstart_policy (tiny demo models)")
     scorers: bool = Field(True, description="build_evidence (StepSearch's evidence)")
     training: bool = Field(True, description="train_policy, export_checkpoint (GPU-days per variant)")
-    evaluation: bool = Field(True, description="evaluate_policy, aggregate_results")
+    evaluation: bool = Field(True, description="evaluate_policy, aggregate_results, compare_runs")
 
 
 #: GPU models the plan knows the peak bf16 FLOP/s and memory bandwidth of
@@ -1156,6 +1225,13 @@ class Config(Section):
     suite: Name = Field(
         "paper",
         description="Name of the data setup; data outputs live under resources/<suite>/ and results/<suite>/.",
+    )
+    run: Name | None = Field(
+        None,
+        description="Name of a run beside the default one (for example `authors`, config/authors.yaml): "
+        "its outputs live in results/runs/<run>/ (a working directory of its own: results/, logs/, "
+        ".snakemake/), sharing downloads, tiny models, the demo's warm start and results/<suite>/ "
+        "(index, datasets, mix) with the default run; null: the default run.",
     )
     targets: list[str] = Field(
         min_length=1,
@@ -1276,7 +1352,7 @@ class Config(Section):
             ("stepsearch.evidence.queries_per_request", self.stepsearch.evidence.queries_per_request),
             ("agent.max_queries_per_call", self.agent.max_queries_per_call),
         ):
-            if value > most:
+            if value is not None and value > most:  # null: uncapped calls are searched in slices
                 errors.append(
                     f"config key '{key}': {value} is larger than retrieval.service.max_queries_per_request "
                     f"({most}), which the service refuses"
@@ -1367,3 +1443,73 @@ def _unique(items: list[Any], key: str) -> None:
         if item in seen:
             raise ValueError(f"{key}: '{item}' is listed twice")
         seen.add(item)
+
+
+#: Where a named run (config key ``run``) keeps its outputs, relative to the default run's
+#: working directory.
+RUNS_DIR = ("results", "runs")
+
+
+def named_run_root(run: str | None, cwd: str | os.PathLike) -> tuple[Path | None, str]:
+    """The working directory of a named run and the prefix that leads from it back to the default
+    run's (where the shared outputs live).
+
+    Returns:
+        ``(directory to change to, shared prefix)``: ``(None, "")`` for the default run;
+        ``(None, prefix)`` when ``cwd`` already is the named run's directory (a cluster job
+        started there); else the directory ``cwd/results/runs/<run>`` and ``"../../../"``.
+
+    >>> named_run_root(None, "/w"), named_run_root("authors", "/w")
+    ((None, ''), (PosixPath('/w/results/runs/authors'), '../../../'))
+    >>> named_run_root("authors", "/w/results/runs/authors")
+    (None, '../../../')
+    """
+    if run is None:
+        return None, ""
+    parts = (*RUNS_DIR, run)
+    prefix = "../" * len(parts)
+    cwd = Path(cwd)
+    if cwd.parts[-len(parts) :] == parts:
+        return None, prefix
+    return cwd.joinpath(*parts), prefix
+
+
+def rebase_run_paths(config: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A copy of ``config`` whose paths relative to the default run's working directory are seen
+    from a named run's (``prefix``, :func:`named_run_root`): ``corpus.archive``,
+    ``corpus.prebuilt_index``, local model paths (backbones, reranker, judge) and a prompt
+    template file (a packaged template's name is kept). Absolute paths, hub ids, ``tiny:`` models
+    and URLs are kept.
+
+    >>> c = {"corpus": {"archive": "dl/dump.tar.gz", "prebuilt_index": None}, "agent": {"prompt_template": "authors"}}
+    >>> rebase_run_paths(c, "../../../")["corpus"]["archive"]
+    '../../../dl/dump.tar.gz'
+    """
+    import copy
+
+    # the packaged templates' names (spader.core.prompt.packaged_templates), read from the package's
+    # files: importing the prompt module would make every job that reads its config depend on it
+    packaged = {f.stem for f in (Path(__file__).resolve().parents[1] / "core" / "prompts").glob("*.txt")}
+    out = copy.deepcopy(config)
+    if not prefix:
+        return out
+
+    def rebase(value: Any) -> Any:
+        if not isinstance(value, str) or os.path.isabs(value) or "://" in value or value.startswith("file:"):
+            return value
+        return prefix + value
+
+    corpus = out.get("corpus") or {}
+    for key in ("archive", "prebuilt_index"):
+        if corpus.get(key):
+            corpus[key] = rebase(corpus[key])
+    sections = [*(out.get("backbones") or {}).values(), out.get("judge") or {}]
+    sections.append((out.get("retrieval") or {}).get("reranker") or {})
+    for section in sections:
+        if section.get("model") and model_kind(section["model"]) == "path":
+            section["model"] = rebase(section["model"])
+    agent = out.get("agent") or {}
+    template = agent.get("prompt_template")
+    if template and template not in packaged:
+        agent["prompt_template"] = rebase(template)
+    return out

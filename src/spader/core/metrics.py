@@ -9,11 +9,16 @@ also settles the rare case of one prediction equal to aliases of two entities.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Sequence
 
-from spader.core.text import normalize
+from spader.core.text import normalize, normalize_spader_compat
 
 __all__ = [
+    "alias_blind",
+    "authors_correct_count",
+    "authors_query_count",
     "correct_count",
     "gold_alias_sets",
     "gold_count",
@@ -176,3 +181,68 @@ def macro_average(rows: Iterable[tuple[float, float, float]]) -> tuple[float, fl
     if n == 0:
         return 0.0, 0.0, 0.0, 0
     return sp / n, sr / n, sf / n, n
+
+
+# ---------------------------------------------------------------------------------------------
+# The authors' published counting and matching (docs/method.md, "Known divergences")
+# ---------------------------------------------------------------------------------------------
+_CALL_BLOCKS = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def authors_query_count(text: str) -> int:
+    """Queries as the authors' evaluation counts them (``compute_tool_count``): over every
+    ``<tool_call>...</tool_call>`` span of ``text`` (the whole conversation joined: prompt,
+    turns and observations), the length of a JSON list, the length of an object's
+    ``arguments.query_list``, and 1 for anything else, unparsable spans included. A span runs from
+    an opening tag to the next closing one, so a bare ``<tool_call>`` in a prompt swallows the
+    first real call (it then counts 1 whatever its size).
+
+    >>> authors_query_count('<tool_call>["a", "b"]</tool_call> x <tool_call>oops</tool_call>')
+    3
+    """
+    count = 0
+    for span in _CALL_BLOCKS.findall(text):
+        try:
+            value = json.loads(span)
+        except (ValueError, RecursionError):
+            count += 1
+            continue
+        if isinstance(value, list):
+            count += len(value)
+        elif isinstance(value, dict) and "arguments" in value:
+            arguments = value.get("arguments")
+            queries = arguments.get("query_list", []) if isinstance(arguments, dict) else []
+            count += len(queries) if hasattr(queries, "__len__") else 1
+        else:
+            count += 1
+    return count
+
+
+def authors_correct_count(predicted: Sequence[str] | None, gold: Sequence[Sequence[str]]) -> int:
+    """Gold entities named by the predictions as the authors' evaluation matches them: their
+    ``normalize_answer`` (:func:`spader.core.text.normalize_spader_compat`), an entity counted
+    when any of its aliases equals a prediction (entities with equal alias sets once).
+
+    >>> authors_correct_count(["Paris", "Paname"], [["Paris", "Paname"], ["Lyon"]])
+    1
+    """
+    preds = {n for n in (normalize_spader_compat(p) for p in predicted or []) if n}
+    seen: set[frozenset[str]] = set()
+    count = 0
+    for aliases in gold:
+        norm = frozenset(a for a in (normalize_spader_compat(x) for x in aliases) if a)
+        if norm and norm not in seen:
+            seen.add(norm)
+            count += bool(norm & preds)
+    return count
+
+
+def alias_blind(gold: Iterable[Sequence[str]]) -> list[list[str]]:
+    """Gold entities as the authors' training reward sees them: each alias list becomes one string
+    (Python's ``str`` of the list), so an entity with two or more aliases is matched only by that
+    whole string (normalised: its aliases joined by spaces), never by one of its aliases.
+
+    >>> alias_blind([["Paris", "Paname"], ["Lyon"]])
+    [["['Paris', 'Paname']"], ["['Lyon']"]]
+    """
+    return [[str([str(a) for a in ([aliases] if isinstance(aliases, str) else aliases)])] for aliases in gold]

@@ -10,6 +10,13 @@ after it can never turn a search step into an answer step (or back). The final s
 unclosed, ``<think>`` tags are unbalanced or nested, or the answer content is not a JSON list of
 strings. ``[]`` is a valid (empty) answer.
 
+The authors' published code reads turns and answers otherwise, offered as ``parser="authors"``
+(docs/method.md, "Known divergences"): a turn runs to its end (no stop string), its *last*
+``<tool_call>...</tool_call>`` is the call (a JSON list of queries, nested lists flattened, or a
+``{"arguments": {"query_list": [...]}}`` object), a turn without a complete call ends the episode,
+and the answer is the last ``<answer>...</answer>`` anywhere in the episode's text, read as JSON,
+else as a Python literal, else as the raw string (:func:`authors_answer`).
+
 Nothing here raises on model output: hostile text yields an ``invalid`` result or a tool-call
 error with a reason. Every function is linear in the length of the text (plain ``str.find`` scans
 and one non-backtracking tag scan), because a response holds up to thousands of tokens of
@@ -18,16 +25,22 @@ anything.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
+    "AUTHORS_EMPTY_CALL",
+    "PARSERS",
     "TURN_END_TAGS",
     "AnswerParse",
     "ToolCallParse",
     "Turn",
+    "authors_answer",
+    "authors_answers",
+    "authors_tool_call",
     "end_of_turn",
     "final_answer",
     "malformed_turn",
@@ -43,6 +56,14 @@ _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 
 #: The closing action tags: an assistant turn ends right after the first one it contains.
 TURN_END_TAGS = (_CALL_CLOSE, _ANSWER_CLOSE)
+#: How turns and answers are read: the project's protocol, or the authors' published code.
+PARSERS = ("spader", "authors")
+_CALL_BLOCKS = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ANSWER_BLOCKS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+#: The observation of a call without a usable query in the authors' code (their tool's message).
+AUTHORS_EMPTY_CALL = json.dumps(
+    {"result": "Error: 'query_list' is missing, empty, or not a list in parameters."}
+)
 
 
 def end_of_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS) -> int | None:
@@ -179,12 +200,27 @@ class Turn:
     text: str = ""
 
 
-def parse_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS) -> Turn:
+def parse_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS, parser: str = "spader") -> Turn:
     """Classify one assistant turn (see :class:`Turn`); text after its end is ignored.
+
+    With ``parser="authors"`` the whole text is the turn (``stop`` is not read: the loops end a
+    turn where generation ended it), its call is its last complete ``<tool_call>`` block
+    (:func:`authors_tool_call`) and a turn without one is the answer step; its ``answer`` is read
+    from this turn's text alone (the loops read the episode's answer with :func:`authors_answer`).
 
     >>> parse_turn('<tool_call>["q"]</tool_call><answer>["A"]</answer>').kind
     'search'
+    >>> parse_turn('<tool_call>["a"]</tool_call> then <tool_call>["b"]</tool_call>', (), "authors").tool_call.queries
+    ['b']
     """
+    if parser == "authors":
+        call = authors_tool_call(text)
+        if call is not None:
+            return Turn("search", tool_call=call, text=text)
+        kind = "answer" if _ANSWER_OPEN in text else "none"
+        return Turn(kind, answer=authors_answer(text), text=text)
+    if parser != "spader":
+        raise ValueError(f"parser must be one of {PARSERS}, got {parser!r}")
     end = end_of_turn(text, stop)
     if end is not None:
         text = text[:end]
@@ -197,17 +233,21 @@ def parse_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS) -> 
     return Turn("none", answer=parse_answer(text), text=text)
 
 
-def final_answer(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS) -> AnswerParse:
+def final_answer(
+    text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS, parser: str = "spader"
+) -> AnswerParse:
     """The answer of a trajectory from its last assistant turn, read as :func:`parse_turn` reads
     every turn: a turn that ends with a tool call (the turn or length budget ran out) has no answer.
     """
-    turn = parse_turn(text, stop)
+    turn = parse_turn(text, stop, parser)
     if turn.kind == "search":
         return AnswerParse(False, reason="no_answer")
     return turn.answer if turn.answer is not None else AnswerParse(False, reason="no_answer")
 
 
-def malformed_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS) -> bool:
+def malformed_turn(
+    text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS, parser: str = "spader"
+) -> bool:
     """True for a turn R3-RAG's original samples again: neither a well-formed search call nor a
     valid answer.
 
@@ -216,9 +256,145 @@ def malformed_turn(text: str, stop: tuple[str, ...] | list[str] = TURN_END_TAGS)
     >>> malformed_turn("I am not sure.")
     True
     """
-    turn = parse_turn(text, stop)
+    turn = parse_turn(text, stop, parser)
     if turn.kind == "search":
         return turn.tool_call is None or turn.tool_call.error is not None
     if turn.kind == "answer":
         return turn.answer is None or not turn.answer.valid
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The authors' published parsing (parser="authors")
+# ---------------------------------------------------------------------------------------------
+def _query_list(value) -> list[str]:
+    """Their query-list normalisation: strings stripped, blanks dropped, nested lists flattened,
+    anything else dropped."""
+    if isinstance(value, str):
+        return [value.strip()] if value.strip() else []
+    if not isinstance(value, list):
+        return []
+    out: list[str] = []
+    stack = [iter(value)]
+    while stack:  # iterative: a hostile nesting depth costs no recursion
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, str):
+            if item.strip():
+                out.append(item.strip())
+        elif isinstance(item, list):
+            stack.append(iter(item))
+    return out
+
+
+_END = object()
+
+
+def _encodable(items: list[str]) -> list[str]:
+    """Strings a UTF-8 writer accepts (a lone surrogate from a JSON escape is replaced)."""
+    return [s.encode("utf-8", "replace").decode("utf-8") for s in items]
+
+
+def authors_tool_call(text: str) -> ToolCallParse | None:
+    """The authors' reading of a turn's call: the last ``<tool_call>...</tool_call>`` block; None
+    when the turn has none.
+
+    Its content is parsed as JSON: a list gives the queries (stripped, blanks dropped, nested lists
+    flattened), an object its ``arguments.query_list``; anything else, or text that is not JSON,
+    is a malformed call whose ``error`` is the message their loop sends back. A call without a
+    usable query gets their tool's error (:data:`AUTHORS_EMPTY_CALL`).
+
+    >>> authors_tool_call('<tool_call>["a", ["b", " "]]</tool_call>').queries
+    ['a', 'b']
+    >>> authors_tool_call("<tool_call>[oops</tool_call>").error[:35]
+    'Your tool call could not be parsed.'
+    """
+    blocks = _CALL_BLOCKS.findall(text)
+    if not blocks:
+        return None
+    try:
+        value = json.loads(blocks[-1])
+        if isinstance(value, list):
+            queries = _query_list(value)
+        elif isinstance(value, dict):
+            arguments = value.get("arguments", {})
+            queries = _query_list(arguments.get("query_list", []) if isinstance(arguments, dict) else [])
+        else:
+            raise ValueError(f"Unexpected tool call format: {type(value)}")
+    except (ValueError, RecursionError, AttributeError) as exc:
+        return ToolCallParse(
+            error=f"Your tool call could not be parsed. Error: {exc}. Please output valid JSON inside "
+            "<tool_call>...</tool_call> tags and try again."
+        )
+    queries = _encodable(queries)
+    if not queries:
+        return ToolCallParse(error=AUTHORS_EMPTY_CALL)
+    return ToolCallParse(queries=queries)
+
+
+def authors_answers(text: str) -> list[str] | None:
+    """The authors' ``get_answers``: the content of the last ``<answer>...</answer>`` block of
+    ``text``, stripped; a ``[...]`` content parsed as JSON, else as a Python literal, and when
+    that gives a list, its items as strings (blank ones dropped); otherwise the raw content as
+    the one answer. None without a block or with an empty one.
+
+    >>> authors_answers("<answer>['Paris', 3]</answer>"), authors_answers("<answer>Paris, Lyon</answer>")
+    (['Paris', '3'], ['Paris, Lyon'])
+    """
+    blocks = _ANSWER_BLOCKS.findall(text)
+    if not blocks:
+        return None
+    content = blocks[-1].strip()
+    if not content:
+        return None
+    if content.startswith("[") and content.endswith("]"):
+        for read in (json.loads, ast.literal_eval):
+            try:
+                value = read(content)
+            except Exception:  # noqa: BLE001 (their fall-through: hostile text is just not a list)
+                continue
+            if isinstance(value, list):
+                return _encodable([str(x) for x in value if str(x).strip()])
+            break  # valid JSON that is not a list: their code keeps the raw content
+    return _encodable([content])
+
+
+_QUESTION_MARKER = re.compile(r"Question:", re.IGNORECASE)
+_THINK_ANY_CASE = re.compile(r"</?think>", re.IGNORECASE)
+
+
+def authors_answer(text: str, rule: Literal["evaluation", "training"] = "evaluation") -> AnswerParse:
+    """The authors' final answer of an episode's text.
+
+    ``evaluation`` (their evaluation script, on the assistant turns joined): invalid without a
+    non-empty ``<answer>`` block (:func:`authors_answers`). ``training`` (their reward, on the
+    decoded response): invalid when, after the first ``Question:``, ``<think>`` tags are nested,
+    closed twice or left open, or no ``<answer>`` or no ``</answer>`` occurs; otherwise valid with
+    the answers of :func:`authors_answers` (none when its block is empty).
+
+    >>> authors_answer("<answer>[]</answer> <answer>A</answer>").answers
+    ['A']
+    >>> authors_answer("<think>x <answer>[]</answer>", "training").reason
+    'unbalanced_think'
+    """
+    if rule == "training":
+        marker = _QUESTION_MARKER.search(text)
+        checked = text[marker.end() :] if marker else text
+        depth = 0
+        for m in _THINK_ANY_CASE.finditer(checked):
+            depth += -1 if m.group(0).startswith("</") else 1
+            if depth > 1 or depth < 0:
+                return AnswerParse(False, reason="unbalanced_think")
+        if depth:
+            return AnswerParse(False, reason="unbalanced_think")
+        lowered = checked.lower()
+        if _ANSWER_OPEN not in lowered:
+            return AnswerParse(False, reason="no_answer")
+        if _ANSWER_CLOSE not in lowered:
+            return AnswerParse(False, reason="unclosed_answer")
+        return AnswerParse(True, answers=authors_answers(text) or [])
+    answers = authors_answers(text)
+    if answers is None:
+        return AnswerParse(False, reason="no_answer")
+    return AnswerParse(True, answers=answers)

@@ -10,7 +10,13 @@ training and evaluation.
 
 A template is plain text with exactly one ``{question}`` placeholder; nothing else in it is
 special (braces in a JSON example stay as written). Trailing newlines of the file are dropped so
-that the message ends with the question.
+that the message ends with the question. Packaged templates are named by their file's stem:
+``default`` and ``authors`` (the user-content prefix of the authors' published code, verbatim).
+
+Observations come in two formats (``agent.observation_format``): the project's numbered passages
+(:func:`fit_observation`), and the authors' (:func:`fit_authors_observation`): their search
+server's JSON of the results, capped by the server at :data:`AUTHORS_SERVER_CHARS` characters
+with a ``System Note``, then cut by their verl fork to its first ``max_chars`` characters.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "AUTHORS_SERVER_CHARS",
     "DEFAULT_TEMPLATE_NAME",
     "DEFAULT_TEMPLATE_PATH",
+    "OBSERVATION_FORMATS",
     "PLACEHOLDER",
     "PROMPT_TEMPLATE",
     "PROMPT_VERSION",
@@ -33,11 +41,14 @@ __all__ = [
     "build_messages",
     "build_user_prompt",
     "checked_template",
+    "error_observation",
+    "fit_authors_observation",
     "fit_observation",
     "format_observation",
     "format_passages",
     "load_template",
     "observation_message",
+    "packaged_templates",
 ]
 
 DEFAULT_TEMPLATE_PATH = Path(__file__).resolve().with_name("prompts") / "default.txt"
@@ -74,17 +85,28 @@ class PromptTemplate:
         return [{"role": "user", "content": self.user_prompt(question)}]
 
 
+def packaged_templates() -> dict[str, Path]:
+    """The packaged templates by name (their file's stem): ``default``, ``authors``."""
+    return {f.stem: f for f in sorted(DEFAULT_TEMPLATE_PATH.parent.glob("*.txt"))}
+
+
 def load_template(path: str | os.PathLike | None = None) -> PromptTemplate:
-    """Read a template file (the project's default when ``path`` is None).
+    """Read a template: a packaged one by name (``authors``), a file, or the project's default
+    when ``path`` is None.
 
     Raises:
         ValueError: the file is not UTF-8 text or lacks a single ``{question}`` (message names it).
         FileNotFoundError: no such file.
     """
-    # the package's own template is named by its place in the package, not by where this machine
-    # installed it (the name reaches the evaluation summaries, which stay relocatable)
-    source = str(path) if path is not None else DEFAULT_TEMPLATE_NAME
-    path = Path(path) if path is not None else DEFAULT_TEMPLATE_PATH
+    # the package's own templates are named by their place in the package, not by where this
+    # machine installed it (the name reaches the evaluation summaries, which stay relocatable)
+    packaged = packaged_templates()
+    if path is None or str(path) in packaged:
+        name = "default" if path is None else str(path)
+        source = DEFAULT_TEMPLATE_NAME.replace("default.txt", f"{name}.txt")
+        path = packaged[name]
+    else:
+        source, path = str(path), Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -150,15 +172,129 @@ def format_observation(results: Sequence[tuple[str, Sequence[dict]]], error: str
     return "\n\n".join(blocks)
 
 
-def observation_message(text: str) -> dict[str, str]:
-    """The chat message that shows one observation to the model: a user turn whose content is
-    ``<tool_response>\\n{text}\\n</tool_response>``, for every backbone (as the authors send it;
-    never a ``tool`` message, whose rendering differs between chat templates).
+#: Observation formats (``agent.observation_format``).
+OBSERVATION_FORMATS = ("spader", "authors")
+
+
+def observation_message(text: str, fmt: str = "spader") -> dict[str, str]:
+    """The chat message that shows one observation to the model: a user turn, for every backbone
+    (as the authors send it; never a ``tool`` message, whose rendering differs between chat
+    templates). Its content is ``<tool_response>\\n{text}\\n</tool_response>``; in the authors'
+    format ``text`` is the whole content already (:func:`fit_authors_observation`,
+    :func:`error_observation`).
 
     >>> observation_message("Results")["content"]
     '<tool_response>\\nResults\\n</tool_response>'
     """
+    if fmt == "authors":
+        return {"role": "user", "content": text}
+    if fmt != "spader":
+        raise ValueError(f"observation format must be one of {OBSERVATION_FORMATS}, got {fmt!r}")
     return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
+
+
+def error_observation(error: str, fmt: str = "spader", max_chars: int | None = None) -> str:
+    """The observation of a call that ran no search (a malformed call, a refused request): the
+    project's ``Error: <why>``, or in the authors' format the message itself between
+    ``<tool_response>`` tags (their parser's and their tool's messages, :mod:`spader.core.parsing`);
+    cut to ``max_chars`` as an observation is."""
+    if fmt == "authors":
+        return _authors_cut(f"<tool_response>{error}</tool_response>", max_chars)
+    text = format_observation([], error=error)
+    return text if max_chars is None else text[:max_chars]
+
+
+#: The authors' search server caps a response at this many characters (their tool config's max_chars).
+AUTHORS_SERVER_CHARS = 10000
+_AUTHORS_CUT = "...(truncated)"
+
+
+def _authors_cut(text: str, max_chars: int | None) -> str:
+    """Their verl fork's cut of a long tool response (``tool_response_truncate_side: left``): the
+    first ``max_chars`` characters and a ``...(truncated)`` mark."""
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    return text[:max_chars] + _AUTHORS_CUT
+
+
+def _authors_document(passage: Mapping[str, Any]) -> dict[str, str]:
+    """A passage as their server returns it: the title, and ``contents`` as stored in the chunk
+    dump, the title again followed by the text."""
+    title, text = str(passage.get("title", "")), str(passage.get("text", ""))
+    return {"title": title, "contents": f"{title} {text}" if title else text}
+
+
+def _authors_server_cap(
+    queries: Sequence[str], documents: Sequence[Sequence[dict]], max_chars: int
+) -> tuple[list[list[int]], bool]:
+    """Their server's ``truncate_results``: the documents kept (indices per query) and whether
+    any was dropped. The size of the skeleton (the queries with empty lists, dumped with indent 2)
+    plus, rank by rank across the queries, the size of each document dumped on its own, until the
+    first that does not fit."""
+    skeleton = [{"query": q, "documents": []} for q in queries]
+    used = len(json.dumps(skeleton, indent=2, ensure_ascii=False))
+    ranked = sorted(
+        ((r, q) for q, docs in enumerate(documents) for r in range(len(docs))), key=lambda x: (x[0], x[1])
+    )
+    kept: list[list[int]] = [[] for _ in queries]
+    for r, q in ranked:
+        size = len(json.dumps(documents[q][r], indent=2, ensure_ascii=False))
+        if used + size > max_chars:
+            return [sorted(k) for k in kept], True
+        kept[q].append(r)
+        used += size
+    return [sorted(k) for k in kept], False
+
+
+def fit_authors_observation(
+    queries: Sequence[str],
+    passages: Sequence[Sequence[dict]],
+    max_chars: int,
+    *,
+    context: str = "training",
+) -> tuple[str, list[list[dict]]]:
+    """The observation of one search step in the authors' format, and the passages it shows.
+
+    Their search server returns ``{"result": [{"query", "documents": [{"title", "contents"}]}],
+    "truncation_warning"}`` (the queries echoed, ``contents`` repeating the title), keeping
+    documents rank by rank across queries within :data:`AUTHORS_SERVER_CHARS` characters and adding
+    ``System Note: Retrieval results truncated at 10000 characters.`` when it dropped one. Their
+    training tool shows the whole response dumped with indent 2 (``context="training"``), their
+    evaluation tool the result list dumped with indent 2 and the note on a line after it
+    (``"evaluation"``), both inside ``<tool_response>`` tags without newlines; their verl fork then
+    keeps the first ``max_chars`` characters.
+
+    Returns:
+        ``(content, shown)``: the observation message's whole content, and per query the passages
+        the server kept whose text is complete in it (discovery counts only those).
+    """
+    documents = [[_authors_document(p) for p in ps] for ps in passages]
+    kept, truncated = _authors_server_cap(queries, documents, AUTHORS_SERVER_CHARS)
+    result = [{"query": q, "documents": [documents[i][r] for r in kept[i]]} for i, q in enumerate(queries)]
+    note = f"System Note: Retrieval results truncated at {AUTHORS_SERVER_CHARS} characters."
+    if context == "training":
+        response: dict[str, Any] = {"result": result}
+        if truncated:
+            response["truncation_warning"] = note
+        body = json.dumps(response, indent=2, ensure_ascii=False)
+    elif context == "evaluation":
+        body = json.dumps(result, indent=2, ensure_ascii=False) + (f"\n{note}" if truncated else "")
+    else:
+        raise ValueError(f"context must be training or evaluation, got {context!r}")
+    full = f"<tool_response>{body}</tool_response>"
+    content = _authors_cut(full, max_chars)
+    shown = [[passages[i][r] for r in kept[i]] for i in range(len(queries))]
+    if content != full:  # the cut went through the response: only documents wholly before it count
+        head = content[:max_chars]
+        shown = [
+            [p for p, d in zip(ps, (documents[i][r] for r in kept[i]), strict=True) if _complete(d, head)]
+            for i, ps in enumerate(shown)
+        ]
+    return content, shown
+
+
+def _complete(document: Mapping[str, str], head: str) -> bool:
+    return json.dumps(document["contents"], ensure_ascii=False) in head
 
 
 def fit_observation(

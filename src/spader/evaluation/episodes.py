@@ -3,7 +3,13 @@
 Per instance: set precision / recall / F1 of the unique predicted answers against the gold
 entities (``spader.core.metrics.prf``: alias-aware, norm_v1, each entity at most once). An instance whose
 generation failed, or whose final step is not a valid answer, has no predictions and scores
-P = R = F1 = 0; it is always kept. Run aggregates are macro averages over all instances.
+P = R = F1 = 0; it is always kept. Run aggregates are macro averages over all instances, except
+that the authors' evaluation loop (``evaluation.loop: authors``) leaves out the instances it
+drops (``dropped``), as their script does.
+
+Each record also carries the search efficiency as the authors' script counts it
+(:func:`authors_counting`): queries read from every ``<tool_call>`` span of the whole
+conversation text, per gold entity of the last ``<answer>``.
 """
 
 from __future__ import annotations
@@ -16,10 +22,27 @@ from dataclasses import asdict
 from typing import Any
 
 from spader.agent.loop import Episode, Question
-from spader.core.metrics import correct_count, macro_average, prf, search_efficiency
+from spader.core.metrics import (
+    authors_correct_count,
+    authors_query_count,
+    correct_count,
+    macro_average,
+    prf,
+    search_efficiency,
+)
+from spader.core.parsing import authors_answers
 from spader.infra.atomic import atomic_path
 
-__all__ = ["EvalSetError", "episode_record", "load_eval_set", "read_jsonl", "summarize", "write_jsonl"]
+__all__ = [
+    "EvalSetError",
+    "authors_counting",
+    "episode_record",
+    "kept",
+    "load_eval_set",
+    "read_jsonl",
+    "summarize",
+    "write_jsonl",
+]
 
 
 class EvalSetError(ValueError):
@@ -73,6 +96,23 @@ def load_eval_set(path: str | os.PathLike) -> list[tuple[Question, str]]:
     return out
 
 
+def authors_counting(ep: Episode) -> tuple[int, int]:
+    """``(queries, correct entities)`` of an episode as the authors' evaluation script counts them
+    (``compute_score_qampari``): the queries of every ``<tool_call>`` span of the conversation's
+    messages joined by newlines (the user prompt, every turn, every observation:
+    :func:`spader.core.metrics.authors_query_count`, so the prompt's example call, a bare
+    ``<tool_call>`` swallowing the first call, malformed calls and error messages count), and the
+    gold entities named by the last ``<answer>`` of the turns, matched their way
+    (:func:`spader.core.metrics.authors_correct_count`)."""
+    messages = [ep.prompt_text]
+    for step in ep.steps:
+        messages.append(step.text)
+        if step.observation is not None:
+            messages.append(step.observation)
+    predicted = authors_answers(ep.assistant_text())
+    return authors_query_count("\n".join(messages)), authors_correct_count(predicted, ep.question.gold)
+
+
 def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
     """The per-instance JSONL record of one finished episode.
 
@@ -83,13 +123,17 @@ def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
     efficiency of the instance (``search_efficiency``: queries written per correct entity, 0 when
     none), whether a token budget cut the episode short (``budget_cut``) and how many turns were
     cut (``budget_cut_turns``), new valid entities per turn (counts; entity indices per step in
-    ``steps``), the episode's status and error.
+    ``steps``), the episode's status and error, whether the means leave it out (``dropped``: the
+    authors' loop drops an episode that failed otherwise than by a generation error), and the
+    authors' counting (``conversation_queries``, ``authors_correct_entities`` and their ratio
+    ``conversation_queries_per_correct_entity``, 0 when either is 0: :func:`authors_counting`).
     """
     preds = ep.predictions
     p, r, f = prf(preds, ep.question.gold)
     correct = correct_count(preds, ep.question.gold)
     written = sum(len(s.queries) + s.skipped_queries for s in ep.steps if s.kind != "retrieval")
     new_per_turn = [len(s.new_entities) for s in ep.steps]
+    tag_queries, tag_correct = authors_counting(ep)
     return {
         "id": ep.question.id,
         "data_source": data_source,
@@ -104,6 +148,7 @@ def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
         "invalid_reason": ep.invalid_reason,
         "status": ep.status,
         "error": ep.error,
+        "dropped": ep.dropped,
         "budget_cut": ep.budget_cut,
         "budget_cut_turns": sum(1 for s in ep.steps if s.budget_cut),
         "turns": len(ep.steps),
@@ -111,6 +156,9 @@ def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
         "queries_issued": sum(len(s.queries) for s in ep.steps),
         "queries_written": written,
         "search_efficiency": search_efficiency(written, correct),
+        "conversation_queries": tag_queries,
+        "authors_correct_entities": tag_correct,
+        "conversation_queries_per_correct_entity": search_efficiency(tag_queries, tag_correct),
         "new_entities_per_turn": new_per_turn,
         "entities_found": sum(new_per_turn),
         # the observation texts (up to agent.max_tool_response_chars per step) stay out of the record
@@ -118,12 +166,22 @@ def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
     }
 
 
+def kept(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records the means are taken over: all but those the authors' loop drops."""
+    return [rec for rec in records if not rec.get("dropped")]
+
+
 def summarize(records: Sequence[Mapping[str, Any]], **meta: Any) -> dict[str, Any]:
-    """Macro-averaged P/R/F1 and counts of one method on one dataset, plus ``meta``."""
+    """Macro-averaged P/R/F1 and counts of one method on one dataset, plus ``meta``. ``n`` counts
+    the records; the means leave out those the authors' loop drops (``dropped`` counts them)."""
+    total = len(records)
+    dropped = total - len(kept(records))
+    records = kept(records)
     p, r, f, n = macro_average((rec["precision"], rec["recall"], rec["f1"]) for rec in records)
     return {
         **meta,
-        "n": n,
+        "n": total,
+        "dropped": dropped,
         "precision": p,
         "recall": r,
         "f1": f,

@@ -37,12 +37,15 @@ from spader.retrieval.service import connected_client
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "GENERATION_CONFIG_KEYS",
     "TINY_NOTE",
     "EvaluationFailed",
     "check_generation_errors",
     "evaluate_method",
     "evaluate_policy",
     "evaluate_seeds",
+    "generation_config_sampling",
+    "loop_settings",
     "service_search",
 ]
 
@@ -50,6 +53,59 @@ TINY_NOTE = (
     "TINY RANDOM MODEL: the policy is a tiny randomly initialised model (the demo's is warm-started for "
     "two minutes on scripted episodes); these scores are meaningless"
 )
+
+
+#: Sampling fields a checkpoint's generation_config.json sets for requests that leave them unset
+#: (vLLM's ``--generation-config auto``, its default since 0.8: ``get_diff_sampling_param``).
+#: Temperature is not among them here: the authors' evaluation sets it on every request.
+GENERATION_CONFIG_KEYS = {"top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float}
+
+
+def generation_config_sampling(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """The sampling fields of ``<model_dir>/generation_config.json`` (:data:`GENERATION_CONFIG_KEYS`);
+    empty without the file.
+
+    Raises:
+        ValueError: the file is not a JSON object or a field has the wrong type (names the file).
+    """
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        log.warning(
+            "evaluation.generation_config: %s has no generation_config.json; sampling as configured",
+            model_dir,
+        )
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    out = {}
+    for key, kind in GENERATION_CONFIG_KEYS.items():
+        if data.get(key) is None:
+            continue
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{path}: field '{key}' must be a number, got {value!r}")
+        out[key] = kind(value)
+    return out
+
+
+def loop_settings(
+    evaluation: EvaluationConfig, agent: AgentConfig, service, model_dir: str | os.PathLike
+) -> AgentSettings:
+    """The agent loop's settings of one evaluation job: the ``agent`` and ``evaluation`` sections,
+    queries cut to what the search ``service`` accepts (as training's search tool cuts them), and
+    with ``evaluation.generation_config`` the sampling fields of the policy's
+    generation_config.json (:func:`generation_config_sampling`, as vLLM fills what the authors'
+    requests left unset)."""
+    settings = AgentSettings.from_config(evaluation, agent, service)
+    if evaluation.generation_config:
+        defaults = generation_config_sampling(model_dir)
+        log.info("sampling from %s/generation_config.json: %s", model_dir, defaults)
+        settings = dataclasses.replace(settings, **defaults)
+    return settings
 
 
 class EvaluationFailed(RuntimeError):
@@ -190,7 +246,7 @@ def evaluate_policy(
     """
     agent = agent or AgentConfig()
     # queries are cut to what the service accepts, as training's search tool does
-    settings = AgentSettings.from_config(evaluation, agent, retrieval)
+    settings = loop_settings(evaluation, agent, retrieval, model_dir)
     template = prompt or load_template()
     items = load_eval_set(records_path)
     tiny = is_tiny(model_dir)
@@ -221,6 +277,9 @@ def evaluate_policy(
         prompt_version=template.version,
         prompt_template=template.source,
         settings={**evaluation.model_dump(), "agent": agent.model_dump()},
+        sampling={
+            k: v for k, v in dataclasses.asdict(settings.sampling).items() if k not in ("stop", "seed")
+        },
         search_requests=requests,
         elapsed_s=round(time.monotonic() - started, 3),
     )

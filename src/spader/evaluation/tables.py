@@ -12,8 +12,12 @@ Every table is computed from the records of ``results/{backbone}/eval/{method}/{
   instance, the queries the agent wrote divided by the gold entities it predicted correctly, 0
   when none; averaged over instances), per method and dataset (plus ``all``), beside the pooled
   figures named for what they measure (search calls and queries run per distinct gold entity
-  surfaced in passages; empty when none was surfaced) and the episodes a token budget cut short
-  (``budget_cut``).
+  surfaced in passages; empty when none was surfaced), the episodes a token budget cut short
+  (``budget_cut``), and the authors' script's own counting as a second figure
+  (``conversation_queries_per_correct_entity``: per instance, the queries of every ``<tool_call>``
+  span of the whole conversation text, the prompt's example and error messages included, per gold
+  entity of the last ``<answer>``, 0 when either is 0; averaged over the instances their script
+  keeps, i.e. without those that failed otherwise than by a generation error).
 * ``temporal``: mean cumulative number of distinct gold entities surfaced by turn t (episodes that
   ended earlier keep their final count), per method and dataset (plus ``all``), with its bootstrap
   interval (``ci_lo``, ``ci_hi``).
@@ -90,10 +94,13 @@ def method_order(methods: Sequence[str]) -> list[str]:
 
 
 def _records(runs: Runs, method: str, dataset: str) -> Sequence[Mapping[str, Any]]:
+    """The records of one evaluation the tables count: all but those the authors' evaluation loop
+    drops from its means (``dropped``)."""
     try:
-        return runs[(method, dataset)]
+        records = runs[(method, dataset)]
     except KeyError:
         raise KeyError(f"no evaluation records for method {method!r} on dataset {dataset!r}") from None
+    return [r for r in records if not r.get("dropped")]
 
 
 def _macro(records) -> tuple[float, float, float, int]:
@@ -213,16 +220,22 @@ class Estimates:
         for d in self.datasets:
             ids = None
             rows = []
+            # paired statistics run over the questions every method kept (the authors' loop drops some)
+            common = (
+                set.intersection(*(set(self.scores[(m, d)].ids) for m in self.methods))
+                if self.methods
+                else set()
+            )
             for m in self.methods:
                 qs = self.scores[(m, d)]
                 if ids is None:
                     ids, first = qs.ids, m
-                elif set(qs.ids) != set(ids):
+                elif set(qs.ids) != set(ids) and not _any_dropped(runs, self.methods, d):
                     raise ValueError(
                         f"{m!r} and {first!r} were evaluated on different questions of {d!r} (a stale evaluation?)"
                     )
                 order = {q: i for i, q in enumerate(qs.ids)}
-                rows.append(qs.scores[:, [order[q] for q in ids]])
+                rows.append(qs.scores[:, [order[q] for q in ids if q in common]])
             self._stack[d] = np.stack(rows) if rows else np.zeros((0, len(METRICS), 1))
         self._draws: dict[str, np.ndarray] = {}
         self._p: dict[tuple, Any] = {}  # sign-flip tests, their p-values and Holm's adjustments
@@ -325,6 +338,10 @@ class Estimates:
         """Number of sampling seeds and the standard deviation of macro F1 over them (None for one)."""
         per_seed = self.scores[(method, dataset)].seed_f1
         return len(per_seed), (seed_spread(per_seed)[1] if len(per_seed) > 1 else None)
+
+
+def _any_dropped(runs: Runs, methods: Sequence[str], dataset: str) -> bool:
+    return any(r.get("dropped") for m in methods for r in runs.get((m, dataset), ()))
 
 
 def _estimates(runs, methods, datasets, estimates: Estimates | None) -> Estimates:
@@ -549,7 +566,9 @@ def efficiency_table(
 ) -> pl.DataFrame:
     """``method, dataset, n, search_efficiency, queries_written, correct_entities, search_calls,
     queries_issued, entities_found, search_calls_per_surfaced_entity,
-    queries_per_surfaced_entity, budget_cut, search_efficiency_lo, search_efficiency_hi``.
+    queries_per_surfaced_entity, budget_cut, search_efficiency_lo, search_efficiency_hi,
+    conversation_queries_per_correct_entity`` (the authors' script's counting: see the module's
+    docstring; empty for records written before it existed).
 
     ``search_efficiency`` is the authors' figure (mean over instances of queries written per
     correctly predicted entity, 0 for an instance without one); the ``*_per_surfaced_entity``
@@ -569,6 +588,12 @@ def efficiency_table(
             calls = sum(int(r["search_calls"]) for r in recs)
             queries = sum(int(r["queries_issued"]) for r in recs)
             found = sum(int(r["entities_found"]) for r in recs)
+            # the authors' script: a mean over the instances it keeps (not those that failed)
+            theirs = [
+                float(r["conversation_queries_per_correct_entity"])
+                for r in recs
+                if r.get("status") != "episode_error" and "conversation_queries_per_correct_entity" in r
+            ]
             rows.append(
                 {
                     "method": m,
@@ -585,6 +610,7 @@ def efficiency_table(
                     "budget_cut": sum(bool(r.get("budget_cut")) for r in recs),
                     "search_efficiency_lo": lo,
                     "search_efficiency_hi": hi,
+                    "conversation_queries_per_correct_entity": sum(theirs) / len(theirs) if theirs else None,
                 }
             )
     schema = {
@@ -593,6 +619,7 @@ def efficiency_table(
         "queries_issued": pl.Int64, "entities_found": pl.Int64,
         "search_calls_per_surfaced_entity": pl.Float64, "queries_per_surfaced_entity": pl.Float64,
         "budget_cut": pl.Int64, "search_efficiency_lo": pl.Float64, "search_efficiency_hi": pl.Float64,
+        "conversation_queries_per_correct_entity": pl.Float64,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 

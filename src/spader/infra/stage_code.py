@@ -80,7 +80,7 @@ STAGE_GROUPS = {
     "models": ("build_tiny_model", "warmstart_policy"),
     "scorers": ("build_evidence",),
     "training": ("train_policy", "export_checkpoint"),
-    "evaluation": ("evaluate_policy", "aggregate_results"),
+    "evaluation": ("evaluate_policy", "aggregate_results", "compare_runs"),
 }
 
 _MODULE_NAME = re.compile(rf"^{PACKAGE}(\.[A-Za-z_][A-Za-z0-9_]*)+$")

@@ -78,6 +78,9 @@ class SglangEngine:
             "max_new_tokens": int(budget),
             "temperature": float(sampling.temperature),
             "top_p": float(sampling.top_p),
+            "top_k": int(sampling.top_k),
+            "min_p": float(sampling.min_p),
+            "repetition_penalty": float(sampling.repetition_penalty),
             "stop": list(sampling.stop) or None,
             # Keep the stop string (the parser needs the closing tag) and the agent's own tags,
             # which some tokenizers mark as special.

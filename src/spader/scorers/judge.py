@@ -66,7 +66,10 @@ class JudgeClient:
         retries: further attempts after a transient failure.
         concurrency: most requests in flight at once.
         max_tokens: reply budget (R3-RAG's original: 4,096; the verdict opens the reply).
-        temperature: sampling temperature of the judge (0: greedy).
+        temperature: sampling temperature of the judge (0: greedy; None: not sent, the server's
+            default, as R3-RAG's code calls its judge).
+        unparsable: ``zero`` (a reply without a verdict scores 0 and is logged) or ``raise``
+            (:class:`JudgeError`, as R3-RAG's code fails on it).
         backoff: the n-th retry waits ``backoff * 2 ** (n - 1)`` seconds (at most 30).
         api_key: sent as the bearer token (default: :data:`JUDGE_KEY_ENV` of the environment, the
             key of the server the job started; servers without a key ignore it).
@@ -81,9 +84,10 @@ class JudgeClient:
         retries: int,
         concurrency: int,
         max_tokens: int,
-        temperature: float,
+        temperature: float | None,
         backoff: float = 0.5,
         api_key: str | None = None,
+        unparsable: str,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"judge URL must be http(s)://..., got {base_url!r}")
@@ -98,7 +102,10 @@ class JudgeClient:
         self.backoff = float(backoff)
         self.concurrency = int(concurrency)
         self.max_tokens = int(max_tokens)
-        self.temperature = float(temperature)
+        self.temperature = None if temperature is None else float(temperature)
+        if unparsable not in ("zero", "raise"):
+            raise ValueError(f"unparsable must be zero or raise, got {unparsable!r}")
+        self.unparsable = unparsable
         self._slots = threading.BoundedSemaphore(self.concurrency)
         # a judge on this machine is never reached through a proxy set in the environment
         local = urlsplit(self.base_url).hostname in ("127.0.0.1", "localhost", "::1")
@@ -131,11 +138,9 @@ class JudgeClient:
                 what=f"judge request to {self.base_url}",
             ):
                 with attempt, self._slots:
+                    sampling = {} if self.temperature is None else {"temperature": self.temperature}
                     response = self._client.chat.completions.create(
-                        model=self.model,
-                        messages=list(messages),
-                        max_tokens=self.max_tokens,
-                        temperature=self.temperature,
+                        model=self.model, messages=list(messages), max_tokens=self.max_tokens, **sampling
                     )
         except _TRANSIENT as exc:
             raise JudgeUnavailableError(
@@ -151,9 +156,12 @@ class JudgeClient:
         return response.choices[0].message.content or ""
 
     def judge(self, messages: Sequence[dict]) -> Verdict:
-        """Score one turn (one request); an unparsable reply scores 0 and is logged."""
+        """Score one turn (one request); an unparsable reply scores 0 and is logged (or raises
+        :class:`JudgeError` with ``unparsable="raise"``)."""
         reply = self._complete(messages)
         score = parse_relevance(reply)
+        if score is None and self.unparsable == "raise":
+            raise JudgeError(f"judge reply without a 'Relevance: x.xx' verdict: {reply[-200:]!r}")
         if score is None:
             log.warning("judge reply without a 'Relevance: x.xx' verdict (scored 0): %r", reply[-200:])
             return Verdict(0.0, False, reply)

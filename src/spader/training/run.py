@@ -606,8 +606,9 @@ def train(
             service_url=service_url,
             retrieval=job.retrieval_settings,
             max_chars=int(job.agent.max_tool_response_chars),
-            max_queries_per_call=int(job.agent.max_queries_per_call),
+            max_queries_per_call=job.agent.max_queries_per_call,
             record_turns=job.baseline.record_turns,
+            observation_format=job.agent.observation_format,
         )
         with (
             judge_endpoint(

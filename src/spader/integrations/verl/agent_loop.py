@@ -34,7 +34,11 @@ The agent loop is verl's ``ToolAgentLoop`` with these additions, all through pub
   again up to that many times before it counts;
 * the search tool receives the row's ground-truth entities in ``create_kwargs["entities"]``
   (from ``reward_model.ground_truth``), so the data export does not have to copy them into
-  ``tools_kwargs``;
+  ``tools_kwargs``; with ``spader_agent.aliases: blind`` (the authors' code) each entity's alias
+  list is one string (:func:`spader.core.metrics.alias_blind`);
+* the authors' protocol (``spader_agent.parser: authors``, tool parser ``spader_authors``; an
+  empty ``stop``): a turn runs to its end, its last ``<tool_call>`` is the call, and the
+  observation is in ``spader_agent.observation_format``;
 * the text of the last assistant turn (the part inside the response budget) is kept in the
   rollout's extra fields (:data:`spader.core.densify.FINAL_TURN_KEY`) for the terminal reward;
 * an episode that raises for any reason is returned as a failed episode (one masked token,
@@ -66,6 +70,7 @@ from verl.utils.ray_utils import get_event_loop
 from spader.agent.conversation import missing_closing, observation_ids, turn_closing_ids, turn_token_count
 from spader.config.model import AgentConfig
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
+from spader.core.metrics import alias_blind
 from spader.core.parsing import malformed_turn, parse_turn
 from spader.core.prompt import observation_message
 from spader.integrations.verl.episode_metrics import SEED_FIELD, TURN_STATS
@@ -74,9 +79,11 @@ from spader.integrations.verl.tool_config import TOOL_NAME
 
 __all__ = [
     "AGENT_LOOP",
+    "AUTHORS_PARSER",
     "PARSER",
     "SEED_FIELD",
     "TURN_STATS",
+    "AuthorsToolParser",
     "RolloutEngineError",
     "SpaderToolAgentLoop",
     "SpaderToolParser",
@@ -89,6 +96,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PARSER = "spader"
+AUTHORS_PARSER = "spader_authors"
 AGENT_LOOP = "spader_tool_agent"
 
 
@@ -110,6 +118,8 @@ def _tool_name(tools) -> str:
 class SpaderToolParser(ToolParser):
     """``<tool_call>["q1", "q2"]</tool_call>`` -> one ``search`` call with ``{"queries": [...]}``."""
 
+    parser = "spader"
+
     async def extract_tool_calls(
         self, responses_ids: list[int], tools=None
     ) -> tuple[str, list[FunctionCall]]:
@@ -118,7 +128,7 @@ class SpaderToolParser(ToolParser):
         text = await loop.run_in_executor(
             None, lambda: self.tokenizer.decode(responses_ids, skip_special_tokens=False)
         )
-        turn = parse_turn(text)
+        turn = parse_turn(text, parser=self.parser)
         if turn.kind != "search":
             return text, []
         call = turn.tool_call
@@ -128,6 +138,14 @@ class SpaderToolParser(ToolParser):
         # like hermes: the call itself is carried by the message's tool_calls, not by its content
         content = turn.text[: turn.text.rfind(_TOOL_CALL_BLOCK)]
         return content, [FunctionCall(name=_tool_name(tools), arguments=json.dumps(args, ensure_ascii=False))]
+
+
+@ToolParser.register(AUTHORS_PARSER)
+class AuthorsToolParser(SpaderToolParser):
+    """The authors' reading of a turn: its last ``<tool_call>`` block is the call
+    (:func:`spader.core.parsing.authors_tool_call`), a malformed one comes back with their message."""
+
+    parser = "authors"
 
 
 class TurnEndingServer:
@@ -192,10 +210,11 @@ def _actor_gone(exc: BaseException) -> bool:
     return isinstance(exc, ray_errors.RayActorError | ray_errors.ActorUnavailableError)
 
 
-def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int, float | None]:
-    """``(max_turn_tokens, stop, regenerations, rollout_timeout_s)`` of the ``spader_agent`` block
-    (config.yaml ``agent``, and ``training.rollout_timeout_s``, passed at launch), read as the typed
-    ``agent`` and ``training`` sections (a key the block lacks takes the section's default).
+def _turn_settings(config) -> tuple[AgentConfig, str, float | None]:
+    """The turn settings of the ``spader_agent`` block (config.yaml ``agent``, passed at launch),
+    read as the typed ``agent`` section (a key the block lacks takes the section's default), the
+    alias mode of the training reward (``aliases``, from ``training.divergences``) and how long a
+    generation may go unanswered (``rollout_timeout_s``, from ``training``).
 
     Raises:
         ValueError: a value out of its bounds (the message names ``spader_agent.<key>``).
@@ -204,6 +223,9 @@ def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int, float | No
 
     block = dict(config.get("spader_agent") or {})
     timeout = block.pop("rollout_timeout_s", TrainingConfig().rollout_timeout_s)
+    aliases = str(block.pop("aliases", None) or "aware")
+    if aliases not in ("aware", "blind"):
+        raise ValueError(f"spader_agent.aliases must be aware or blind, got {aliases!r}")
     plain = {k: (list(v) if k == "stop" else v) for k, v in block.items()}
     try:
         agent = AgentConfig.model_validate(plain)
@@ -211,12 +233,7 @@ def _turn_settings(config) -> tuple[int | None, tuple[str, ...], int, float | No
         raise ValueError(f"spader_agent is invalid: {exc}".replace("\n", "; ")) from exc
     if timeout is not None and float(timeout) <= 0:
         raise ValueError(f"spader_agent.rollout_timeout_s must be null or > 0, got {timeout!r}")
-    return (
-        agent.max_turn_tokens,
-        tuple(agent.stop),
-        agent.regenerations,
-        (None if timeout is None else float(timeout)),
-    )
+    return agent, aliases, (None if timeout is None else float(timeout))
 
 
 def end_on_generated(output: AgentLoopOutput) -> AgentLoopOutput:
@@ -246,7 +263,10 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         # no tool schemas reach the chat template: `tools` absent, as in evaluation
         self.tool_schemas = None
-        self.max_turn_tokens, self.stop, self.regenerations, timeout = _turn_settings(self.config)
+        agent, self.aliases, timeout = _turn_settings(self.config)
+        self.max_turn_tokens, self.stop = agent.max_turn_tokens, tuple(agent.stop)
+        self.regenerations, self.parser = agent.regenerations, agent.parser
+        self.observation_format = agent.observation_format
         self.server_manager = TurnEndingServer(self.server_manager, self.tokenizer, self.stop, timeout)
         self.closing_ids = list(turn_closing_ids(self.tokenizer))
 
@@ -257,6 +277,8 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         try:
             reward_model = kwargs.get("reward_model") or {}
             entities = gold_entities(reward_model.get("ground_truth"))
+            if self.aliases == "blind":  # the authors' reward: one string per alias list
+                entities = alias_blind(entities)
             tools_kwargs = dict(kwargs.get("tools_kwargs") or {})
             for name in self.tools:
                 per_tool = dict(tools_kwargs.get(name) or {})
@@ -317,7 +339,7 @@ class SpaderToolAgentLoop(ToolAgentLoop):
                 agent_data.tool_calls = []
             state = await self._generate_turn(agent_data, sampling_params, ignore_termination)
             if attempt == self.regenerations or not malformed_turn(
-                agent_data.extra_fields[FINAL_TURN_KEY], self.stop
+                agent_data.extra_fields[FINAL_TURN_KEY], self.stop, self.parser
             ):
                 break
         if attempt:
@@ -333,11 +355,12 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         budget = left if self.max_turn_tokens is None else min(self.max_turn_tokens, left)
         turn_params = {
             **sampling_params,
-            "stop": list(self.stop),
             # keep the tag in the turn: sglang otherwise trims it from the text (ids come back whole)
             "no_stop_trim": True,
             "max_new_tokens": max(1, budget),
         }
+        if self.stop:  # no stop string (the authors' code): the turn runs to the end of turn
+            turn_params["stop"] = list(self.stop)
         state = await super()._handle_generating_state(agent_data, turn_params, ignore_termination)
         turn_ids = list(agent_data.response_ids)
         # the response is cut at response_length; only the part inside it is the trained turn
@@ -380,11 +403,13 @@ class SpaderToolAgentLoop(ToolAgentLoop):
                 agent_data.tool_rewards.append(reward)
         # the spader parser makes one call per turn; several would share one observation turn
         text = "\n\n".join(response.text or "" for response, _, _ in responses)
-        agent_data.messages.append(observation_message(text))
+        agent_data.messages.append(observation_message(text, self.observation_format))
         # The turn's ids as verl's continuous-token builder renders a user message (the turn minus a
         # fixed context, next assistant header included), with the observation's text tokenized as
         # text: a passage holding "<|im_start|>" gets no special token (evaluation builds the same).
-        ids = await self.loop.run_in_executor(None, lambda: observation_ids(self.tokenizer, text))
+        ids = await self.loop.run_in_executor(
+            None, lambda: observation_ids(self.tokenizer, text, self.observation_format)
+        )
         mask = [*agent_data.response_mask, *([0] * len(ids))]
         if len(mask) >= self.response_length:
             return AgentState.TERMINATED

@@ -70,6 +70,7 @@ TRAINING_KEYS = {
     # base.yaml points data.seed (prompt order), the critic's mini-batch seed, verl's rollout seed
     # and sglang's random_seed at this key, so the one value seeds them all
     "seed": "actor_rollout_ref.actor.data_loader_seed",
+    "shuffle": "data.shuffle",
 }
 
 #: Keys of the project's own blocks, which verl's ppo_trainer does not define: their overrides are
@@ -93,7 +94,12 @@ AGENT_KEYS = {
     "max_turn_tokens": "spader_agent.max_turn_tokens",
     "stop": "spader_agent.stop",
     "regenerations": "spader_agent.regenerations",
+    "parser": "spader_agent.parser",
+    "observation_format": "spader_agent.observation_format",
 }
+#: ``agent.parser`` -> the tool parser verl's multi-turn rollout uses (``multi_turn.format``) and
+#: the terminal reward reads answers with (``reward_kwargs.parser``).
+PARSER_FORMATS = {"spader": "spader", "authors": "spader_authors"}
 
 
 def _num(value: Any, key: str) -> float:
@@ -109,7 +115,8 @@ def method_settings(
     renders as overrides and :func:`training_identity` hashes).
 
     Args:
-        variant: ``config["variants"][name]`` (validated as a :class:`VariantConfig`).
+        variant: ``config["variants"][name]`` (validated as a :class:`VariantConfig`; its
+            ``invalid_format_reward`` is the terminal reward of an invalid format).
         training: ``config["training"]`` (``gamma`` and ``divergences`` are used).
     Returns:
         ``{dotted verl key: value}`` in a fixed order.
@@ -124,11 +131,14 @@ def method_settings(
     )
     gamma = training.gamma if isinstance(training, TrainingConfig) else training["gamma"]
     reward = reward_spec(variant.reward)
+    aliases = divergences.aliases
     out: dict[str, Any] = {
         "algorithm.adv_estimator": ESTIMATORS[variant.advantage],
         "reward.custom_reward_function.reward_kwargs.invalid_format_reward": _num(
-            divergences.invalid_format_reward, "training.divergences.invalid_format_reward"
+            variant.invalid_format_reward, "variant invalid_format_reward"
         ),
+        "reward.custom_reward_function.reward_kwargs.aliases": aliases,
+        "spader_agent.aliases": aliases,
     }
     if reward.step_reward is None:  # verl's own terminal reward
         out["trainer.v1.trainer_mode"] = "sync"
@@ -164,11 +174,13 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
         Overrides for :func:`spader.integrations.verl.compose.compose`. Keys of the project's own
         blocks are written ``++key=value`` (set, or add when missing): no YAML carries them.
 
-    >>> grpo = {"verl_config": "grpo", "advantage": "grpo", "reward": "terminal"}
-    >>> for o in method_overrides(grpo, {"gamma": 0.9, "divergences": {"invalid_format_reward": -1.0}}):
+    >>> grpo = {"verl_config": "grpo", "advantage": "grpo", "reward": "terminal", "invalid_format_reward": -1.0}
+    >>> for o in method_overrides(grpo, {"gamma": 0.9, "divergences": {}}):
     ...     print(o)
     algorithm.adv_estimator=spader_grpo
     ++reward.custom_reward_function.reward_kwargs.invalid_format_reward=-1.0
+    ++reward.custom_reward_function.reward_kwargs.aliases=aware
+    ++spader_agent.aliases=aware
     trainer.v1.trainer_mode=sync
     """
     out = []
@@ -191,6 +203,11 @@ def agent_overrides(agent: Mapping[str, Any]) -> list[str]:
         value = agent[name]
         prefix = "++" if key.startswith(_PROJECT_KEYS) else ""
         out.append(f"{prefix}{key}={hydra_value(list(value) if name == 'stop' else value)}")
+    parser = agent["parser"]
+    if parser not in PARSER_FORMATS:
+        raise ValueError(f"config key 'agent.parser' must be one of {sorted(PARSER_FORMATS)}, got {parser!r}")
+    out.append(f"actor_rollout_ref.rollout.multi_turn.format={PARSER_FORMATS[parser]}")
+    out.append(f"++reward.custom_reward_function.reward_kwargs.parser={parser}")
     return out
 
 

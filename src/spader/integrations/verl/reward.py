@@ -10,6 +10,13 @@ rewards are added later by the ``spader_sync`` trainer mode. The last turn is re
 is (:func:`spader.core.parsing.final_answer`): a turn that ends with a tool call has no answer.
 An episode the agent loop recorded as failed (:data:`spader.core.densify.FAILURE_KEY`) scores 0.
 
+Two options reproduce the authors' reward (``reward_kwargs``): ``parser="authors"`` reads the
+answer as their reward does, from the decoded response (observations included): invalid for
+unbalanced ``<think>`` tags or a missing ``<answer>`` / ``</answer>``, else the last ``<answer>``
+read as JSON, a Python literal or the raw string (:func:`spader.core.parsing.authors_answer`);
+``aliases="blind"`` turns each entity's alias list into one string
+(:func:`spader.core.metrics.alias_blind`), so an entity with two or more aliases never matches.
+
 This module imports no verl: it only unpacks arguments for the core.
 """
 
@@ -19,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
-from spader.core.metrics import gold_alias_sets, prf
-from spader.core.parsing import final_answer
+from spader.core.metrics import alias_blind, gold_alias_sets, prf
+from spader.core.parsing import authors_answer, final_answer
 from spader.core.rewards import terminal_reward
 
 __all__ = ["compute_score", "gold_entities"]
@@ -59,6 +66,8 @@ def compute_score(
     extra_info: Mapping[str, Any] | None = None,
     *,
     invalid_format_reward: float = -1.0,
+    parser: str = "spader",
+    aliases: str = "aware",
     **kwargs: Any,
 ) -> dict[str, float]:
     """verl reward function: the terminal reward of one rollout.
@@ -70,6 +79,9 @@ def compute_score(
         extra_info: the row's ``extra_info`` merged with the agent loop's extra fields; must hold
             :data:`spader.core.densify.FINAL_TURN_KEY`.
         invalid_format_reward: reward of an invalid final turn (``reward_kwargs``).
+        parser: ``spader`` (the last turn, :func:`spader.core.parsing.final_answer`) or ``authors``
+            (their reward's reading of ``solution_str``).
+        aliases: ``aware`` (any alias of an entity matches) or ``blind`` (the authors' reward).
     Returns:
         ``{"score", "f1", "precision", "recall", "format_valid", "num_predicted", "failed"}``
         (plain floats: verl turns the extra keys into validation metrics; every row has them all).
@@ -83,8 +95,17 @@ def compute_score(
             f"extra_info has no '{FINAL_TURN_KEY}': the SPADER reward needs the 'spader_tool_agent' "
             "agent loop (actor_rollout_ref.rollout.agent.default_agent_loop=spader_tool_agent)"
         )
-    parsed = final_answer(str(extra_info[FINAL_TURN_KEY] or ""))
+    if parser == "authors":
+        parsed = authors_answer(str(solution_str or ""), "training")
+    elif parser == "spader":
+        parsed = final_answer(str(extra_info[FINAL_TURN_KEY] or ""))
+    else:
+        raise ValueError(f"reward_kwargs.parser must be spader or authors, got {parser!r}")
     gold = gold_entities(ground_truth)
+    if aliases == "blind":
+        gold = alias_blind(gold)
+    elif aliases != "aware":
+        raise ValueError(f"reward_kwargs.aliases must be aware or blind, got {aliases!r}")
     if not gold_alias_sets(gold):
         raise ValueError(f"ground truth of a {data_source!r} row has no usable entity: {ground_truth!r}")
     precision, recall, f1 = prf(parsed.answers, gold) if parsed.valid else (0.0, 0.0, 0.0)

@@ -252,6 +252,7 @@ class R3RagRewards(_BatchRewards):
                 concurrency=judge.concurrency,
                 max_tokens=judge.max_tokens,
                 temperature=judge.temperature,
+                unparsable=judge.unparsable,
             )
             self.client.check()
         self.unparsed = 0

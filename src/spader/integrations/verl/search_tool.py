@@ -13,10 +13,15 @@ The ground-truth entities come in ``create_kwargs["entities"]`` (the ``spader_to
 fills it from the row's ``reward_model.ground_truth``). verl's ``ToolAgentLoop`` calls
 ``create -> execute -> release`` for every call.
 
+In the authors' observation format (``observation_format: authors``) the observation is their
+search server's JSON (:func:`spader.core.prompt.fit_authors_observation`, as their training tool
+shows it) and an error their tool's or parser's message (:func:`spader.core.prompt.error_observation`).
+
 Tool YAML ``config`` keys (see :mod:`.tool_config`): ``retrieval_service_url`` (one service) or
 ``retrieval_service_urls`` (host name -> URL: one replica per node of a multi-node job, each on its
 node's loopback; the tool uses the one of the host it runs on), ``topk``, ``initial_k``,
-``timeout``, ``retries``, ``max_queries_per_call``, ``max_query_chars``, ``max_chars``.
+``timeout``, ``retries``, ``max_queries_per_call`` (null: no cap), ``max_queries_per_request``,
+``max_query_chars``, ``max_chars``, ``record_turns``, ``observation_format``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from spader.core.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.core.matching import passage_hits
 from spader.core.metrics import gold_count, unique_gold
-from spader.core.prompt import fit_observation, format_observation
+from spader.core.prompt import (
+    OBSERVATION_FORMATS,
+    error_observation,
+    fit_authors_observation,
+    fit_observation,
+)
 from spader.integrations.verl.scorer_rewards import turn_fields
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
 
@@ -136,9 +146,16 @@ class SearchTool(BaseTool):
         log.info("search tool on %s: retrieval service %s", socket.gethostname(), url)
         self.topk = setting("topk", int, 5)
         self.initial_k = setting("initial_k", int, None)
-        self.max_queries = setting("max_queries_per_call", int, 10)
+        self.max_queries = setting("max_queries_per_call", int, None)
+        self.max_queries_per_request = setting("max_queries_per_request", int, 512)
         self.max_query_chars = setting("max_query_chars", int, 1000)
         self.max_chars = setting("max_chars", int)
+        self.observation_format = setting("observation_format", str, "spader")
+        if self.observation_format not in OBSERVATION_FORMATS:
+            raise ValueError(
+                f"search tool config: 'observation_format' must be one of {OBSERVATION_FORMATS}, "
+                f"got {self.observation_format!r}"
+            )
         # the step-level baselines (StepSearch, R3-RAG) also need each turn's passages and text
         self.record_turns = setting("record_turns", bool, False)
         self.client = RetrievalClient(
@@ -160,7 +177,11 @@ class SearchTool(BaseTool):
 
     def _search(self, queries: list[str]) -> list[list[dict]]:
         unique = list(dict.fromkeys(queries))
-        results = self.client.retrieve(unique, topk=self.topk, initial_k=self.initial_k)
+        results: list[list[dict]] = []
+        step = self.max_queries_per_request  # an uncapped call may hold more than one request takes
+        for start in range(0, len(unique), step):
+            chunk = unique[start : start + step]
+            results += self.client.retrieve(chunk, topk=self.topk, initial_k=self.initial_k)
         if len(results) != len(unique):
             raise RuntimeError(
                 f"retrieval service returned {len(results)} result lists for {len(unique)} queries"
@@ -181,18 +202,22 @@ class SearchTool(BaseTool):
         turn = int(getattr(agent_data, "assistant_turns", 0) or 0) if agent_data is not None else 0
         issued, error = _issued_queries(parameters)
         # q_t counts every query the call issued; the ones beyond the per-call cap are not run
-        queries = [q[: self.max_query_chars] for q in issued[: self.max_queries]]
+        capped = issued if self.max_queries is None else issued[: self.max_queries]
+        queries = [q[: self.max_query_chars] for q in capped]
         hits: set[int] = set()
         if error is None:
             try:
                 passages = await asyncio.to_thread(self._search, queries)
-                text, shown = fit_observation(queries, passages, self.max_chars)
+                if self.observation_format == "authors":
+                    text, shown = fit_authors_observation(queries, passages, self.max_chars)
+                else:
+                    text, shown = fit_observation(queries, passages, self.max_chars)
                 hits = passage_hits(shown, entities)
             except Exception as exc:  # noqa: BLE001 (the step becomes an error observation, counted)
                 log.warning("search failed for %d queries: %s: %s", len(queries), type(exc).__name__, exc)
                 error = f"search service unavailable ({type(exc).__name__})"
         if error is not None:
-            text = format_observation([], error=error)[: self.max_chars]
+            text = error_observation(error, self.observation_format, self.max_chars)
         record = StepRecord(turn=max(turn, 1), queries=len(issued), hits=tuple(sorted(hits)), error=error)
         if agent_data is not None:
             entry = record.as_dict()

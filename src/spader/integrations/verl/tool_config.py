@@ -35,9 +35,10 @@ def write_tool_config(
     *,
     service_url: str | Mapping[str, str],
     retrieval: Mapping[str, Any],
-    max_queries_per_call: int,
+    max_queries_per_call: int | None,
     max_chars: int,
     record_turns: bool = False,
+    observation_format: str = "spader",
 ) -> Path:
     """Write verl's tool YAML for :class:`spader.integrations.verl.search_tool.SearchTool`.
 
@@ -47,10 +48,12 @@ def write_tool_config(
             node of a multi-node job (host name -> URL; every tool instance uses its host's).
         retrieval: the workflow's ``config["retrieval"]`` (``topk``, ``initial_k``,
             ``service.request_timeout_s``, ``service.retries``, ``service.max_query_chars``).
-        max_queries_per_call: queries of one tool call beyond this are not run (``agent.max_queries_per_call``).
+        max_queries_per_call: queries of one tool call beyond this are not run (``agent.max_queries_per_call``;
+            None: all run).
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
+        observation_format: ``spader`` or ``authors`` (``agent.observation_format``).
     Returns:
         The written path.
     """
@@ -61,7 +64,7 @@ def write_tool_config(
         raise ValueError(
             f"service_url must be an http(s) URL or a mapping of host names to them, got {service_url!r}"
         )
-    if int(max_chars) < 1 or int(max_queries_per_call) < 1:
+    if int(max_chars) < 1 or (max_queries_per_call is not None and int(max_queries_per_call) < 1):
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
         )
@@ -78,9 +81,11 @@ def write_tool_config(
             "timeout": float(retrieval["service"]["request_timeout_s"]),
             "retries": int(retrieval["service"]["retries"]),
             "max_query_chars": int(retrieval["service"]["max_query_chars"]),
-            "max_queries_per_call": int(max_queries_per_call),
+            "max_queries_per_request": int(retrieval["service"]["max_queries_per_request"]),
+            "max_queries_per_call": None if max_queries_per_call is None else int(max_queries_per_call),
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
+            "observation_format": str(observation_format),
         }
     except KeyError as exc:
         raise ValueError(

@@ -1,0 +1,132 @@
+"""The pure pieces of the options that reproduce the authors' code (config/authors.yaml): their
+parsing, their observation format and caps, their counting, their alias-blind reward, their prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spader.core.metrics import alias_blind, authors_correct_count, authors_query_count, prf
+from spader.core.parsing import authors_answer, authors_tool_call, parse_turn
+from spader.core.prompt import (
+    AUTHORS_SERVER_CHARS,
+    error_observation,
+    fit_authors_observation,
+    load_template,
+    observation_message,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "answers"),
+    [
+        ('<answer>["A", "B"]</answer>', ["A", "B"]),  # JSON
+        ("<answer>['A', \"B's\"]</answer>", ["A", "B's"]),  # not JSON: a Python literal
+        ("<answer>[A, B]</answer>", ["[A, B]"]),  # neither: the raw string
+        ('<answer>{"a": 1}</answer>', ['{"a": 1}']),  # JSON but not a list: the raw string
+        ('<answer>[1961, " ", "B"]</answer>', ["1961", "B"]),  # items as strings, blanks dropped
+        ('<answer>["A"]</answer> later <answer>["C"]</answer>', ["C"]),  # the last block
+        ('<answer>["\\ud800x"]</answer>', ["?x"]),  # a lone surrogate cannot be written out
+    ],
+)
+def test_their_answer_reading(text, answers):
+    parsed = authors_answer(text)
+    assert parsed.valid and parsed.answers == answers
+
+
+def test_their_answer_validity_differs_between_their_evaluation_and_their_reward():
+    assert authors_answer("no tags").reason == "no_answer"
+    assert authors_answer("<answer>  </answer>").reason == "no_answer"  # evaluation: empty is invalid
+    empty = authors_answer("<answer> </answer>", "training")
+    assert empty.valid and empty.answers == []  # their reward: valid, F1 0
+    assert authors_answer('<think>x <answer>["A"]</answer>', "training").reason == "unbalanced_think"
+    assert authors_answer('<answer>["A"]', "training").reason == "unclosed_answer"
+    # only what follows the first "Question:" is checked for tags
+    assert authors_answer('<think> Question: <answer>["A"]</answer>', "training").valid
+    assert authors_answer('<think>x <answer>["A"]</answer>').valid  # their evaluation ignores <think>
+
+
+def test_their_tool_call_reading():
+    assert authors_tool_call("no call") is None
+    assert authors_tool_call('<tool_call>["a"]</tool_call><tool_call>["b", ["c"]]</tool_call>').queries == [
+        "b",
+        "c",
+    ]
+    legacy = '<tool_call>{"name": "search", "arguments": {"query_list": ["q1", " q2 "]}}</tool_call>'
+    assert authors_tool_call(legacy).queries == ["q1", "q2"]
+    assert authors_tool_call('<tool_call>"q"</tool_call>').error.startswith(
+        "Your tool call could not be parsed."
+    )
+    assert json.loads(authors_tool_call('<tool_call>["", " "]</tool_call>').error) == {
+        "result": "Error: 'query_list' is missing, empty, or not a list in parameters."
+    }
+    deep = "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>"  # hostile nesting never raises
+    assert authors_tool_call(deep).error is not None
+    # a turn with a call is a search step whatever follows; one without is the episode's last
+    turn = parse_turn('<tool_call>["a"]</tool_call> <answer>["A"]</answer>', (), "authors")
+    assert turn.kind == "search" and turn.tool_call.queries == ["a"]
+    assert parse_turn('<answer>["A"]</answer>', (), "authors").kind == "answer"
+    assert parse_turn("thinking", (), "authors").kind == "none"
+
+
+def test_their_query_count_over_the_conversation():
+    prompt = load_template("authors").user_prompt("Which films?")
+    assert authors_query_count(prompt) == 2  # the example call; the bare tag opens a span no tag closes
+    assert authors_query_count(prompt + '\n<tool_call>["a", "b", "c"]</tool_call>') == 2 + 1  # swallowed
+    assert authors_query_count('<tool_call>["a", "b"]</tool_call>\n<tool_call>bad</tool_call>') == 3
+    legacy = '<tool_call>{"name": "s", "arguments": {"query_list": ["a", "b", "c"]}}</tool_call>'
+    assert authors_query_count(legacy) == 3
+    assert authors_query_count('<tool_call>{"name": "s"}</tool_call>') == 1
+
+
+def test_alias_blind_gold_never_matches_an_entity_with_two_aliases():
+    gold = [["Paris", "Paname"], ["Lyon"]]
+    assert prf(["Paris", "Lyon"], gold)[2] == 1.0
+    assert prf(["Paris", "Lyon"], alias_blind(gold))[2] == 0.5
+    # their evaluation matches aliases (entity recall), with their normalization
+    assert authors_correct_count(["paname", "LYON"], gold) == 2
+
+
+def _passages(n: int, words: int = 120) -> list[dict]:
+    return [
+        {"id": f"d{i}", "title": f"Title {i}", "text": " ".join(["word"] * words) + f" end{i}"}
+        for i in range(n)
+    ]
+
+
+def test_their_observation_format_and_caps():
+    small, _ = fit_authors_observation(["q1"], [_passages(1)], 11000)
+    body = json.loads(small.removeprefix("<tool_response>").removesuffix("</tool_response>"))
+    assert list(body) == ["result"]  # their training tool dumps the server's whole response
+    assert body["result"][0]["query"] == "q1"  # the query echoed
+    assert body["result"][0]["documents"][0]["contents"].startswith("Title 0 word")  # the title repeated
+    assert small.startswith('<tool_response>{\n  "result": [\n    {\n      "query": "q1",')  # indent 2
+    # twenty queries of five long passages: their server keeps rank 1 of every query first, and
+    # stops at 10,000 characters with a System Note; their fork keeps the first max_chars
+    queries = [f"q{i}" for i in range(20)]
+    passages = [_passages(5, i) for i in range(len(queries))]
+    full, shown = fit_authors_observation(queries, passages, 1_000_000)
+    result = json.loads(full.removeprefix("<tool_response>").removesuffix("</tool_response>"))
+    assert result["truncation_warning"] == "System Note: Retrieval results truncated at 10000 characters."
+    kept = [len(q["documents"]) for q in result["result"]]
+    assert max(kept) - min(kept) <= 1 and sum(kept) < 100 and [len(s) for s in shown] == kept
+    cut, shown_cut = fit_authors_observation(queries, passages, 3000)
+    assert cut == full[:3000] + "...(truncated)"  # the first characters, not the last
+    assert 0 < sum(map(len, shown_cut)) < sum(kept)  # only passages whole before the cut count
+    evaluation, _ = fit_authors_observation(queries, passages, 1_000_000, context="evaluation")
+    assert evaluation.startswith("<tool_response>[\n  {") and evaluation.endswith(
+        "]\nSystem Note: Retrieval results truncated at 10000 characters.</tool_response>"
+    )
+    assert AUTHORS_SERVER_CHARS == 10000
+    # the message's content is the whole text: no newlines added around it
+    assert observation_message(small, "authors")["content"] == small
+    assert error_observation("boom", "authors") == "<tool_response>boom</tool_response>"
+    assert error_observation("boom") == "Error: boom"
+
+
+def test_their_prompt_is_a_packaged_template():
+    template = load_template("authors")
+    assert template.source == "spader/core/prompts/authors.txt"
+    assert template.text.startswith("Answer the question. You must strictly follow this loop for every step:")
+    assert template.text.endswith("Question: {question}") and template.version != load_template().version
