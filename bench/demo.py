@@ -9,9 +9,9 @@ demo's ``f1.tsv``, and writes a record (``bench/records/``, see ``bench/records.
 - the demo's wall time against its 15-minute budget on 2 cores, and the added wall time of its
   second command, the authors' run of the prompting baselines beside it (config/authors.yaml,
   config/demo_authors.yaml; only when this script ran them);
-- a table per stage (jobs, wall seconds in all and of the longest job, peak RSS), which the README's
-  compute budget quotes beside the paper's estimates;
-- the demo's F1 per method (average over the four datasets), which the README quotes.
+- a table per stage (jobs, wall seconds in all and of the longest job, peak RSS), which
+  docs/cluster.md quotes beside the paper's compute budget (docs/running.md);
+- the demo's F1 per method (average over the four datasets), which docs/cpu-training.md quotes.
 
 Usage: .venv/bin/python bench/demo.py [--workdir DIR] [--cores 2] [--records DIR]
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 from records import REPO, write_record  # bench/records.py (the script's own directory is on sys.path)
 
 BUDGET_S = 15 * 60
-# rule -> the stage of the README's compute budget it stands for
+# rule -> the stage of the compute budget (docs/running.md) it stands for
 STAGES = {
     "build_bm25_index": "build the BM25 index",
     "build_evidence": "StepSearch evidence",

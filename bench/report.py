@@ -1,5 +1,5 @@
-"""Render the benchmark records into docs/benchmarks.md, the README's table and the tables and results
-other pages quote between ``<!-- bench: ... -->`` markers (``write``), or fail when any of them is
+"""Render the benchmark records into docs/benchmarks.md and the tables and results the other pages
+under docs/ quote between ``<!-- bench: ... -->`` markers (``write``), or fail when any of them is
 out of date (``check``). See bench/records.py."""
 
 from __future__ import annotations
@@ -15,16 +15,12 @@ from records import (
     load_records,
     render_blocks,
     render_doc,
-    render_readme_table,
-    replace_readme_table,
 )
 
 
 def generated(root: Path = REPO) -> dict[Path, str]:
     """The text each generated file should have."""
     records = load_records(root / "bench" / "records")
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    readme = replace_readme_table(readme, render_readme_table(records))
     out = {root / "docs" / "benchmarks.md": render_doc(records)}
     for page in sorted((root / "docs").glob("*.md")):
         if page.name != "benchmarks.md":
@@ -32,10 +28,6 @@ def generated(root: Path = REPO) -> dict[Path, str]:
                 out[page] = render_blocks(page.read_text(encoding="utf-8"), records)
             except ValueError as exc:
                 raise ValueError(f"{page.relative_to(root)}: {exc}") from None
-    try:
-        out[root / "README.md"] = render_blocks(readme, records, in_docs=False)
-    except ValueError as exc:
-        raise ValueError(f"README.md: {exc}") from None
     return out
 
 

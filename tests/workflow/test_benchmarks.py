@@ -36,7 +36,7 @@ def _records_module():
     return module
 
 
-def test_docs_and_readme_are_rendered_from_the_records():
+def test_docs_are_rendered_from_the_records():
     proc = subprocess.run(
         [sys.executable, "bench/report.py", "check"], cwd=REPO, capture_output=True, text=True
     )
@@ -94,8 +94,9 @@ def test_a_run_writes_a_dated_record_that_renders(tmp_path):
     loaded = records.load_records(tmp_path)
     doc = records.render_doc(loaded)
     assert doc.count("### ") == 2 and "| w | **2x** | >= 1x | met |" in doc
-    table = records.render_readme_table(loaded)
+    table = records.render_targets_table(loaded)
     assert table.count("`bench/parse.py`") == 1  # only the latest run's targets
+    assert table in doc  # at the top of docs/benchmarks.md
 
 
 def test_the_latest_run_is_the_last_written_whatever_its_commit_and_name(tmp_path):
@@ -114,7 +115,7 @@ def test_the_latest_run_is_the_last_written_whatever_its_commit_and_name(tmp_pat
     run("third", "0000000")  # the day's second record of that commit: ...-parse-2.yaml
     loaded = records.load_records(tmp_path)
     assert [r["rows"][0]["result"] for r in loaded] == ["first", "second", "third"]
-    assert "| third |" in records.render_readme_table(loaded)
+    assert "| third |" in records.render_targets_table(loaded)
     page = records.render_blocks("<!-- bench: bench/parse.py result=x --><!-- /bench -->", loaded)
     assert page.startswith("<!-- bench: bench/parse.py result=x -->third (")
 
@@ -151,7 +152,6 @@ def test_a_page_quoting_a_missing_record_fails_the_check_naming_the_page(tmp_pat
     records.write_record(
         "bench/x.py", [{"what": "w", "result": "r"}], directory=tmp_path / "bench" / "records"
     )
-    (tmp_path / "README.md").write_text(f"{records.README_START}\n{records.README_END}\n")
     (tmp_path / "docs" / "gpu.md").write_text("<!-- bench: bench/x.py result=gone --><!-- /bench -->\n")
     with pytest.raises(ValueError, match=r"docs/gpu.md: no record of bench/x.py holds result 'gone'"):
         report.generated(tmp_path)
@@ -223,8 +223,7 @@ def test_the_training_bench_builds_the_demos_typed_job_for_each_variant(tmp_path
 
 
 # A table of measurements (a rate or a latency in a cell, or a header naming what was measured over
-# rows of numbers) outside a block rendered from a record, or the README's generated table, would
-# hold numbers no script reproduces.
+# rows of numbers) outside a block rendered from a record would hold numbers no script reproduces.
 _MEASURED = re.compile(r"\d\s*(ms|q/s|pairs/s|docs/s|requests/s|episodes/s|entities/s|tokens/s)\b")
 _MEASURED_HEADER = re.compile(
     r"q/s|pairs/s|docs/s|requests/s|episodes/s|\bp50\b|\bp99\b|latency|\bRSS\b|speed-up"
@@ -248,15 +247,18 @@ def measured_tables(text: str) -> list[str]:
     return found
 
 
+def test_the_readme_quotes_no_record():
+    """The README is read in a terminal: benchmark results and their provenance live under docs/."""
+    readme = (REPO / "README.md").read_text()
+    assert "<!-- bench:" not in readme and "<!-- benchmarks" not in readme
+
+
 def test_measured_numbers_in_doc_tables_come_from_records():
     records = _records_module()
     pages = [p for p in sorted((REPO / "docs").glob("*.md")) if p.name != "benchmarks.md"]
     offenders = []
     for page in [*pages, REPO / "README.md"]:
         text = records.BLOCK.sub("", page.read_text())
-        if records.README_START in text:
-            head, rest = text.split(records.README_START, 1)
-            text = head + rest.split(records.README_END, 1)[1]
         offenders += [f"{page.relative_to(REPO)}: {header[:100]}" for header in measured_tables(text)]
     assert not offenders, "tables of measurements not rendered from a record:\n" + "\n".join(offenders)
 
