@@ -61,7 +61,7 @@ def test_check_detects_a_stale_reference(tmp_path):
 def test_snakemake_fills_the_same_defaults_as_the_model(files):
     raw = _merged(*files)
     filled = copy.deepcopy(raw)
-    validate(filled, str(SCHEMA))  # what common.smk does after the model check
+    validate(filled, str(SCHEMA))  # a tool filling defaults from the schema gets the model's
     assert filled == check_config(raw, VERL_DIR).model_dump(mode="json")
 
 

@@ -17,7 +17,6 @@ from spader.config.checks import (
 from spader.config.files import config_paths, load_config, load_yaml, merge_files, overlay, resolved_config
 from spader.config.model import (
     DATASETS,
-    OPERATIONAL_SERVICE_KEYS,
     PROMPTING,
     USER_SUPPLIED,
     AgentConfig,
@@ -36,7 +35,6 @@ from spader.config.model import (
 
 __all__ = [
     "DATASETS",
-    "OPERATIONAL_SERVICE_KEYS",
     "PROMPTING",
     "USER_SUPPLIED",
     "AgentConfig",

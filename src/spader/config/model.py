@@ -2,8 +2,9 @@
 rules that tie keys together.
 
 ``config/config.yaml`` (the paper's setup) and any ``--configfile`` overlay are read into
-:class:`Config`. The JSON schema Snakemake's ``validate()`` checks at start-up
-(``workflow/schemas/config.schema.yaml``) and the key reference ``config/README.md`` are generated
+:class:`Config` (``workflow/rules/common.smk`` does it at start-up and hands the jobs the model's
+values, every default filled in). The JSON schema (``workflow/schemas/config.schema.yaml``, for
+editors and other tools) and the key reference ``config/README.md`` are generated
 from these classes (:mod:`spader.config.schema`, :mod:`spader.config.docs`; a test fails when the
 committed files drift), so this module is the one place a key is defined.
 
@@ -41,8 +42,6 @@ __all__ = [
     "DATASETS",
     "JUDGE_CLIENT_KEYS",
     "MAX_INITIAL_K",
-    "OPERATIONAL_SERVICE_KEYS",
-    "OPERATIONAL_TRAINING_KEYS",
     "PROMPTING",
     "RUNS_DIR",
     "USER_SUPPLIED",
@@ -420,21 +419,6 @@ class ServiceConfig(Section):
     )
 
 
-#: Retrieval-service settings that cannot change a result: where it binds, how long clients wait
-#: and how often they retry, how long it waits for a request to arrive and how many connections it
-#: keeps. They are not params (editing them reruns nothing); jobs read them from their config
-#: (``spader.infra.glue.retrieval_settings``).
-OPERATIONAL_SERVICE_KEYS = (
-    "host",
-    "startup_timeout_s",
-    "request_timeout_s",
-    "retries",
-    "header_timeout_s",
-    "body_timeout_s",
-    "max_connections",
-)
-
-
 class RetrievalConfig(Section):
     """The search tool (docs/method.md, "Retrieval")."""
 
@@ -708,11 +692,6 @@ class TimeLimitConfig(Section):
     def estimate_minutes(self, variant: str) -> int:
         """The variant's wall-time estimate in whole minutes (SLURM's ``--time``)."""
         return max(1, round(60 * self.hours.get(variant, self.hours["default"])))
-
-
-#: Training settings that cannot change a trained model: how the job survives time limits and when it
-#: gives up on a failing search service. They are not params of train_policy (editing them reruns nothing).
-OPERATIONAL_TRAINING_KEYS = ("time_limit", "max_search_error_rate", "rollout_timeout_s")
 
 
 class TrainingConfig(Section):

@@ -1,8 +1,9 @@
 """The JSON schema of the configuration, generated from :class:`spader.config.model.Config`.
 
 ``workflow/schemas/config.schema.yaml`` is this schema written out (``python -m spader.config
-write``); Snakemake's ``validate()`` checks the config against it at start-up and fills in the
-defaults. Nothing in the file is written by hand: a test fails when it differs from
+write``), for editors and tools that read JSON schemas: the workflow checks a config with the model
+itself (``spader.config.checks``), and a config the schema fills in (Snakemake's ``validate(...,
+set_default=True)``) gets the model's defaults (a test holds both equal). Nothing in the file is written by hand: a test fails when it differs from
 :func:`json_schema`.
 
 Beyond pydantic's own generator: no ``title`` keys, sections (nested models with a default) get
