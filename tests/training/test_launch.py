@@ -154,7 +154,7 @@ def _job(config: dict, variant: str, tmp_path: Path, model_dir: Path) -> TrainJo
         final_json=tmp_path / f"results/qwen3_8b/train/{variant}/final.json",
         threads=64,
         tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-        # what the step-level baselines add (tests/baselines): StepSearch's evidence, R3-RAG's judge
+        # what the step scorers add (tests/scorers): StepSearch's evidence, R3-RAG's judge
         evidence=tmp_path / "results/paper/data/evidence/train.jsonl",
         stepsearch=config["stepsearch"],
         judge=judge_params(config["variants"][variant], config["judge"]),
