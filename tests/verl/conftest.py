@@ -14,11 +14,13 @@ Stand-ins, each for something that cannot run here:
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+import torch.distributed as dist
 
 # ---------------------------------------------------------------------------------------------
 # TransferQueue stand-in
@@ -156,3 +158,31 @@ def stub_retrieval():
 
         make.default = PASSAGES
         yield make
+
+
+# a one-process gloo group (verl's FSDP code needs one), and verl's patched model class restored
+
+
+@pytest.fixture
+def process_group():
+    if dist.is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def patched_class():
+    """verl's monkey patch replaces the model class's forward; put it back for other tests."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
+
+    original = Qwen3ForCausalLM.forward
+    yield
+    Qwen3ForCausalLM.forward = original

@@ -6,40 +6,13 @@ the full logits. Real FSDP2 on the CPU (gloo, one rank), a tiny untied Qwen3 wit
 from __future__ import annotations
 
 import copy
-import socket
 
 import pytest
 
 pytest.importorskip("verl")
 
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM, Qwen3Config
-
-
-@pytest.fixture
-def process_group():
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def patched_class():
-    """verl's monkey patch replaces the model class's forward; put it back for other tests."""
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
-
-    original = Qwen3ForCausalLM.forward
-    yield
-    Qwen3ForCausalLM.forward = original
 
 
 def _model():

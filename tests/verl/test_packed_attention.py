@@ -7,45 +7,18 @@ kernel cannot run here; its call is checked against a CPU stand-in of its docume
 from __future__ import annotations
 
 import copy
-import socket
 
 import pytest
 
 pytest.importorskip("verl")
 
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 import spader.integrations.verl.plugin  # noqa: F401  (registers spader_varlen, the fused forward)
 from spader.integrations.verl import packed_attention
 
 LENGTHS = (20, 14, 9, 1)
-
-
-@pytest.fixture
-def process_group():
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def patched_class():
-    """verl's monkey patch replaces the model class's forward; put it back for other tests."""
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
-
-    original = Qwen3ForCausalLM.forward
-    yield
-    Qwen3ForCausalLM.forward = original
 
 
 def _model(attention: str):
