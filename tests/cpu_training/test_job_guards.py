@@ -267,7 +267,9 @@ def test_a_warm_start_and_an_evaluation_die_with_their_workflow(world, tmp_path)
     (tmp_path / "Snakefile").write_text(JOBS_SNAKEFILE.format(paths=paths))
     (tmp_path / "warmstart.py").write_text(WARMSTART_SCRIPT)
     (tmp_path / "evaluate.py").write_text(EVALUATE_SCRIPT)
-    mlflow = {**yaml.safe_load((REPO / "config" / "config.yaml").read_text())["mlflow"], "enabled": False}
+    from spader.config.model import MlflowConfig
+
+    mlflow = MlflowConfig(enabled=False).model_dump(mode="json")  # the model's defaults, tracking off
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"mlflow": mlflow}))
     mark = uuid.uuid4().hex
     smk = subprocess.Popen(
