@@ -72,7 +72,9 @@ def test_concurrent_requests_are_decoded_together_with_verls_budget(configs):
         # no max_tokens: min(response_length, prompt_length + response_length - len(prompt))
         budget = min(40, 64 + 40 - len(p))
         assert 0 < len(out.token_ids) <= budget and len(out.log_probs) == len(out.token_ids)
-        assert out.stop_reason in ("stop", "length") and out.extra_fields == {"global_steps": None}
+        # the replica reports the seed it samples with: the rollout's seed + its rank (0 here)
+        assert out.stop_reason in ("stop", "length")
+        assert out.extra_fields == {"global_steps": None, "rollout_seed": int(configs[0].seed)}
         assert all(lp <= 0.0 for lp in out.log_probs)
     # the two rollouts of one prompt sample differently (distinct derived seeds)
     assert outs[0].token_ids != outs[3].token_ids
