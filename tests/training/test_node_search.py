@@ -196,11 +196,15 @@ def test_the_tool_yaml_of_several_nodes_is_loaded_by_verl_on_its_host(tmp_path):
 
     host = socket.gethostname()
     urls = {host: "http://127.0.0.1:4001", "elsewhere": "http://127.0.0.1:4002"}
-    retrieval = {
-        "topk": 2,
-        "initial_k": 5,
-        "service": {"request_timeout_s": 30, "retries": 1, "max_query_chars": 100},
-    }
+    from spader.config.model import RetrievalConfig
+
+    retrieval = RetrievalConfig.model_validate(
+        {
+            "topk": 2,
+            "initial_k": 5,
+            "service": {"request_timeout_s": 30, "retries": 1, "max_query_chars": 100},
+        }
+    ).model_dump(mode="json")  # the section as a job reads it, every default filled in
     path = write_tool_config(
         tmp_path / "tool.yaml", service_url=urls, retrieval=retrieval, max_queries_per_call=2, max_chars=100
     )
