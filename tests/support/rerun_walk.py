@@ -266,6 +266,7 @@ VARIANT_FOR = {"lambda_s": "stepsearch", "judge": "r3rag", "advantage": "grpo", 
 #: only change together with another.
 VALUES: dict[str, Any] = {
     "suite": "other",
+    "run": "other",
     "targets": lambda c, k: {"targets": c["targets"][:1]},
     "mlflow.tracking_uri": "sqlite:///results/mlflow/other.db",
     "mlflow.experiment": "other",
@@ -299,6 +300,7 @@ VALUES: dict[str, Any] = {
     "backbones.*.variants": lambda c, k: {k: get(c, k)[:-1]},
     "backbones.*.prompting": ["rag"],
     "variants.*.verl_config": "no_np",
+    "variants.*.nodes": 2,
     "training.kl_loss_type": "kl",
     "training.max_steps": 7,
     "training.ppo_mini_batch_size": 16,  # the next number would exceed the batch (32)
@@ -325,6 +327,8 @@ VALUES: dict[str, Any] = {
     "agent.stop": ["</answer>"],
     "agent.prompt_template": "elsewhere/prompt.txt",
     "evaluation.max_context_tokens": 4096,
+    "evaluation.max_response_tokens": 4096,
+    "evaluation.max_turn_tokens": 512,
     "evaluation.seeds": lambda c, k: {
         "evaluation.seeds": [0, 1],
         **({"evaluation.temperature": 1.0} if c["evaluation"]["temperature"] == 0 else {}),

@@ -84,8 +84,11 @@ def test_a_semantic_edit_reruns_the_stages_that_run_it(fresh, smk, tmp_path):
     from spader.infra.stage_code import affected_rules
 
     module = fresh / "src" / "spader" / "evaluation" / "stats.py"
+    # the tables, and the comparison of a named run with the default one (its paired intervals);
+    # the default target builds only the former
     assert list(affected_rules([str(module)], fresh / "workflow" / "scripts", fresh / "src" / "spader")) == [
-        "aggregate_results"
+        "aggregate_results",
+        "compare_runs",
     ]
     original = module.read_text(encoding="utf-8")
     module.write_text(original + "\n_FINGERPRINT_PROBE = 1\n", encoding="utf-8")

@@ -161,6 +161,14 @@ TABLE: tuple[Rerun, ...] = (
         "data outputs live under `results/<suite>/` and `resources/<suite>/`: another suite builds its own",
         demo=tuple(sorted(DEMO_RULES - {"build_tiny_model"})),
     ),
+    Rerun(
+        ("run",),
+        ("export_rl_dataset", *_TRAINED),
+        "a named run works in `results/runs/<run>/`, sharing the downloads, the index, the normalized data "
+        "and the mix, the evidence and the demo's warm start with the default run: its training data "
+        "export (the prompt is a run's setting), trainings and evaluations are its own",
+        demo=("export_rl_dataset", *_TRAINED),
+    ),
     Rerun(("targets",), NOTHING, "which backbones `all` builds: one already built is kept, a new one built"),
     Rerun(("mlflow.*",), NOTHING, "tracking only: where runs are recorded"),
     Rerun(
