@@ -248,3 +248,31 @@ def test_a_job_dies_with_the_snakemake_process_that_launched_it(tmp_path, ignore
             )
     finally:
         _kill_marked(mark)
+
+
+def test_a_watchdog_signalled_again_and_again_still_ends_with_its_job():
+    """Stop signals in quick succession (the workflow watch's SIGHUP, the parent-death SIGTERM) once
+    deadlocked the watchdog inside its own signal handler, so it outlived its job (and held the
+    job's output pipe open). Flooded with signals while its job runs, it waits; once the job is
+    gone, it exits."""
+    script = (
+        "import os, subprocess, sys, time, uuid\n"
+        "w = subprocess.Popen([sys.executable, '-m', 'spader.infra.procs', '--watch', uuid.uuid4().hex,"
+        " '--parent', str(os.getpid())], stdin=subprocess.DEVNULL)\n"
+        "print(w.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    job = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    watchdog = psutil.Process(int(job.stdout.readline()))
+    try:
+        time.sleep(3)  # its handlers installed
+        for _ in range(300):
+            for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+                os.kill(watchdog.pid, signum)
+        time.sleep(1)
+        assert watchdog.is_running() and watchdog.status() != psutil.STATUS_ZOMBIE  # its job is alive
+    finally:
+        job.kill()
+        job.wait()
+    gone, _ = psutil.wait_procs([watchdog], timeout=30)
+    assert gone, "the watchdog outlived its job"

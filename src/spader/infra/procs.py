@@ -369,15 +369,18 @@ def watch(token: str, *, parent: int | None, grace_s: float) -> int:
     the job's) and signals it, and again when that thread ends; a second signal ending the watchdog
     in the middle of its work would leave the job's processes running.
     """
-    woken = threading.Event()
+    # A plain flag, not a threading.Event: Event.set takes a lock, and a second signal arriving
+    # while the first handler holds it deadlocks the watchdog for good (seen: SIGHUP from the
+    # workflow watch, then the parent-death SIGTERM), leaving the job's processes running.
+    woken: list[int] = []
 
     def wake(signum, frame):
-        woken.set()
+        woken.append(signum)
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, wake)
     set_parent_death_signal(signal.SIGTERM)
-    while not (woken.is_set() if parent is None else os.getppid() != parent):
+    while not (woken if parent is None else os.getppid() != parent):
         time.sleep(0.2)
     n = stop_token_processes(token, grace_s)
     if n:
