@@ -15,7 +15,7 @@ from spader.agent.generation import (
 )
 from spader.agent.loop import Question, render_prompt, run_episodes
 from spader.core.prompt import build_messages
-from spader.evaluation.backends import build_engine
+from spader.evaluation.engines import build_engine
 from spader.evaluation.episodes import episode_record
 
 

@@ -12,8 +12,8 @@ pytest.importorskip("verl")
 
 from verl_episode import call_tool, search_tool
 
-from spader.core.densify import FINAL_TURN_KEY, STEPS_KEY, parse_step_records
 from spader.core.scorer_densify import parse_turn_details
+from spader.core.spader_densify import FINAL_TURN_KEY, STEPS_KEY, parse_step_records
 from spader.integrations.verl.tool_config import write_tool_config
 
 ENTITIES = [["The Salt Orchard"], ["Winter Quay"]]

@@ -23,9 +23,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 from verl.trainer.ppo.v1 import get_trainer_cls
 
-from spader.core.densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.core.r3rag import turn_gae
 from spader.core.scorer_densify import TurnDetails
+from spader.core.spader_densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.integrations.verl import plugin  # noqa: F401  (registration)
 from spader.integrations.verl.compose import compose
 from spader.integrations.verl.scorer_rewards import R3RagRewards, StepSearchRewards

@@ -21,7 +21,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
-from spader.core.densify import N_GOLD_KEY, STEPS_KEY
+from spader.core.spader_densify import N_GOLD_KEY, STEPS_KEY
 from spader.integrations.verl import plugin  # noqa: F401
 from spader.integrations.verl.compose import compose
 from spader.integrations.verl.trainer import SpaderTrainerSync

@@ -13,8 +13,8 @@ pytest.importorskip("verl")
 from verl.workers.rollout.replica import TokenOutput
 from verl_episode import agent_episode, call_tool, search_tool
 
-from spader.core.densify import STEPS_KEY
 from spader.core.metrics import alias_blind
+from spader.core.spader_densify import STEPS_KEY
 from spader.integrations.verl.agent_loop import AuthorsToolParser, SpaderToolParser
 from spader.integrations.verl.reward import compute_score
 

@@ -20,8 +20,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.workers.rollout.replica import TokenOutput
 from verl_episode import agent_episode, call_tool, search_tool
 
-from spader.core.densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY
 from spader.core.prompt import fit_observation
+from spader.core.spader_densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY
 from spader.integrations.verl.agent_loop import SpaderToolParser
 from spader.integrations.verl.compose import compose
 from spader.integrations.verl.reward import compute_score

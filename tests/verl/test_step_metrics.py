@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from spader.core.densify import STEPS_KEY, StepRecord, densify_rewards
 from spader.core.rewards import StepRewardWeights
+from spader.core.spader_densify import STEPS_KEY, StepRecord, densify_rewards
 from spader.integrations.verl.episode_metrics import episode_metrics
 
 

@@ -28,8 +28,8 @@ from spader.agent.conversation import observation_ids
 from spader.agent.generation import Generation
 from spader.agent.loop import Question, render_prompt, run_episodes
 from spader.agent.search import RetrievalSearch
-from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY, STEPS_KEY
 from spader.core.prompt import build_messages
+from spader.core.spader_densify import FAILURE_KEY, FINAL_TURN_KEY, STEPS_KEY
 from spader.integrations.verl.agent_loop import turn_token_count
 from spader.integrations.verl.reward import compute_score
 from spader.retrieval.client import RetrievalClient

@@ -15,7 +15,7 @@
 # partition, account and GPU model live in profiles/slurm, never here.
 
 
-include: "training.smk"
+include: "train_resources.smk"
 
 
 rule train_policy:

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from spader.core.advantage import place_step_rewards, segment_steps
-from spader.core.densify import STEPS_KEY
 from spader.core.r3rag import OBSERVATION_CHARS, r3rag_rewards
+from spader.core.spader_densify import STEPS_KEY
 from spader.core.stepsearch import SearchTurn, batch_match_degrees, information_gains, redundancy
 
 __all__ = [

@@ -18,7 +18,6 @@ from spader.data.export import (
     export_rl_dataset,
     verl_rows,
 )
-from spader.data.fetch import DatasetSourceError, download_dataset, fetch_from_hub
 from spader.data.mix import MixConfig, MixError, build_mix, mix_metrics, mix_training_set
 from spader.data.records import (
     DATASETS,
@@ -29,6 +28,7 @@ from spader.data.records import (
     record_schema,
     strip_parenthetical,
 )
+from spader.data.release_files import DatasetSourceError, download_dataset, fetch_from_hub
 from spader.data.sources import NormalizeSummary, drops_path_for, normalize_file, normalize_release
 
 __all__ = [

@@ -28,7 +28,7 @@ from spader.agent.loop import AgentSettings, GenerationFailure, Question, Search
 from spader.agent.search import RetrievalSearch
 from spader.config.model import AgentConfig, EvaluationConfig
 from spader.core.prompt import PromptTemplate, load_template
-from spader.evaluation.backends import build_engine
+from spader.evaluation.engines import build_engine
 from spader.evaluation.episodes import episode_record, load_eval_set, summarize, write_jsonl
 from spader.models.local import is_tiny
 from spader.retrieval.backend import SearchSettings

@@ -69,10 +69,10 @@ from verl.utils.ray_utils import get_event_loop
 
 from spader.agent.conversation import missing_closing, observation_ids, turn_closing_ids, turn_token_count
 from spader.config.model import AgentConfig
-from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
 from spader.core.metrics import alias_blind
 from spader.core.parsing import malformed_turn, parse_turn
 from spader.core.prompt import observation_message
+from spader.core.spader_densify import FAILURE_KEY, FINAL_TURN_KEY
 from spader.integrations.verl.episode_metrics import SEED_FIELD, TURN_STATS
 from spader.integrations.verl.reward import gold_entities
 from spader.integrations.verl.tool_config import TOOL_NAME

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spader.core.densify import FAILURE_KEY, FINAL_TURN_KEY
 from spader.core.metrics import alias_blind, gold_alias_sets, prf
 from spader.core.parsing import authors_answer, final_answer
 from spader.core.rewards import terminal_reward
+from spader.core.spader_densify import FAILURE_KEY, FINAL_TURN_KEY
 
 __all__ = ["compute_score", "gold_entities"]
 

@@ -31,7 +31,6 @@ from tensordict import TensorDict
 from verl.workers.utils.padding import response_to_nested
 
 from spader.config.model import JUDGE_CLIENT_KEYS, JudgeConfig
-from spader.core.densify import FINAL_TURN_KEY
 from spader.core.methods import ADVANTAGES, REWARDS
 from spader.core.parsing import final_answer
 from spader.core.r3rag import classify_final_turn, judge_messages, reranker_relevance, turn_reasoning
@@ -41,6 +40,7 @@ from spader.core.scorer_densify import (
     r3rag_dense_rewards,
     stepsearch_dense_rewards,
 )
+from spader.core.spader_densify import FINAL_TURN_KEY
 
 __all__ = [
     "JUDGES",

@@ -36,7 +36,6 @@ from uuid import uuid4
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from spader.core.densify import N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.core.matching import passage_hits
 from spader.core.metrics import gold_count, unique_gold
 from spader.core.prompt import (
@@ -45,6 +44,7 @@ from spader.core.prompt import (
     fit_authors_observation,
     fit_observation,
 )
+from spader.core.spader_densify import N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.integrations.verl.scorer_rewards import turn_fields
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
 

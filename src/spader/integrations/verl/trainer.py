@@ -28,7 +28,7 @@ from tensordict import TensorDict
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
-from spader.core.densify import N_GOLD_KEY, densify_rewards, parse_step_records
+from spader.core.spader_densify import N_GOLD_KEY, densify_rewards, parse_step_records
 from spader.infra.procs import acknowledge_stop, stop_requested
 from spader.integrations.verl.episode_metrics import episode_metrics
 from spader.integrations.verl.scorer_rewards import make_step_rewards

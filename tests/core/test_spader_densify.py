@@ -6,8 +6,8 @@ import pytest
 import torch
 from loop_reference import reference_dense_rewards
 
-from spader.core.densify import StepRecord, densify_rewards, parse_step_records
 from spader.core.rewards import StepRewardWeights
+from spader.core.spader_densify import StepRecord, densify_rewards, parse_step_records
 
 WEIGHTS = StepRewardWeights(alpha=1.0, beta=4.0, cost=0.01)
 
