@@ -156,7 +156,7 @@ def test_training_is_retried_a_bounded_number_of_times_by_the_main_process_only(
     rules = REPO / "workflow" / "rules"
     rule = (rules / "train.smk").read_text().split("rule train_policy:", 1)[1].split("\nrule ", 1)[0]
     assert "retries: training_retries()" in rule
-    helper = (rules / "training.smk").read_text().split("def training_retries", 1)[1]
+    helper = (rules / "train_resources.smk").read_text().split("def training_retries", 1)[1]
     assert "0 if workflow.remote_exec else TRAINING.time_limit.retries" in helper
 
 

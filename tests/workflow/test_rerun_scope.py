@@ -164,7 +164,7 @@ CODE_EDITS = {
     "infra tracking": ("src/spader/infra/tracking.py", _SEMANTIC, ()),
     "infra glue": ("src/spader/infra/glue.py", _SEMANTIC, ()),
     "infra downloader": ("src/spader/infra/download.py", _SEMANTIC, ()),
-    "dataset download": ("src/spader/data/fetch.py", _SEMANTIC, ()),
+    "dataset download": ("src/spader/data/release_files.py", _SEMANTIC, ()),
     "model download": ("src/spader/models/hub.py", _SEMANTIC, ()),
     # a stage's own script
     "aggregate script": ("workflow/scripts/aggregate_results.py", _SEMANTIC, ("aggregate_results",)),

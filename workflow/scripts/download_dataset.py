@@ -1,4 +1,4 @@
-"""Glue for rule download_dataset. Logic: spader.data.fetch (tests/data/test_download.py)."""
+"""Glue for rule download_dataset. Logic: spader.data.release_files (tests/data/test_download.py)."""
 
 from spader.data import download_dataset
 from spader.infra.glue import job, workflow_root

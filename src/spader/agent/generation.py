@@ -1,6 +1,6 @@
 """Generation engines behind the agent loop: the :class:`Engine` protocol and the Hugging Face
 transformers engine (CPU or GPU). sglang's offline engine (GPU, the default for real runs) lives
-in :mod:`spader.integrations.sglang`; :func:`spader.evaluation.backends.build_engine` picks one.
+in :mod:`spader.integrations.sglang`; :func:`spader.evaluation.engines.build_engine` picks one.
 
 Engines take token ids and return token ids, as verl's rollout servers do in training: the loop
 keeps each conversation as ids (:mod:`spader.agent.conversation`) and never re-renders it. Each

@@ -1,6 +1,6 @@
 """Dense token rewards of the step-level baselines StepSearch and R3-RAG for a batch of rollouts.
 
-The same search-tool records as SPADER's (:data:`spader.core.densify.STEPS_KEY`, one per search
+The same search-tool records as SPADER's (:data:`spader.core.spader_densify.STEPS_KEY`, one per search
 turn), with the details these baselines need added by the tool (:class:`TurnDetails`: the
 passages shown with their ids, texts and search scores, the queries, the turn's reasoning and the
 start of its observation). Turn t of a trajectory is its t-th assistant run

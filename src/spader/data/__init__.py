@@ -5,7 +5,7 @@ Normative description: docs/data.md (sections 1-4 release formats, 7 records and
 Modules: :mod:`~spader.data.readers` (release files, errors with file and line),
 :mod:`~spader.data.sources` (one extractor per dataset), :mod:`~spader.data.records` (the unified
 record, ``build_entities``, schemas), :mod:`~spader.data.mix`, :mod:`~spader.data.export`,
-:mod:`~spader.data.fetch` and :mod:`~spader.data.layout` (release-file writers). CLI:
+:mod:`~spader.data.release_files` and :mod:`~spader.data.layout` (release-file writers). CLI:
 ``python -m spader.data normalize ...``.
 """
 

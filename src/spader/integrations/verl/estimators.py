@@ -3,7 +3,7 @@
 (verl's GRPO on the terminal reward, the ``grpo`` baseline).
 
 A trajectory without any generated token (an episode that failed for an infrastructure reason,
-:data:`spader.core.densify.FAILURE_KEY`, or a padding row) is no peer: it gets its own group,
+:data:`spader.core.spader_densify.FAILURE_KEY`, or a padding row) is no peer: it gets its own group,
 so it neither lowers the baseline nor widens the spread of its prompt's group, and its advantage
 is 0 (:func:`peer_groups`). Each estimator logs how many it left out.
 

@@ -138,7 +138,7 @@ def turn_fields(
 ) -> dict:
     """What the search tool adds to its step record for the baselines (see
     :meth:`spader.core.scorer_densify.TurnDetails.fields`). The turn's text is the one the agent
-    loop recorded for the turn being executed (:data:`spader.core.densify.FINAL_TURN_KEY`)."""
+    loop recorded for the turn being executed (:data:`spader.core.spader_densify.FINAL_TURN_KEY`)."""
     text = str((extra_fields or {}).get(FINAL_TURN_KEY) or "")
     return TurnDetails.fields(shown, queries, turn_reasoning(text), observation)
 

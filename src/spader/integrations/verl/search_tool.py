@@ -4,9 +4,9 @@ One call = one search step of a trajectory. The tool runs the step's queries in 
 request (``spader.retrieval.client.RetrievalClient``), renders the observation with
 ``spader.core.prompt.format_observation`` (the text evaluation shows too), keeps it within the
 character budget by dropping the lowest-ranked passages first, and records what the *shown*
-passages contain: a :class:`spader.core.densify.StepRecord` (turn, number of queries, ground-truth
+passages contain: a :class:`spader.core.spader_densify.StepRecord` (turn, number of queries, ground-truth
 entities hit by :func:`spader.core.matching.find_hits`) appended to the trajectory's
-``agent_data.extra_fields`` under :data:`spader.core.densify.STEPS_KEY`. Matching runs on passage titles
+``agent_data.extra_fields`` under :data:`spader.core.spader_densify.STEPS_KEY`. Matching runs on passage titles
 and texts only, never on the queries the agent wrote.
 
 The ground-truth entities come in ``create_kwargs["entities"]`` (the ``spader_tool_agent`` loop

@@ -7,7 +7,7 @@ only be computed once the group is complete, in the trainer. This mode overrides
 that runs there, :meth:`SpaderTrainerSync._compute_advantage`: it reads ``rm_scores``,
 ``response_mask``, ``uid`` and the search tool's records (``extra_fields``) from TransferQueue,
 writes back dense ``rm_scores`` (each step's reward on the last token of its assistant run, see
-:func:`spader.core.densify.densify_rewards`) and hands over to verl's own ``_compute_advantage``, which
+:func:`spader.core.spader_densify.densify_rewards`) and hands over to verl's own ``_compute_advantage``, which
 dispatches to the registered estimator. Selected with ``trainer.v1.trainer_mode=spader_sync``.
 
 The mode also saves each checkpoint after its step's metrics are logged (verl saves first), and
