@@ -86,10 +86,10 @@ from retrieval_scale import (
 )
 
 VOCAB = 50_000
-ONE_REQUEST, CONCURRENT, BASELINE = (
+ONE_REQUEST, CONCURRENT, PER_QUERY = (
     retrieval_record.ONE_REQUEST,
     retrieval_record.CONCURRENT,
-    retrieval_record.BASELINE,
+    retrieval_record.PER_QUERY,
 )
 _CONS, _VOWELS = "bcdfghjklmnprstvwz", "aeiou"
 SYLLABLES = [c + v for c in _CONS for v in _VOWELS]  # 90 syllables of lowercase letters
@@ -261,7 +261,7 @@ def bench_search(
     times: dict[str, list[float]] = {
         ONE_REQUEST: [],
         CONCURRENT: [],
-        BASELINE: [],
+        PER_QUERY: [],
     }
     results = {}
     # The service starts first: a process forked after the tokenizer ran loses tokenizer threads.
@@ -272,14 +272,14 @@ def bench_search(
         import torch
 
         torch.set_num_threads(threads)  # what the service does with the same `threads`
-        baseline = PerQueryDesign(index, reranker, threads, device)
-        baseline.retrieve(queries[:8])  # warm-up (JIT, first forward)
+        per_query = PerQueryDesign(index, reranker, threads, device)
+        per_query.retrieve(queries[:8])  # warm-up (JIT, first forward)
         c.retrieve(queries[:8])
         for r in range(rounds):
             for name, fn in (
                 (ONE_REQUEST, lambda: ours_one_request(c, queries)),
                 (CONCURRENT, lambda: ours_concurrent(c, queries)),
-                (BASELINE, lambda: baseline.retrieve(queries)),
+                (PER_QUERY, lambda: per_query.retrieve(queries)),
             ):
                 started = time.perf_counter()
                 results[name] = fn()
@@ -289,7 +289,7 @@ def bench_search(
                     f"{times[name][-1]:.2f} s",
                     flush=True,
                 )
-    base = results[BASELINE]
+    base = results[PER_QUERY]
     out = {}
     for name, ts in times.items():
         same, diff = compare(results[name], base)
@@ -324,7 +324,7 @@ def report(indexing: dict | None, search: dict | None, args, n_queries: int) -> 
         )
     if search:
         for mode, res in search.items():
-            base = res[BASELINE]["qps"]
+            base = res[PER_QUERY]["qps"]
             what = (
                 "BM25 top-50 -> tiny reranker -> top-5" if mode == "rerank" else "BM25 top-5 (reranker off)"
             )
@@ -334,7 +334,7 @@ def report(indexing: dict | None, search: dict | None, args, n_queries: int) -> 
                     f"{name:26s} {r['best_s']:7.2f} s {r['qps']:8.1f} q/s  x{r['qps'] / base:5.2f}  "
                     f"identical top-5 {r['identical_top5']}/{n_queries}  max score diff {r['max_score_diff']:.1e}"
                 )
-        ratio = search["rerank"][ONE_REQUEST]["qps"] / search["rerank"][BASELINE]["qps"]
+        ratio = search["rerank"][ONE_REQUEST]["qps"] / search["rerank"][PER_QUERY]["qps"]
         identical = all(r["identical_top5"] == n_queries for res in search.values() for r in res.values())
         targets.insert(
             0,

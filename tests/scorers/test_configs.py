@@ -15,8 +15,8 @@ pytest.importorskip("verl")
 from spader.config import ConfigError, check_config, resolved_config
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import method_overrides
-from spader.integrations.verl.scorer_rewards import check_baseline_config
-from spader.training.scorer_launch import baseline_launch, judge_endpoint, judge_params, judge_settings
+from spader.integrations.verl.scorer_rewards import check_scorer_config
+from spader.training.scorer_launch import judge_endpoint, judge_params, judge_settings, scorer_launch
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = resolved_config(REPO / "config" / "config.yaml")
@@ -29,7 +29,7 @@ def composed():
     out = {}
     for name in ("stepsearch", "r3rag", "ppo"):
         spec = CONFIG["variants"][name]
-        judge = baseline_launch(spec, judge=CONFIG["judge"]).overrides if name == "r3rag" else []
+        judge = scorer_launch(spec, judge=CONFIG["judge"]).overrides if name == "r3rag" else []
         cfg = compose(
             spec["verl_config"],
             ["actor_rollout_ref.model.path=/m", *method_overrides(spec, CONFIG["training"]), *judge],
@@ -115,9 +115,9 @@ def test_method_overrides_refuse_mismatches(variant, message):
 )
 def test_validation_refuses_malformed_baselines(name, overrides, message, composed):
     cfg = OmegaConf.merge(OmegaConf.create(composed[name]), OmegaConf.from_dotlist(overrides))
-    check_baseline_config(composed[name])  # the shipped config passes
+    check_scorer_config(composed[name])  # the shipped config passes
     with pytest.raises(ValueError, match=message):
-        check_baseline_config(cfg)
+        check_scorer_config(cfg)
 
 
 def test_verl_validation_runs_the_baseline_checks(tiny_model):
@@ -171,21 +171,21 @@ def test_a_judge_url_frees_the_gpus():
 
 def test_launch_additions(tmp_path):
     variants, judge = CONFIG["variants"], CONFIG["judge"]
-    step = baseline_launch(variants["stepsearch"], evidence=tmp_path / "ev.jsonl", stepsearch={"workers": 3})
+    step = scorer_launch(variants["stepsearch"], evidence=tmp_path / "ev.jsonl", stepsearch={"workers": 3})
     assert step.record_turns and step.judge_gpus == 0
     assert step.overrides == [
         f"++algorithm.stepsearch.evidence_path={tmp_path / 'ev.jsonl'}",
         "++algorithm.stepsearch.workers=3",
     ]
     with pytest.raises(ValueError, match="input 'evidence'"):
-        baseline_launch(variants["stepsearch"])
-    served = baseline_launch(variants["r3rag"], judge=judge)
+        scorer_launch(variants["stepsearch"])
+    served = scorer_launch(variants["r3rag"], judge=judge)
     assert served.record_turns and served.judge_gpus == judge["gpus"]
     assert "++algorithm.r3rag.judge.model=Qwen/Qwen2.5-14B-Instruct" in served.overrides
     assert "++algorithm.r3rag.judge.concurrency=64" in served.overrides
-    rerank = baseline_launch(dict(variants["r3rag"], judge="reranker"), judge=judge)
+    rerank = scorer_launch(dict(variants["r3rag"], judge="reranker"), judge=judge)
     assert rerank.record_turns and rerank.overrides == [] and rerank.judge_gpus == 0
-    assert baseline_launch(variants["spader"]).record_turns is False
+    assert scorer_launch(variants["spader"]).record_turns is False
     # the judge's operational settings are not params (editing them retrains nothing)
     params = judge_params(variants["r3rag"], judge)
     assert "timeout_s" not in params and "url" not in params and params["model"] == judge["model"]
@@ -195,7 +195,7 @@ def test_launch_additions(tmp_path):
 
 def test_a_configured_judge_url_is_used_as_it_is():
     judge = dict(CONFIG["judge"], url="http://judge-host:30000/v1")
-    launch = baseline_launch(CONFIG["variants"]["r3rag"], judge=judge)
+    launch = scorer_launch(CONFIG["variants"]["r3rag"], judge=judge)
     assert launch.judge_gpus == 0
     with judge_endpoint(launch, judge, model_dir=None, training_gpus=8, environ={}) as (overrides, env):
         assert overrides == ["++algorithm.r3rag.judge.url=http://judge-host:30000/v1"] and env == {}

@@ -196,10 +196,10 @@ def test_the_judge_has_the_original_s_reply_budget():
     """R3-RAG gives its judge 4,096 tokens: a judge that explains at length is not cut before its
     verdict (the config's default, which the launcher hands the trainer's client)."""
     from spader.config import JudgeConfig
-    from spader.training.scorer_launch import baseline_launch
+    from spader.training.scorer_launch import scorer_launch
 
     assert JudgeConfig().max_tokens == 4096
-    launch = baseline_launch({"verl_config": "r3rag", "advantage": "turn_gae", "reward": "r3rag"}, judge={})
+    launch = scorer_launch({"verl_config": "r3rag", "advantage": "turn_gae", "reward": "r3rag"}, judge={})
     assert "++algorithm.r3rag.judge.max_tokens=4096" in launch.overrides
 
 
@@ -209,14 +209,14 @@ def test_the_judge_options_reach_the_trainers_client():
     from omegaconf import OmegaConf
 
     from spader.integrations.verl.scorer_rewards import JudgeSettings
-    from spader.training.scorer_launch import baseline_launch
+    from spader.training.scorer_launch import scorer_launch
 
     r3rag = {"verl_config": "r3rag", "advantage": "turn_gae", "reward": "r3rag"}
     for judge, expected in (
         ({"temperature": None, "unparsable": "raise"}, (None, "raise")),
         ({}, (0.0, "zero")),
     ):
-        launch = baseline_launch(r3rag, judge=judge)
+        launch = scorer_launch(r3rag, judge=judge)
         dotlist = [o.removeprefix("++") for o in launch.overrides]
         dotlist += ["algorithm.r3rag.judge.kind=llm", "algorithm.r3rag.judge.url=http://127.0.0.1:1/v1"]
         client = JudgeSettings.from_config(OmegaConf.from_dotlist(dotlist)).client

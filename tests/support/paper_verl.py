@@ -20,11 +20,11 @@ def paper_overrides(variant: str = "spader") -> list[str]:
     """:func:`spader.integrations.verl.overrides.config_overrides` of config.yaml's ``variant``, and
     for an LLM-judged variant the judge settings the launcher adds (its endpoint comes at run time)."""
     from spader.integrations.verl.overrides import config_overrides
-    from spader.training.scorer_launch import baseline_launch
+    from spader.training.scorer_launch import scorer_launch
 
     config = _config()
     spec = config.variants[variant]
-    judge = baseline_launch(spec, judge=config.judge).overrides if spec.serves_judge else []
+    judge = scorer_launch(spec, judge=config.judge).overrides if spec.serves_judge else []
     return [
         *config_overrides(
             spec.model_dump(mode="json"),

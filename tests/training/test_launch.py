@@ -192,7 +192,7 @@ def test_composed_command_of_each_variant(variant, paper_config, tiny_model, tmp
         assert cfg.algorithm.gamma == training["gamma"]
     assert cfg.data.train_files == str(job.train_file) and cfg.data.val_files == str(job.val_file)
     assert cfg.actor_rollout_ref.model.path == str(tiny_model)
-    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8 - job.baseline.judge_gpus)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8 - job.scorer.judge_gpus)
     assert list(cfg.trainer.logger) == ["console", "file", "mlflow"]
     assert cfg.trainer.default_local_dir == str(job.ckpt_dir)
     assert cfg.trainer.resume_mode == "disable"
@@ -356,14 +356,14 @@ def test_a_judge_on_a_node_of_its_own_is_started_there_bound_to_the_shared_addre
 
     from spader.scorers.judge import JUDGE_KEY_ENV, JudgeClient
     from spader.training.ray_cluster import srun_on
-    from spader.training.scorer_launch import JudgeNode, baseline_launch, judge_endpoint
+    from spader.training.scorer_launch import JudgeNode, judge_endpoint, scorer_launch
 
     address = _routable_ipv4()
     if address is None:
         pytest.skip("no non-loopback IPv4 address on this machine")
     assert srun_on("node-b", gpus=1)[-3:] == ["--overlap", "--kill-on-bad-exit=1", "--gres=gpu:1"]
     judge = {**paper_config["judge"], "url": None}
-    launch = baseline_launch(paper_config["variants"]["r3rag"], judge=judge)
+    launch = scorer_launch(paper_config["variants"]["r3rag"], judge=judge)
     node = JudgeNode("node-b", address, ("env", "SPADER_JUDGE_NODE=node-b"), ("0",))
     server = REPO / "tests" / "support" / "openai_test_server.py"
     command = [sys.executable, str(server), "--host", "{host}", "--port", "{port}", "--api-key", "{api_key}",

@@ -366,7 +366,7 @@ def test_job_memory_of_a_train_job(tiny_model):
     from spader.training.preflight import check_job_memory
 
     job = SimpleNamespace(device="cuda", backbone="b", variant="v", model_dir=tiny_model, workers=8, train_nodes=1,
-                          judge_node=False, baseline=SimpleNamespace(judge_gpus=0),
+                          judge_node=False, scorer=SimpleNamespace(judge_gpus=0),
                           backbone_spec=SimpleNamespace(model="tiny:qwen3"), retrieval=None, judge=None)  # fmt: skip
     (only,) = check_job_memory(job, verl_cfg(), capacity_gib=80.0)
     assert only.name == "train b/v" and only.gpus == 8 and only.fits

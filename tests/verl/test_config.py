@@ -45,10 +45,10 @@ def launch_overrides(model: Path) -> list[str]:
 def composed():
     """Per variant: its YAML composed with config.yaml's overrides and the launcher's judge settings
     (Hydra compose takes about a second on this machine, so each is composed once)."""
-    from spader.training.scorer_launch import baseline_launch
+    from spader.training.scorer_launch import scorer_launch
 
     def judge(spec):  # what the launcher adds for an LLM-judged variant (its endpoint comes at run time)
-        return baseline_launch(spec, judge=CONFIG["judge"]).overrides if spec["reward"] == "r3rag" else []
+        return scorer_launch(spec, judge=CONFIG["judge"]).overrides if spec["reward"] == "r3rag" else []
 
     return {
         name: compose(spec["verl_config"], [*config_overrides(spec, TRAINING, AGENT), *judge(spec)])

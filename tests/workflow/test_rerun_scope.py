@@ -248,7 +248,7 @@ def test_operational_settings_rerun_nothing():
     assert _affected(_jobs(base, TARGET), _jobs(changed, TARGET)) == set()
 
 
-def test_adding_a_baseline_retrains_nothing():
+def test_adding_a_prompting_baseline_retrains_nothing():
     base = _paper()
     changed = copy.deepcopy(base)
     changed["backbones"]["qwen3_8b"]["prompting"] = ["rag"]

@@ -244,7 +244,7 @@ def hub_revision(repo):
 
 
 def backbone_params(backbone):
-    """What training needs of `backbones.<backbone>` (not its method lists: adding a baseline
+    """What training needs of `backbones.<backbone>` (not its method lists: adding a prompting baseline
     must not retrain)."""
     return section_params("train_policy", "backbones", backbone)
 

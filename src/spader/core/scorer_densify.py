@@ -36,7 +36,7 @@ from spader.core.spader_densify import STEPS_KEY
 from spader.core.stepsearch import SearchTurn, batch_match_degrees, information_gains, redundancy
 
 __all__ = [
-    "BaselineStats",
+    "ScorerStats",
     "TurnDetails",
     "parse_turn_details",
     "r3rag_dense_rewards",
@@ -133,7 +133,7 @@ def parse_turn_details(extra_fields: Mapping[str, Any] | None, where: str = "") 
 
 
 @dataclass
-class BaselineStats:
+class ScorerStats:
     """Bookkeeping of one batch, logged as training metrics under ``<prefix>``.
 
     Attributes:
@@ -172,7 +172,7 @@ class BaselineStats:
         return out
 
 
-def _rows(response_mask: Tensor, skip: Sequence[bool] | None, stats: BaselineStats):
+def _rows(response_mask: Tensor, skip: Sequence[bool] | None, stats: ScorerStats):
     steps = segment_steps(response_mask)
     counts = steps.count.tolist()
     skip = list(skip) if skip is not None else [False] * len(counts)
@@ -187,7 +187,7 @@ def _rows(response_mask: Tensor, skip: Sequence[bool] | None, stats: BaselineSta
     return steps, counts, rows
 
 
-def _by_turn(details: Sequence[TurnDetails], n_turns: int, stats: BaselineStats) -> list[TurnDetails | None]:
+def _by_turn(details: Sequence[TurnDetails], n_turns: int, stats: ScorerStats) -> list[TurnDetails | None]:
     """Each record on the run of its turn; records beyond the runs, or a second one, are dropped."""
     out: list[TurnDetails | None] = [None] * n_turns
     for d in details:
@@ -216,7 +216,7 @@ def stepsearch_dense_rewards(
     valid: Sequence[bool] | None = None,
     skip: Sequence[bool] | None = None,
     pool: Executor | None = None,
-) -> tuple[Tensor, BaselineStats]:
+) -> tuple[Tensor, ScorerStats]:
     """Token rewards of StepSearch for a batch.
 
     Args:
@@ -242,7 +242,7 @@ def stepsearch_dense_rewards(
     valid = list(valid) if valid is not None else [True] * b
     if len(valid) != b:
         raise ValueError(f"batch of {b} responses but {len(valid)} format verdicts")
-    stats = BaselineStats()
+    stats = ScorerStats()
     steps, counts, rows = _rows(response_mask, skip, stats)
     turns: list[list[SearchTurn]] = []
     ids: list[list[tuple[str, ...]]] = []
@@ -287,7 +287,7 @@ def r3rag_dense_rewards(
     score_turns: TurnScorer,
     *,
     skip: Sequence[bool] | None = None,
-) -> tuple[Tensor, BaselineStats]:
+) -> tuple[Tensor, ScorerStats]:
     """Token rewards of R3-RAG for a batch.
 
     Only the turns whose reward depends on their score are scored (every run but the last, and the
@@ -311,7 +311,7 @@ def r3rag_dense_rewards(
             f"batch of {b} responses but {len(outcomes)} outcomes, {len(details)} record lists, "
             f"{len(questions)} questions and {terminal.numel()} terminal rewards"
         )
-    stats = BaselineStats()
+    stats = ScorerStats()
     steps, counts, rows = _rows(response_mask, skip, stats)
     rho: dict[int, list[float]] = {}
     wanted: list[tuple[int, int]] = []

@@ -481,8 +481,8 @@ def check_job_memory(job: Any, verl_config: Any, *, capacity_gib: float | None =
     (nothing for a CPU run)."""
     if str(getattr(job, "device", "cuda")) == "cpu":
         return []
-    baseline = getattr(job, "baseline", None)
-    judge_gpus = int(getattr(baseline, "judge_gpus", 0) or 0)
+    scorer = getattr(job, "scorer", None)
+    judge_gpus = int(getattr(scorer, "judge_gpus", 0) or 0)
     judge_node = bool(getattr(job, "judge_node", False))
     per_node = int(job.workers) - (0 if judge_node else judge_gpus)
     training_gpus = int(getattr(job, "train_nodes", 1) or 1) * per_node

@@ -181,7 +181,7 @@ def judge_node(job):
             f"training.nodes is {job.training.nodes} but the allocation has {len(nodes)} node(s): {nodes}"
         )
     name = nodes[job.train_nodes]
-    gpus = job.baseline.judge_gpus
+    gpus = job.scorer.judge_gpus
     return JudgeNode(
         name=name,
         address=node_address(name),

@@ -91,7 +91,7 @@ from spader.training.lineage import (
     verl_tracking_env,
 )
 from spader.training.preflight import PreflightError, check_job_memory, check_retrieval, static_checks
-from spader.training.scorer_launch import BaselineLaunch, baseline_launch, judge_endpoint, judge_settings
+from spader.training.scorer_launch import ScorerLaunch, judge_endpoint, judge_settings, scorer_launch
 from spader.training.stop import StopControl, StoppedForResume, TimeLimitWatch, read_stop_ack
 from spader.training.workdir import WorkdirLock
 
@@ -163,7 +163,7 @@ class TrainJob:
     experiment: str = field(default_factory=lambda: MlflowConfig().experiment)
     extra_overrides: tuple[str, ...] = ()
     entry: tuple[str, ...] | None = None
-    # the step-level baselines (spader.training.scorer_launch): StepSearch's evidence and settings,
+    # the step-level scorers of StepSearch and R3-RAG (spader.training.scorer_launch): StepSearch's evidence and settings,
     # R3-RAG's judge settings and model directory
     evidence: Path | None = None
     stepsearch: StepSearchConfig | None = None
@@ -274,9 +274,9 @@ class TrainJob:
         return settings
 
     @property
-    def baseline(self) -> BaselineLaunch:
+    def scorer(self) -> ScorerLaunch:
         """What a StepSearch / R3-RAG variant adds to the launch (nothing for the others)."""
-        return baseline_launch(
+        return scorer_launch(
             self.variant_spec.model_dump(),
             evidence=self.evidence,
             stepsearch=self.stepsearch.model_dump() if self.stepsearch else None,
@@ -298,7 +298,7 @@ class TrainJob:
     @property
     def judge_node(self) -> bool:
         """The LLM judge is served on a node of its own (the last one of a multi-node job)."""
-        return self.training.nodes > 1 and self.baseline.judge_gpus > 0
+        return self.training.nodes > 1 and self.scorer.judge_gpus > 0
 
     @property
     def train_nodes(self) -> int:
@@ -368,9 +368,9 @@ def plan_launch(
     Returns:
         The plan; ``plan.argv`` is the command, ``plan.env`` what it adds to the environment.
     """
-    baseline = job.baseline
+    scorer = job.scorer
     # a judge served on the training node takes GPUs from it; on a node of its own it takes none
-    workers = job.workers - (0 if job.judge_node else baseline.judge_gpus)
+    workers = job.workers - (0 if job.judge_node else scorer.judge_gpus)
     training = job.training
     private_ray = job.ray_address is None and job.train_nodes == 1
     if storage_units is None:
@@ -416,7 +416,7 @@ def plan_launch(
             # operational (not a param of the rule): how long a generation may go unanswered
             f"++spader_agent.rollout_timeout_s={float(training.rollout_timeout_s)}",
             *agent_overrides(job.agent.model_dump()),
-            *baseline.overrides,
+            *scorer.overrides,
         ],
         resume=resume_overrides(resume_from),
         extra=job.extra_overrides,
@@ -607,15 +607,15 @@ def train(
             retrieval=job.retrieval_settings,
             max_chars=int(job.agent.max_tool_response_chars),
             max_queries_per_call=job.agent.max_queries_per_call,
-            record_turns=job.baseline.record_turns,
+            record_turns=job.scorer.record_turns,
             observation_format=job.agent.observation_format,
         )
         with (
             judge_endpoint(
-                job.baseline,
+                job.scorer,
                 job.judge.model_dump() if job.judge else None,
                 model_dir=job.judge_model_dir,
-                training_gpus=job.workers - (0 if job.judge_node else job.baseline.judge_gpus),
+                training_gpus=job.workers - (0 if job.judge_node else job.scorer.judge_gpus),
                 environ=os.environ,
                 log_path=job.workdir / "judge_server.log",
                 node=judge_node(job),

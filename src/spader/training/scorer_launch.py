@@ -8,7 +8,7 @@
   several nodes serves it on a node of its own (:class:`JudgeNode`, through ``srun``) and verl
   trains on every GPU of the others.
 
-:func:`baseline_launch` is known when the launch is planned (and checked with it);
+:func:`scorer_launch` is known when the launch is planned (and checked with it);
 :func:`judge_endpoint` runs around verl and adds the endpoint's URL and the GPU split.
 """
 
@@ -25,12 +25,12 @@ from spader.integrations.verl.hydra import hydra_value
 
 __all__ = [
     "OPERATIONAL_JUDGE_KEYS",
-    "BaselineLaunch",
     "JudgeNode",
-    "baseline_launch",
+    "ScorerLaunch",
     "judge_endpoint",
     "judge_params",
     "judge_settings",
+    "scorer_launch",
 ]
 
 #: Judge settings that cannot change a result (where it runs, how long and how often the client
@@ -39,8 +39,8 @@ OPERATIONAL_JUDGE_KEYS = ("url", "startup_timeout_s", "timeout_s", "retries", "c
 
 
 @dataclass(frozen=True)
-class BaselineLaunch:
-    """The baseline's part of a launch.
+class ScorerLaunch:
+    """The step-level scorer's part of a launch (StepSearch's evidence, R3-RAG's judge).
 
     Attributes:
         record_turns: the search tool records turn details.
@@ -61,13 +61,13 @@ def _judge(judge: JudgeConfig | Mapping[str, Any]) -> JudgeConfig:
     return judge if isinstance(judge, JudgeConfig) else JudgeConfig.model_validate(dict(judge))
 
 
-def baseline_launch(
+def scorer_launch(
     variant: Mapping[str, Any],
     *,
     evidence: str | os.PathLike | None = None,
     stepsearch: Mapping[str, Any] | None = None,
     judge: Mapping[str, Any] | None = None,
-) -> BaselineLaunch:
+) -> ScorerLaunch:
     """The launch additions of a variant (nothing for SPADER and the other variants).
 
     Args:
@@ -76,7 +76,7 @@ def baseline_launch(
         stepsearch: ``config["stepsearch"]``.
         judge: ``config["judge"]`` (``r3rag`` variants with ``judge: llm``).
     Returns:
-        :class:`BaselineLaunch`.
+        :class:`ScorerLaunch`.
     Raises:
         ValueError: a needed input is missing (the message names it).
     """
@@ -94,7 +94,7 @@ def baseline_launch(
             else StepSearchConfig.model_validate(dict(stepsearch))
         )
         workers = section.workers
-        return BaselineLaunch(
+        return ScorerLaunch(
             record_turns=True,
             overrides=[
                 f"++algorithm.stepsearch.evidence_path={hydra_value(os.path.abspath(evidence))}",
@@ -102,16 +102,16 @@ def baseline_launch(
             ],
         )
     if reward != "r3rag":
-        return BaselineLaunch()
+        return ScorerLaunch()
     if not _variant(variant).serves_judge:
-        return BaselineLaunch(record_turns=True)
+        return ScorerLaunch(record_turns=True)
     if judge is None:
         raise ValueError("an r3rag variant with judge llm needs the 'judge' config block")
     typed = _judge(judge)
     overrides = [f"++algorithm.r3rag.judge.model={hydra_value(typed.model)}"]
     overrides += [f"++algorithm.r3rag.judge.{k}={hydra_value(getattr(typed, k))}" for k in JUDGE_CLIENT_KEYS]
     served = 0 if typed.url else typed.gpus
-    return BaselineLaunch(record_turns=True, overrides=overrides, judge_gpus=served)
+    return ScorerLaunch(record_turns=True, overrides=overrides, judge_gpus=served)
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class JudgeNode:
 
 @contextlib.contextmanager
 def judge_endpoint(
-    launch: BaselineLaunch,
+    launch: ScorerLaunch,
     judge: Mapping[str, Any] | None,
     *,
     model_dir: str | os.PathLike | None,
@@ -146,7 +146,7 @@ def judge_endpoint(
     """Around verl: the judge endpoint's overrides and the environment verl must run with.
 
     Args:
-        launch: :func:`baseline_launch` of the variant.
+        launch: :func:`scorer_launch` of the variant.
         judge: ``config["judge"]``.
         model_dir: local directory of the judge model (served judge only).
         training_gpus: GPUs verl trains on (the node's minus ``launch.judge_gpus``).

@@ -186,9 +186,9 @@ def validate(cfg: DictConfig) -> None:
     ):
         raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop: unknown agent loop '{agent}'")
     from spader.integrations.verl.overrides import ESTIMATORS
-    from spader.integrations.verl.scorer_rewards import check_baseline_config, step_reward_kind
+    from spader.integrations.verl.scorer_rewards import check_scorer_config, step_reward_kind
 
     if trainer_mode == "spader_sync" and step_reward_kind(resolved) != "spader":
-        check_baseline_config(resolved)  # StepSearch / R3-RAG step rewards
+        check_scorer_config(resolved)  # StepSearch / R3-RAG step rewards
     elif trainer_mode == "spader_sync" or estimator in (ESTIMATORS["spa"], ESTIMATORS["grpo_return"]):
         spader_settings(resolved)  # the estimators of SPADER's step rewards read algorithm.spader

@@ -4,7 +4,7 @@
 
 A trajectory without any generated token (an episode that failed for an infrastructure reason,
 :data:`spader.core.spader_densify.FAILURE_KEY`, or a padding row) is no peer: it gets its own group,
-so it neither lowers the baseline nor widens the spread of its prompt's group, and its advantage
+so it neither lowers the group mean nor widens the spread of its prompt's group, and its advantage
 is 0 (:func:`peer_groups`). Each estimator logs how many it left out.
 
 verl calls a registered estimator as ``fn(token_level_rewards=, response_mask=, config=, index=)``

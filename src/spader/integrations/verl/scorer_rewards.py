@@ -49,7 +49,7 @@ __all__ = [
     "R3RagRewards",
     "StepSearchRewards",
     "StepSearchSettings",
-    "check_baseline_config",
+    "check_scorer_config",
     "make_step_rewards",
     "step_reward_kind",
     "turn_fields",
@@ -288,7 +288,7 @@ def make_step_rewards(cfg: Any) -> _BatchRewards | None:
     return None
 
 
-def check_baseline_config(cfg: Any) -> None:
+def check_scorer_config(cfg: Any) -> None:
     """Checks of a StepSearch / R3-RAG config that verl cannot make (called by
     :func:`spader.integrations.verl.compose.validate`): well-formed settings, a critic, the
     estimator each baseline is defined with, and no discount.

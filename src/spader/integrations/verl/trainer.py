@@ -117,8 +117,8 @@ class SpaderTrainerSync(PPOTrainerSync):
     """
 
     def __init__(self, config):
-        # fail before any GPU work when the variant's settings are malformed; a baseline's step
-        # rewards (algorithm.step_reward: stepsearch, r3rag) replace SPADER's (.scorer_rewards)
+        # fail before any GPU work when the variant's settings are malformed; a step-level baseline's
+        # step rewards (algorithm.step_reward: stepsearch, r3rag) replace SPADER's (.scorer_rewards)
         self.step_rewards = make_step_rewards(config)
         self.spader = SpaderSettings.from_config(config) if self.step_rewards is None else None
         super().__init__(config)
