@@ -1,9 +1,11 @@
 """The repository stands on its own and follows the ecosystem's conventions: no references to
-documents it does not contain, a license that matches the package metadata, a generated config
+documents it does not contain, no mention of a repository path or package module that is gone, a license that matches the package metadata, a generated config
 reference that is up to date, a workflow-catalog file, and packaging metadata that is true."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import re
 import subprocess
 import sys
@@ -63,6 +65,145 @@ def test_no_reference_to_documents_outside_the_repository():
 def test_no_issue_numbers():
     offenders = [f"{rel}:{n}: {line.strip()}" for rel, n, line in _lines() if _ISSUE.search(line)]
     assert not offenders, "say what the code does instead of citing an issue:\n" + "\n".join(offenders)
+
+
+# A repository path as prose names it (`tests/workflow/test_dag.py`, `workflow/rules/`): one of the
+# repository's own folders, not a template (`{suite}`, `<rule>`, `*.py`). Outputs and downloads
+# (results/, resources/, logs/) are not the repository's.
+_REPO_PATH = re.compile(
+    r"(?<![\w./$~-])((?:tests|src|docs|workflow|bench|config|profiles|slurm|scripts|\.ci)/[\w./-]*[\w/])(?![\w{<*\[])"
+)
+# A module of the package (`spader.core.rewards.terminal_reward`); `spader.<name>` where name is
+# no subpackage or module is something else (an MLflow tag, a config key).
+_MODULE_REF = re.compile(r"(?<![\w./-])spader(?:\.\w+)+")
+_COMMENT = re.compile(r"(?:^|\s)#\s.*")  # a comment, near enough for prose
+_PROSE_SUFFIXES = (".md", ".rst", ".smk", ".yaml", ".yml", ".toml", ".cfg", ".txt", ".sh")
+
+
+def _is_referenced_path(path: str) -> bool:
+    """Whether a path-like word names a repository path that should exist: a file (it has a
+    suffix), a folder (ends in `/`), or a folder of the code (`tests/support`); not prose such as
+    `docs/s` (documents per second)."""
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    return "." in last or path.endswith("/") or path.split("/", 1)[0] in ("tests", "src", "workflow", "bench")
+
+
+def _python_prose(text: str) -> dict[int, str]:
+    """Line -> its docstring text or its comment (a test's code builds trees of its own, which its
+    prose does not describe)."""
+    lines = text.splitlines()
+    prose = {n: m.group(0) for n, line in enumerate(lines, 1) if (m := _COMMENT.search(line))}
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return prose
+    statements = list(tree.body)
+    while statements:  # statements only: expressions hold no docstring
+        node = statements.pop()
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            prose.update((n, lines[n - 1]) for n in range(node.lineno, node.end_lineno + 1))
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            statements += getattr(node, field, [])
+    return prose
+
+
+def _reference_lines():
+    """(file, line number, text) of what may name repository paths and modules: the prose files,
+    the workflow, the package, the benchmarks and scripts in full; the tests' comments and
+    docstrings."""
+    for path in _repository_files():
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(("bench/records/", "tests/fixtures/")):  # measurements; copies of others' files
+            continue
+        if path.suffix == ".py":
+            text = path.read_text(encoding="utf-8")
+            if rel.startswith("tests/"):
+                yield from ((rel, n, line) for n, line in sorted(_python_prose(text).items()))
+            else:
+                yield from ((rel, n, line) for n, line in enumerate(text.splitlines(), 1))
+        elif path.suffix in _PROSE_SUFFIXES or path.name == "Snakefile":
+            yield from (
+                (rel, n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            )
+
+
+@functools.cache
+def _module_file(name: str) -> Path | None:
+    base = REPO.joinpath("src", *name.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _module_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _module_ref_missing(ref: str) -> bool:
+    """Whether `spader.a.b...` names a subpackage of the package that lacks the module or the
+    name (`spader.core.densify`, `spader.config.HardwareConfig`)."""
+    parts = ref.split(".")
+    if _module_file(".".join(parts[:2])) is None:
+        return False  # spader.host, spader.beta: not the package's
+    for end in range(len(parts), 1, -1):
+        path = _module_file(".".join(parts[:end]))
+        if path is not None:
+            return end < len(parts) and not re.search(rf"\b{parts[end]}\b", _module_text(path))
+    return True
+
+
+def _stale_references(lines) -> list[str]:
+    stale = []
+    for rel, n, line in lines:
+        stale += [
+            f"{rel}:{n}: {m.group(1)}"
+            for m in _REPO_PATH.finditer(line)
+            if _is_referenced_path(m.group(1)) and not (REPO / m.group(1).rstrip(".")).exists()
+        ]
+        stale += [
+            f"{rel}:{n}: {m.group(0)}" for m in _MODULE_REF.finditer(line) if _module_ref_missing(m.group(0))
+        ]
+    return stale
+
+
+def test_mentioned_paths_and_modules_exist():
+    """A renamed or removed file, folder or module leaves no mention behind in the docs, the
+    workflow, the configs, the package's comments and docstrings or the tests' prose."""
+    stale = _stale_references(_reference_lines())
+    assert not stale, "these name a path or module that does not exist:\n" + "\n".join(stale)
+
+
+def test_the_stale_reference_check_catches_what_it_should():
+    planted = [
+        ("docs/x.md", 1, "see `tests/baselines/` and tests/core/test_densify.py, docs/gone.md."),
+        ("src/x.py", 2, "# (spader.core.densify.densify_rewards, spader.config.HardwareConfig)"),
+        ("src/x.py", 3, "spader.training.scorer_launch.BaselineLaunch and workflow/rules/training.smk"),
+    ]
+    assert [entry.split(": ", 1)[1] for entry in _stale_references(planted)] == [
+        "tests/baselines/",
+        "tests/core/test_densify.py",
+        "docs/gone.md",
+        "spader.core.densify.densify_rewards",
+        "spader.config.HardwareConfig",
+        "workflow/rules/training.smk",
+        "spader.training.scorer_launch.BaselineLaunch",
+    ]
+    fine = [
+        ("docs/x.md", 1, "`results/{suite}/data/`, `workflow/scripts/<rule>.py`, 300 docs/s, tests/*.py"),
+        ("src/x.py", 2, "spader.host, spader.core.rewards.terminal_reward, docs/method.md, tests/support/"),
+        (
+            "src/x.py",
+            3,
+            "`config/data/index hashes`, spader.integrations.verl.scorer_rewards.StepSearchRewards",
+        ),
+    ]
+    assert _stale_references(fine) == []
 
 
 def test_referenced_docs_exist():

@@ -776,7 +776,7 @@ def training_job(
 class JobCosts:
     """What a training job's time, host memory and disk need beyond its verl config."""
 
-    hardware: Any  # the config's ``hardware`` section (spader.config.HardwareConfig)
+    hardware: Any  # the config's ``hardware`` section (spader.config.model.HardwareConfig)
     workload: Any  # spader.training.costs.Workload
     reranker_on_gpus: bool = False
     cache_bytes: int = 0
