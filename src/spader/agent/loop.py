@@ -554,6 +554,107 @@ def _check_errors(episodes: list[Episode], engine: Engine, settings: AgentSettin
         )
 
 
+def _start_episodes(
+    questions: Sequence[Question], tokenizer, settings: AgentSettings, template: PromptTemplate | None
+) -> list[Episode]:
+    """The episodes of ``questions`` with their prompts rendered (a template error fails one)."""
+    episodes = [Episode(question=q, parser=settings.parser, loop=settings.loop) for q in questions]
+    for ep in episodes:
+        try:
+            messages = build_messages(ep.question.question, template)
+            ep.prompt_text = messages[-1]["content"]
+            if settings.loop == "authors":  # the history is rendered again before every turn
+                ep.conversation = RenderedConversation(tokenizer, messages, settings.observation_format)
+            else:
+                prompt = render_prompt(tokenizer, messages)
+                ep.conversation = Conversation(tokenizer, prompt, settings.observation_format)
+        except Exception as exc:  # noqa: BLE001 (a template error is this episode's failure)
+            ep.status, ep.error = "generation_error", f"chat template failed: {type(exc).__name__}: {exc}"
+    return episodes
+
+
+def _turn_requests(episodes: list[Episode], turn: int, settings: AgentSettings) -> list[_Request]:
+    """The generation requests of the running episodes; one with no room left ends (context_budget)."""
+    requests = []
+    for ep in episodes:
+        if ep.status != "running":
+            continue
+        room = settings.max_context_tokens - len(ep.conversation.ids)
+        if settings.max_response_tokens is not None:  # training's response budget after the prompt
+            room = min(room, settings.max_response_tokens - ep.conversation.response_tokens)
+        if room <= 0:
+            ep.status = "context_budget"
+            continue
+        cap = settings.max_turn_tokens
+        requests.append(
+            _Request(ep, list(ep.conversation.ids), room if cap is None else min(cap, room), turn)
+        )
+    return requests
+
+
+def _generate_turn(
+    engine: Engine, requests: list[_Request], tokenizer, turn: int, settings: AgentSettings
+) -> list[Generation]:
+    """The generations of ``requests``, malformed turns generated again up to ``regenerations`` times."""
+    gens = _generate(engine, requests, settings)
+    for attempt in range(1, settings.regenerations + 1):
+        again = [
+            i
+            for i, (req, gen) in enumerate(zip(requests, gens, strict=True))
+            if gen.error is None
+            and malformed_turn(_decode(gen, tokenizer, settings), settings.stop, settings.parser)
+        ]
+        if not again:
+            break
+        redo = [
+            _Request(requests[i].ep, requests[i].prompt, requests[i].budget, turn, attempt) for i in again
+        ]
+        for i, gen in zip(again, _generate(engine, redo, settings), strict=True):
+            gens[i] = gen
+            requests[i].attempt = attempt
+    return gens
+
+
+def _record_turn(
+    requests: list[_Request], gens: list[Generation], tokenizer, last_turn: bool, settings: AgentSettings
+) -> list[tuple[Episode, Step]]:
+    """Record each generation as its episode's step; returns the (episode, step) pairs to search."""
+    pending = []
+    for req, gen in zip(requests, gens, strict=True):
+        ep = req.ep
+        step = Step(text="", kind="none", prompt_tokens=len(req.prompt), finish=gen.finish)
+        step.regenerated = req.attempt
+        ep.steps.append(step)
+        if gen.error is not None:
+            ep.status, ep.error, step.kind = "generation_error", gen.error, "error"
+            continue
+        try:
+            ids, cut = _turn_ids(gen, tokenizer, settings)
+            step.text = tokenizer.decode(ids, skip_special_tokens=False)
+            step.completion_tokens, step.budget_cut = len(ids), cut
+            ep.conversation.add_turn(ids)
+            full = len(ep.conversation.ids) >= settings.max_context_tokens or (
+                settings.max_response_tokens is not None
+                and ep.conversation.response_tokens >= settings.max_response_tokens
+            )
+            if _apply_turn(ep, step, last_turn=last_turn, full=full, settings=settings):
+                pending.append((ep, step))
+        except Exception as exc:  # noqa: BLE001 (this episode's failure, scored 0)
+            ep.fail("reading the turn", exc)
+    return pending
+
+
+def _finish_episodes(episodes: list[Episode], settings: AgentSettings) -> None:
+    """Close the episodes still running (turn_budget) and read the authors' answer where due."""
+    for ep in episodes:  # only reachable when the loop ran out of turns with nothing generated
+        if ep.status == "running":
+            ep.status = "turn_budget"
+        if settings.parser == "authors" and ep.answer is None and ep.status != "episode_error":
+            # the last <answer> of the turns, whatever ended the episode (their script scores what
+            # an episode wrote, also one a generation error stopped)
+            ep.answer = authors_answer(ep.assistant_text())
+
+
 def run_episodes(
     questions: Sequence[Question],
     engine: Engine,
@@ -580,18 +681,7 @@ def run_episodes(
         GenerationFailure: more generation errors than ``settings.max_error_share`` allows.
     """
     tokenizer = engine.tokenizer
-    episodes = [Episode(question=q, parser=settings.parser, loop=settings.loop) for q in questions]
-    for ep in episodes:
-        try:
-            messages = build_messages(ep.question.question, template)
-            ep.prompt_text = messages[-1]["content"]
-            if settings.loop == "authors":  # the history is rendered again before every turn
-                ep.conversation = RenderedConversation(tokenizer, messages, settings.observation_format)
-            else:
-                prompt = render_prompt(tokenizer, messages)
-                ep.conversation = Conversation(tokenizer, prompt, settings.observation_format)
-        except Exception as exc:  # noqa: BLE001 (a template error is this episode's failure)
-            ep.status, ep.error = "generation_error", f"chat template failed: {type(exc).__name__}: {exc}"
+    episodes = _start_episodes(questions, tokenizer, settings, template)
     _check_errors(episodes, engine, settings)
     if method == "rag":
         _rag_retrieval(episodes, search, settings, tokenizer)
@@ -600,59 +690,11 @@ def run_episodes(
         turns = settings.max_turns
     bar = tqdm(total=len(episodes), desc=f"{method} episodes", unit="ep", disable=not progress)
     for turn in range(turns):
-        running = [ep for ep in episodes if ep.status == "running"]
-        if not running:
+        if not any(ep.status == "running" for ep in episodes):
             break
-        requests = []
-        for ep in running:
-            room = settings.max_context_tokens - len(ep.conversation.ids)
-            if settings.max_response_tokens is not None:  # training's response budget after the prompt
-                room = min(room, settings.max_response_tokens - ep.conversation.response_tokens)
-            if room <= 0:
-                ep.status = "context_budget"
-                continue
-            cap = settings.max_turn_tokens
-            requests.append(
-                _Request(ep, list(ep.conversation.ids), room if cap is None else min(cap, room), turn)
-            )
-        gens = _generate(engine, requests, settings)
-        for attempt in range(1, settings.regenerations + 1):
-            again = [
-                i
-                for i, (req, gen) in enumerate(zip(requests, gens, strict=True))
-                if gen.error is None
-                and malformed_turn(_decode(gen, tokenizer, settings), settings.stop, settings.parser)
-            ]
-            if not again:
-                break
-            redo = [
-                _Request(requests[i].ep, requests[i].prompt, requests[i].budget, turn, attempt) for i in again
-            ]
-            for i, gen in zip(again, _generate(engine, redo, settings), strict=True):
-                gens[i] = gen
-                requests[i].attempt = attempt
-        pending = []
-        for req, gen in zip(requests, gens, strict=True):
-            ep = req.ep
-            step = Step(text="", kind="none", prompt_tokens=len(req.prompt), finish=gen.finish)
-            step.regenerated = req.attempt
-            ep.steps.append(step)
-            if gen.error is not None:
-                ep.status, ep.error, step.kind = "generation_error", gen.error, "error"
-                continue
-            try:
-                ids, cut = _turn_ids(gen, tokenizer, settings)
-                step.text = tokenizer.decode(ids, skip_special_tokens=False)
-                step.completion_tokens, step.budget_cut = len(ids), cut
-                ep.conversation.add_turn(ids)
-                full = len(ep.conversation.ids) >= settings.max_context_tokens or (
-                    settings.max_response_tokens is not None
-                    and ep.conversation.response_tokens >= settings.max_response_tokens
-                )
-                if _apply_turn(ep, step, last_turn=turn == turns - 1, full=full, settings=settings):
-                    pending.append((ep, step))
-            except Exception as exc:  # noqa: BLE001 (this episode's failure, scored 0)
-                ep.fail("reading the turn", exc)
+        requests = _turn_requests(episodes, turn, settings)
+        gens = _generate_turn(engine, requests, tokenizer, turn, settings)
+        pending = _record_turn(requests, gens, tokenizer, turn == turns - 1, settings)
         _check_errors(episodes, engine, settings)
         _run_searches(pending, search, settings)
         done = sum(ep.status != "running" for ep in episodes)
@@ -665,13 +707,7 @@ def run_episodes(
             done,
             len(episodes),
         )
-    for ep in episodes:  # only reachable when the loop ran out of turns with nothing generated
-        if ep.status == "running":
-            ep.status = "turn_budget"
-        if settings.parser == "authors" and ep.answer is None and ep.status != "episode_error":
-            # the last <answer> of the turns, whatever ended the episode (their script scores what
-            # an episode wrote, also one a generation error stopped)
-            ep.answer = authors_answer(ep.assistant_text())
+    _finish_episodes(episodes, settings)
     bar.update(len(episodes) - bar.n)
     bar.close()
     return episodes

@@ -205,6 +205,37 @@ def _place(rewards: list[list[float]], steps, length: int) -> Tensor:
     return place_step_rewards(table.reshape(len(rewards), width), steps, length)
 
 
+def _search_turns(
+    details: Sequence[Sequence[TurnDetails]], counts: list[int], rows: list[int], stats: BaselineStats
+) -> list[list[SearchTurn]]:
+    """Per row of ``rows``, its search turns (an empty one where a turn has no record)."""
+    turns: list[list[SearchTurn]] = []
+    for i in rows:
+        placed = _by_turn(details[i], counts[i] - 1, stats)  # the last run is the answer turn
+        turns.append([SearchTurn(d.passage_ids, d.passage_texts) if d else SearchTurn() for d in placed])
+    return turns
+
+
+def _stepsearch_search_rewards(
+    gains: list[float],
+    repeats: list[float],
+    lambda_s: float,
+    has_evidence: bool,
+    valid: bool,
+    stats: BaselineStats,
+) -> list[float]:
+    """One row's search-turn rewards ``lambda_s * (gain - redundancy)``; zeros (counted) for a row
+    without evidence or with an invalid answer."""
+    search = [lambda_s * (g - r) for g, r in zip(gains, repeats, strict=True)]
+    if not has_evidence:
+        stats.count("rows_without_evidence")
+        search = [0.0] * len(search)
+    elif not valid:
+        stats.count("rows_invalid_no_step_reward")
+        search = [0.0] * len(search)
+    return search
+
+
 def stepsearch_dense_rewards(
     response_mask: Tensor,
     terminal: Tensor,
@@ -244,25 +275,17 @@ def stepsearch_dense_rewards(
         raise ValueError(f"batch of {b} responses but {len(valid)} format verdicts")
     stats = ScorerStats()
     steps, counts, rows = _rows(response_mask, skip, stats)
-    turns: list[list[SearchTurn]] = []
-    ids: list[list[tuple[str, ...]]] = []
-    for i in rows:
-        placed = _by_turn(details[i], counts[i] - 1, stats)  # the last run is the answer turn
-        turns.append([SearchTurn(d.passage_ids, d.passage_texts) if d else SearchTurn() for d in placed])
-        ids.append([t.ids for t in turns[-1]])
+    turns = _search_turns(details, counts, rows, stats)
+    ids = [[t.ids for t in row] for row in turns]
     keys = [str(question_keys[i]) for i in rows]
     degrees = batch_match_degrees(list(zip(keys, turns, strict=True)), evidence, pool=pool)
     rewards = [[0.0] for _ in range(b)]
     values = terminal.tolist()
     for k, i in enumerate(rows):
         gains, repeats = information_gains(degrees[k]), redundancy(ids[k])
-        search = [lambda_s * (g - r) for g, r in zip(gains, repeats, strict=True)]
-        if not evidence.get(keys[k]):
-            stats.count("rows_without_evidence")
-            search = [0.0] * len(search)
-        elif not valid[i]:
-            stats.count("rows_invalid_no_step_reward")
-            search = [0.0] * len(search)
+        search = _stepsearch_search_rewards(
+            gains, repeats, lambda_s, bool(evidence.get(keys[k])), valid[i], stats
+        )
         rewards[i] = [*search, values[i]]
         stats.trajectories += 1
         stats.search_turns += len(search)
@@ -276,6 +299,37 @@ def stepsearch_dense_rewards(
 
 #: ``score_turns(items) -> rho``: process scores in [0, 1] of ``(question, TurnDetails)`` items.
 TurnScorer = Callable[[Sequence[tuple[str, TurnDetails]]], Sequence[float]]
+
+
+def _score_turns(
+    outcomes: Sequence[str],
+    details: Sequence[Sequence[TurnDetails]],
+    questions: Sequence[str],
+    score_turns: TurnScorer,
+    counts: list[int],
+    rows: list[int],
+    stats: BaselineStats,
+) -> tuple[dict[int, list[float]], int]:
+    """``(rho per row, turns judged)``: the process score of each run of each row of ``rows`` (0
+    for a turn not scored: one whose reward does not depend on it, without a record, or an error)."""
+    rho: dict[int, list[float]] = {}
+    wanted: list[tuple[int, int]] = []
+    items: list[tuple[str, TurnDetails]] = []
+    for i in rows:
+        placed = _by_turn(details[i], counts[i], stats)
+        rho[i] = [0.0] * counts[i]
+        scored = counts[i] if outcomes[i] == "no_answer" else counts[i] - 1
+        for t in range(scored):
+            d = placed[t]
+            if d is not None and d.error is None and d.passage_ids:
+                wanted.append((i, t))
+                items.append((str(questions[i]), d))
+    scores = list(score_turns(items)) if items else []
+    if len(scores) != len(items):
+        raise ValueError(f"the turn scorer returned {len(scores)} scores for {len(items)} turns")
+    for (i, t), s in zip(wanted, scores, strict=True):
+        rho[i][t] = float(s)
+    return rho, len(items)
 
 
 def r3rag_dense_rewards(
@@ -313,23 +367,7 @@ def r3rag_dense_rewards(
         )
     stats = ScorerStats()
     steps, counts, rows = _rows(response_mask, skip, stats)
-    rho: dict[int, list[float]] = {}
-    wanted: list[tuple[int, int]] = []
-    items: list[tuple[str, TurnDetails]] = []
-    for i in rows:
-        placed = _by_turn(details[i], counts[i], stats)
-        rho[i] = [0.0] * counts[i]
-        scored = counts[i] if outcomes[i] == "no_answer" else counts[i] - 1
-        for t in range(scored):
-            d = placed[t]
-            if d is not None and d.error is None and d.passage_ids:
-                wanted.append((i, t))
-                items.append((str(questions[i]), d))
-    scores = list(score_turns(items)) if items else []
-    if len(scores) != len(items):
-        raise ValueError(f"the turn scorer returned {len(scores)} scores for {len(items)} turns")
-    for (i, t), s in zip(wanted, scores, strict=True):
-        rho[i][t] = float(s)
+    rho, judged = _score_turns(outcomes, details, questions, score_turns, counts, rows, stats)
     rewards = [[0.0] for _ in range(b)]
     values = terminal.tolist()
     for i in rows:
@@ -340,5 +378,5 @@ def r3rag_dense_rewards(
         stats.add("turn_rho", sum(rho[i][: counts[i] - 1]))
         stats.add("reward_sum", sum(rewards[i]))
         stats.count(f"outcome_{outcomes[i]}")
-    stats.count("judged_turns", len(items))
+    stats.count("judged_turns", judged)
     return _place(rewards, steps, length), stats

@@ -182,6 +182,66 @@ def _aligned_search_steps(
     return hits, queries, n_search - len(filled), dropped, errors
 
 
+def _groups(
+    group_ids: Sequence[Any], counts: list[int], skip: list[bool], stats: DensifyStats
+) -> dict[Any, list[int]]:
+    """The rows of each prompt group, without skipped rows and empty responses (those counted)."""
+    groups: dict[Any, list[int]] = defaultdict(list)
+    for i in range(len(counts)):
+        if skip[i]:
+            continue
+        if counts[i] == 0:
+            stats.empty_responses += 1
+            continue
+        groups[group_ids[i]].append(i)
+    return groups
+
+
+def _group_search_rewards(
+    uid: Any,
+    members: list[int],
+    records: Sequence[Sequence[StepRecord]],
+    counts: list[int],
+    n_gold: Sequence[int | None],
+    weights: StepRewardWeights,
+    stats: DensifyStats,
+) -> tuple[list[list[float]], list[int]]:
+    """The search-step rewards and new-entity counts of one group's rows (records counted in stats)."""
+    hits, queries, n_gt_values = [], [], set()
+    for i in members:
+        h, q, missing, dropped, errors = _aligned_search_steps(records[i], counts[i] - 1)
+        stats.missing_records += missing
+        stats.dropped_records += dropped
+        stats.tool_errors += errors
+        hits.append(h)
+        queries.append(q)
+        if n_gold[i] is not None:
+            n_gt_values.add(int(n_gold[i]))
+    if len(n_gt_values) > 1:
+        raise ValueError(
+            f"group {uid!r}: its trajectories disagree on the number of gold entities {n_gt_values}"
+        )
+    if any(hits):  # at least one search step in the group
+        if not n_gt_values or min(n_gt_values) < 1:
+            raise ValueError(f"group {uid!r} has search steps but no trajectory recorded {N_GOLD_KEY} >= 1")
+        return _search_rewards(hits, queries, n_gt_values.pop(), weights)
+    return [[] for _ in members], [0] * len(members)
+
+
+def _count_row(stats: DensifyStats, r: list[float], n_new: int, terminal_value: float) -> None:
+    """Add one trajectory's search-step rewards ``r`` and terminal reward to ``stats``."""
+    stats.trajectories += 1
+    stats.search_steps += len(r)
+    stats.new_entities += n_new
+    if r:
+        low, high = min(r), max(r)
+        first = stats.search_steps == len(r)  # this row's are the batch's first search steps
+        stats.search_reward_min = low if first else min(stats.search_reward_min, low)
+        stats.search_reward_max = high if first else max(stats.search_reward_max, high)
+    stats.search_reward_sum += sum(r)
+    stats.terminal_reward_sum += terminal_value
+
+
 def densify_rewards(
     response_mask: Tensor,
     terminal: Tensor,
@@ -216,52 +276,14 @@ def densify_rewards(
     counts = steps.count.tolist()
     stats = DensifyStats()
     step_rewards = [[0.0] * max(c, 1) for c in counts]
-    groups: dict[Any, list[int]] = defaultdict(list)
-    for i in range(b):
-        if skip[i]:
-            continue
-        if counts[i] == 0:
-            stats.empty_responses += 1
-            continue
-        groups[group_ids[i]].append(i)
     terminal_values = terminal.tolist()
-    for uid, members in groups.items():
-        hits, queries, n_gt_values = [], [], set()
-        for i in members:
-            h, q, missing, dropped, errors = _aligned_search_steps(records[i], counts[i] - 1)
-            stats.missing_records += missing
-            stats.dropped_records += dropped
-            stats.tool_errors += errors
-            hits.append(h)
-            queries.append(q)
-            if n_gold[i] is not None:
-                n_gt_values.add(int(n_gold[i]))
-        if len(n_gt_values) > 1:
-            raise ValueError(
-                f"group {uid!r}: its trajectories disagree on the number of gold entities {n_gt_values}"
-            )
-        if any(hits):  # at least one search step in the group
-            if not n_gt_values or min(n_gt_values) < 1:
-                raise ValueError(
-                    f"group {uid!r} has search steps but no trajectory recorded {N_GOLD_KEY} >= 1"
-                )
-            rewards, new_counts = _search_rewards(hits, queries, n_gt_values.pop(), weights)
-        else:
-            rewards, new_counts = [[] for _ in members], [0] * len(members)
+    for uid, members in _groups(group_ids, counts, skip, stats).items():
+        rewards, new_counts = _group_search_rewards(uid, members, records, counts, n_gold, weights, stats)
         for i, r, n_new in zip(members, rewards, new_counts, strict=False):
             row = step_rewards[i]
             row[: len(r)] = r
             row[counts[i] - 1] = terminal_values[i]
-            stats.trajectories += 1
-            stats.search_steps += len(r)
-            stats.new_entities += n_new
-            if r:
-                low, high = min(r), max(r)
-                first = stats.search_steps == len(r)  # this row's are the batch's first search steps
-                stats.search_reward_min = low if first else min(stats.search_reward_min, low)
-                stats.search_reward_max = high if first else max(stats.search_reward_max, high)
-            stats.search_reward_sum += sum(r)
-            stats.terminal_reward_sum += terminal_values[i]
+            _count_row(stats, r, n_new, terminal_values[i])
     width = max(len(r) for r in step_rewards) if step_rewards else 1
     table = torch.tensor([r + [0.0] * (width - len(r)) for r in step_rewards], dtype=torch.float32).reshape(
         b, width

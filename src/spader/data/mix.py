@@ -146,6 +146,40 @@ def _sample(pool: pl.DataFrame, k: int, seed: int) -> tuple[pl.DataFrame, pl.Dat
     return picked, rest
 
 
+def _mix_dataset(
+    d: str, pools: Mapping[str, pl.DataFrame], eval_keys, cfg: MixConfig
+) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, Any]]:
+    """``(train, val, stats)`` of dataset ``d``: its sampled records (:data:`MIX_SCHEMA`) and counts."""
+    if d not in pools:
+        raise MixError(f"dataset '{d}': mix.counts.{d} = {cfg.counts[d]} but no train records were given")
+    k = cfg.counts[d]
+    pool, removed = _pool(d, pools[d], eval_keys, cfg)
+    if len(pool) < k:
+        raise MixError(
+            f"dataset '{d}': the pool has {len(pool)} usable training questions but mix.counts.{d} asks "
+            f"for {k} (read {len(pools[d])}, removed {removed}); lower mix.counts.{d} or provide more "
+            "data: the mix never up-samples"
+        )
+    picked, rest = _sample(pool, k, cfg.seed)
+    if len(rest) < cfg.val_per_dataset:
+        raise MixError(
+            f"dataset '{d}': {len(rest)} training questions are left after sampling {k} for the mix, but "
+            f"mix.val_per_dataset asks for {cfg.val_per_dataset}"
+        )
+    val, _ = _sample(rest, cfg.val_per_dataset, cfg.seed)
+    train_part, val_part = to_mix_meta(picked.drop("qkey"), d), to_mix_meta(val.drop("qkey"), d)
+    stats = {
+        "records": len(pools[d]),
+        "removed": removed,
+        "pool": len(pool),
+        "train": len(picked),
+        "val": len(val),
+        "train_multi_answer": int((picked["answers"].list.len() >= 2).sum()),
+    }
+    log.info("mix %s: pool %d (removed %s), train %d, val %d", d, len(pool), removed, len(picked), len(val))
+    return train_part, val_part, stats
+
+
 def build_mix(
     pools: Mapping[str, pl.DataFrame], evals: Mapping[str, pl.DataFrame], cfg: MixConfig
 ) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, Any]]:
@@ -172,36 +206,9 @@ def build_mix(
     }
     eval_keys = _eval_keys(evals)
     for d in cfg.datasets:
-        if d not in pools:
-            raise MixError(f"dataset '{d}': mix.counts.{d} = {cfg.counts[d]} but no train records were given")
-        k = cfg.counts[d]
-        pool, removed = _pool(d, pools[d], eval_keys, cfg)
-        if len(pool) < k:
-            raise MixError(
-                f"dataset '{d}': the pool has {len(pool)} usable training questions but mix.counts.{d} asks "
-                f"for {k} (read {len(pools[d])}, removed {removed}); lower mix.counts.{d} or provide more "
-                "data: the mix never up-samples"
-            )
-        picked, rest = _sample(pool, k, cfg.seed)
-        if len(rest) < cfg.val_per_dataset:
-            raise MixError(
-                f"dataset '{d}': {len(rest)} training questions are left after sampling {k} for the mix, but "
-                f"mix.val_per_dataset asks for {cfg.val_per_dataset}"
-            )
-        val, _ = _sample(rest, cfg.val_per_dataset, cfg.seed)
-        train_parts.append(to_mix_meta(picked.drop("qkey"), d))
-        val_parts.append(to_mix_meta(val.drop("qkey"), d))
-        stats["datasets"][d] = {
-            "records": len(pools[d]),
-            "removed": removed,
-            "pool": len(pool),
-            "train": len(picked),
-            "val": len(val),
-            "train_multi_answer": int((picked["answers"].list.len() >= 2).sum()),
-        }
-        log.info(
-            "mix %s: pool %d (removed %s), train %d, val %d", d, len(pool), removed, len(picked), len(val)
-        )
+        picked, val, stats["datasets"][d] = _mix_dataset(d, pools, eval_keys, cfg)
+        train_parts.append(picked)
+        val_parts.append(val)
     train = pl.concat(train_parts) if train_parts else empty_frame(MIX_SCHEMA)
     order = list(range(len(train)))
     random.Random(cfg.seed).shuffle(order)

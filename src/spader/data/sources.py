@@ -278,27 +278,11 @@ def normalize_release(
             if not isinstance(obj, dict):
                 raise DataFormatError(src.name, line, "expected a JSON object for each record")
             try:
-                source_id, question, groups, meta = extract(obj, src, line, split)
-                # before build_entities: an answer of lone surrogates alone shows nothing and would
-                # be dropped as empty, hiding a record that cannot be written as UTF-8
-                texts = [source_id, question, *(t for g in groups for t in g if isinstance(t, str))]
-                _check_unicode(texts, obj, src, line)
-                answers, answers_norm = build_entities(groups)
-                if not answers:
-                    raise Drop("empty_answer")
+                record = _record(dataset, split, extract, obj, src, line)
             except Drop as d:
                 summary.dropped[d.reason] += 1
                 log.debug("%s: dropped (%s)", src.where(line), d.reason)
                 continue
-            record = {
-                "id": f"{dataset}:{source_id}",
-                "dataset": dataset,
-                "split": split,
-                "question": question,
-                "answers": answers,
-                "answers_norm": answers_norm,
-                "meta": {"source_file": src.member_name, "source_id": source_id, **meta},
-            }
             _check_unicode(_texts(record["meta"], []), obj, src, line)
             records.append(record)
     summary.kept = len(records)
@@ -311,6 +295,34 @@ def normalize_release(
         dict(summary.dropped) or 0,
     )
     return records, summary
+
+
+def _record(
+    dataset: str,
+    split: str,
+    extract: Callable[[dict, Source, int, str], Extracted],
+    obj: dict,
+    src: Source,
+    line: int,
+) -> dict:
+    """The unified record of raw record ``obj``; raises Drop (with its reason) for one to leave out."""
+    source_id, question, groups, meta = extract(obj, src, line, split)
+    # before build_entities: an answer of lone surrogates alone shows nothing and would
+    # be dropped as empty, hiding a record that cannot be written as UTF-8
+    texts = [source_id, question, *(t for g in groups for t in g if isinstance(t, str))]
+    _check_unicode(texts, obj, src, line)
+    answers, answers_norm = build_entities(groups)
+    if not answers:
+        raise Drop("empty_answer")
+    return {
+        "id": f"{dataset}:{source_id}",
+        "dataset": dataset,
+        "split": split,
+        "question": question,
+        "answers": answers,
+        "answers_norm": answers_norm,
+        "meta": {"source_file": src.member_name, "source_id": source_id, **meta},
+    }
 
 
 def _texts(value: Any, out: list[str]) -> list[str]:

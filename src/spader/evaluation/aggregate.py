@@ -127,6 +127,75 @@ def _f1_plot_rows(prf, est: Estimates, datasets: Sequence[str]):
     return pl.DataFrame(rows)
 
 
+def _load(
+    summaries: Sequence[str | os.PathLike],
+    records: Sequence[str | os.PathLike],
+    methods: Sequence[str],
+    datasets: Sequence[str],
+) -> tuple[Any, str]:
+    """``(runs, note)``: the evaluations (those outside methods x datasets logged) and the plots'
+    note (the tiny-run warning, or empty)."""
+    runs, tiny = load_runs(summaries, records)
+    expected = {(m, d) for m in methods for d in datasets}
+    extra = sorted(set(runs) - expected)
+    if extra:
+        log.warning("ignoring evaluations not in this backbone's methods x datasets: %s", extra)
+    note = TINY_NOTE if tiny else ""
+    if tiny:
+        log.warning("%s", TINY_NOTE)
+    return runs, note
+
+
+def _tables(
+    runs,
+    methods: Sequence[str],
+    variants: Mapping[str, Any],
+    datasets: Sequence[str],
+    est: Estimates,
+    u: Uncertainty,
+    training_steps: Mapping[str, Mapping[int, Mapping[str, float]]],
+    backbone: str,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """The backbone's tables by output name (all but ``runs``)."""
+    return {
+        "f1": f1_table(runs, methods, datasets),
+        "prf": prf_table(runs, methods, datasets, est),
+        "significance": significance_table(runs, methods, datasets, est),
+        "f1_ci": f1_ci_table(runs, methods, datasets, est),
+        "ablation": ablation_table(runs, methods, variants, datasets, est),
+        "beta_sweep": beta_sweep_table(runs, methods, variants, datasets, est),
+        "efficiency": efficiency_table(runs, methods, datasets, u),
+        "temporal": temporal_table(runs, methods, datasets, u),
+        "curves": curves_table(training_steps, backbone=backbone, labels=labels),
+    }
+
+
+def _write_plots(
+    tables: Mapping[str, Any],
+    outputs: Mapping[str, str | os.PathLike],
+    est: Estimates,
+    datasets: Sequence[str],
+    reference: str,
+    backbone: str,
+    note: str,
+) -> None:
+    """Draw the backbone's plots (F1, efficiency, temporal dynamics, learning curves) from its tables."""
+    label = f" ({backbone})" if backbone else ""
+    plot_f1(
+        _f1_plot_rows(tables["prf"], est, datasets), outputs["f1_plot"], reference=reference,
+        title=f"F1 per test set{label}", note=note,
+    )  # fmt: skip
+    plot_efficiency(
+        tables["efficiency"], outputs["efficiency_plot"], title=f"Search efficiency{label}", note=note
+    )
+    plot_temporal(
+        tables["temporal"], outputs["temporal_plot"], datasets=[*datasets, "all"],
+        title=f"Temporal dynamics of entity discovery{label}", note=note,
+    )  # fmt: skip
+    plot_curves(tables["curves"], outputs["curves_plot"], title=f"Learning curves{label}", note=note)
+
+
 def aggregate_results(
     summaries: Sequence[str | os.PathLike],
     records: Sequence[str | os.PathLike],
@@ -162,14 +231,7 @@ def aggregate_results(
     missing = [k for k in (*TABLES, *PLOTS) if k not in outputs]
     if missing:
         raise ValueError(f"aggregate_results: no output path for {missing}")
-    runs, tiny = load_runs(summaries, records)
-    expected = {(m, d) for m in methods for d in datasets}
-    extra = sorted(set(runs) - expected)
-    if extra:
-        log.warning("ignoring evaluations not in this backbone's methods x datasets: %s", extra)
-    note = TINY_NOTE if tiny else ""
-    if tiny:
-        log.warning("%s", TINY_NOTE)
+    runs, note = _load(summaries, records, methods, datasets)
     u = uncertainty if isinstance(uncertainty, Uncertainty) else Uncertainty.from_config(uncertainty)
     est = Estimates(runs, methods, datasets, u)
     log.info(
@@ -178,17 +240,7 @@ def aggregate_results(
     )  # fmt: skip
     shared = shared_runs or {m: m for m in variants if m in methods}
     labels = run_labels({v: r for v, r in shared.items() if r in (training_steps or {})})
-    tables = {
-        "f1": f1_table(runs, methods, datasets),
-        "prf": prf_table(runs, methods, datasets, est),
-        "significance": significance_table(runs, methods, datasets, est),
-        "f1_ci": f1_ci_table(runs, methods, datasets, est),
-        "ablation": ablation_table(runs, methods, variants, datasets, est),
-        "beta_sweep": beta_sweep_table(runs, methods, variants, datasets, est),
-        "efficiency": efficiency_table(runs, methods, datasets, u),
-        "temporal": temporal_table(runs, methods, datasets, u),
-        "curves": curves_table(training_steps or {}, backbone=backbone, labels=labels),
-    }
+    tables = _tables(runs, methods, variants, datasets, est, u, training_steps or {}, backbone, labels)
     for run, curves in missing_curves(tables["curves"], list(labels.values())).items():
         if curves:
             log.warning("training run %s logged no metric for the curves %s", run, curves)
@@ -197,17 +249,5 @@ def aggregate_results(
     for name, df in tables.items():
         _write_tsv(df, outputs[name])
         log.info("%s: %d rows -> %s", name, df.height, outputs[name])
-    label = f" ({backbone})" if backbone else ""
-    plot_f1(
-        _f1_plot_rows(tables["prf"], est, datasets), outputs["f1_plot"], reference=u.reference,
-        title=f"F1 per test set{label}", note=note,
-    )  # fmt: skip
-    plot_efficiency(
-        tables["efficiency"], outputs["efficiency_plot"], title=f"Search efficiency{label}", note=note
-    )
-    plot_temporal(
-        tables["temporal"], outputs["temporal_plot"], datasets=[*datasets, "all"],
-        title=f"Temporal dynamics of entity discovery{label}", note=note,
-    )  # fmt: skip
-    plot_curves(tables["curves"], outputs["curves_plot"], title=f"Learning curves{label}", note=note)
+    _write_plots(tables, outputs, est, datasets, u.reference, backbone, note)
     return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in tables["f1"].to_dicts()}

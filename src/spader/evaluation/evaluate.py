@@ -253,7 +253,34 @@ def evaluate_policy(
     if tiny:
         log.warning("%s (%s)", TINY_NOTE, model_dir)
     started = time.monotonic()
-    log_path = str(job_log) if job_log else None
+    records, requests, engine = _checked_episodes(
+        items, evaluation, model_dir, settings, index_dir, retrieval, method, template,
+        threads=threads, service_log=service_log, log_path=str(job_log) if job_log else None,
+    )  # fmt: skip
+    summary = _summary(
+        records, method, Path(records_path).stem, engine.name, model_dir, tiny, template,
+        evaluation, agent, settings, requests, started,
+    )  # fmt: skip
+    _write_outputs(records, summary, out_records, out_summary)
+    return summary
+
+
+def _checked_episodes(
+    items: list[tuple[Question, str]],
+    evaluation: EvaluationConfig,
+    model_dir: str | os.PathLike,
+    settings: AgentSettings,
+    index_dir: str | os.PathLike,
+    retrieval: SearchSettings,
+    method: str,
+    template: PromptTemplate,
+    *,
+    threads: int | None,
+    service_log: str | os.PathLike | None,
+    log_path: str | None,
+):
+    """``(records, search requests, engine)``: the episodes run beside the search service, the
+    engine closed after; raises when more generations failed than ``max_error_share`` allows."""
     engine_load = _EngineLoad(evaluation, model_dir, settings, threads)
     try:
         records, requests = _episodes_beside_the_service(
@@ -266,11 +293,29 @@ def evaluate_policy(
     check_generation_errors(
         records, engine=engine.name, max_error_share=evaluation.max_error_share, log_path=log_path
     )
-    summary = summarize(
+    return records, requests, engine
+
+
+def _summary(
+    records: list[dict[str, Any]],
+    method: str,
+    dataset: str,
+    engine: str,
+    model_dir: str | os.PathLike,
+    tiny: bool,
+    template: PromptTemplate,
+    evaluation: EvaluationConfig,
+    agent: AgentConfig,
+    settings: AgentSettings,
+    requests,
+    started: float,
+) -> dict[str, Any]:
+    """The evaluation's summary: its scores (:func:`summarize`), settings and provenance."""
+    return summarize(
         records,
         method=method,
-        dataset=Path(records_path).stem,
-        engine=engine.name,
+        dataset=dataset,
+        engine=engine,
         model_dir=str(model_dir),
         tiny_model=tiny,
         note=TINY_NOTE if tiny else "",
@@ -283,8 +328,6 @@ def evaluate_policy(
         search_requests=requests,
         elapsed_s=round(time.monotonic() - started, 3),
     )
-    _write_outputs(records, summary, out_records, out_summary)
-    return summary
 
 
 class _EngineLoad:

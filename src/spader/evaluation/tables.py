@@ -561,6 +561,41 @@ def _instance_efficiency(r: Mapping[str, Any]) -> tuple[float, int, int]:
     return (float(value) if value is not None else search_efficiency(written, correct)), written, correct
 
 
+def _efficiency_row(m: str, d: str, recs: Sequence[Mapping[str, Any]], u: Uncertainty) -> dict[str, Any]:
+    """The row of :func:`efficiency_table` of method ``m`` on dataset ``d`` (its records ``recs``)."""
+    per = [_instance_efficiency(r) for r in recs]
+    lo = hi = None
+    if per:
+        draws = bootstrap_means(np.array([e for e, _, _ in per], dtype=np.float64), u.samples, u.seed)
+        lo, hi = (float(x[0]) for x in percentile_interval(draws, u.level))
+    calls = sum(int(r["search_calls"]) for r in recs)
+    queries = sum(int(r["queries_issued"]) for r in recs)
+    found = sum(int(r["entities_found"]) for r in recs)
+    # the authors' script: a mean over the instances it keeps (not those that failed)
+    theirs = [
+        float(r["conversation_queries_per_correct_entity"])
+        for r in recs
+        if r.get("status") != "episode_error" and "conversation_queries_per_correct_entity" in r
+    ]
+    return {
+        "method": m,
+        "dataset": d,
+        "n": len(recs),
+        "search_efficiency": sum(e for e, _, _ in per) / len(per) if per else 0.0,
+        "queries_written": sum(w for _, w, _ in per),
+        "correct_entities": sum(c for _, _, c in per),
+        "search_calls": calls,
+        "queries_issued": queries,
+        "entities_found": found,
+        "search_calls_per_surfaced_entity": calls / found if found else None,
+        "queries_per_surfaced_entity": queries / found if found else None,
+        "budget_cut": sum(bool(r.get("budget_cut")) for r in recs),
+        "search_efficiency_lo": lo,
+        "search_efficiency_hi": hi,
+        "conversation_queries_per_correct_entity": sum(theirs) / len(theirs) if theirs else None,
+    }
+
+
 def efficiency_table(
     runs: Runs, methods: Sequence[str], datasets: Sequence[str], uncertainty: Uncertainty | None = None
 ) -> pl.DataFrame:
@@ -579,40 +614,7 @@ def efficiency_table(
     u = uncertainty or Uncertainty.from_config()
     rows = []
     for m in method_order(methods):
-        for d, recs in _pooled(runs, m, datasets):
-            per = [_instance_efficiency(r) for r in recs]
-            lo = hi = None
-            if per:
-                draws = bootstrap_means(np.array([e for e, _, _ in per], dtype=np.float64), u.samples, u.seed)
-                lo, hi = (float(x[0]) for x in percentile_interval(draws, u.level))
-            calls = sum(int(r["search_calls"]) for r in recs)
-            queries = sum(int(r["queries_issued"]) for r in recs)
-            found = sum(int(r["entities_found"]) for r in recs)
-            # the authors' script: a mean over the instances it keeps (not those that failed)
-            theirs = [
-                float(r["conversation_queries_per_correct_entity"])
-                for r in recs
-                if r.get("status") != "episode_error" and "conversation_queries_per_correct_entity" in r
-            ]
-            rows.append(
-                {
-                    "method": m,
-                    "dataset": d,
-                    "n": len(recs),
-                    "search_efficiency": sum(e for e, _, _ in per) / len(per) if per else 0.0,
-                    "queries_written": sum(w for _, w, _ in per),
-                    "correct_entities": sum(c for _, _, c in per),
-                    "search_calls": calls,
-                    "queries_issued": queries,
-                    "entities_found": found,
-                    "search_calls_per_surfaced_entity": calls / found if found else None,
-                    "queries_per_surfaced_entity": queries / found if found else None,
-                    "budget_cut": sum(bool(r.get("budget_cut")) for r in recs),
-                    "search_efficiency_lo": lo,
-                    "search_efficiency_hi": hi,
-                    "conversation_queries_per_correct_entity": sum(theirs) / len(theirs) if theirs else None,
-                }
-            )
+        rows.extend(_efficiency_row(m, d, recs, u) for d, recs in _pooled(runs, m, datasets))
     schema = {
         "method": pl.String, "dataset": pl.String, "n": pl.Int64, "search_efficiency": pl.Float64,
         "queries_written": pl.Int64, "correct_entities": pl.Int64, "search_calls": pl.Int64,

@@ -170,12 +170,7 @@ def fetch(
     named = record_source or source
     _forget_another_source(dest, named)
     rec = _record_for(dest, named)
-    want = _Expected(
-        sha256=sha256.lower() if sha256 else (rec.sha256 if rec else None),
-        size=size if size is not None else (rec.size if rec else None),
-        origin="configured" if sha256 or size is not None else f"recorded in {integrity.record_path(dest)}",
-        configured=bool(sha256) or size is not None,
-    )
+    want = _expected(dest, rec, sha256, size)
     if _present_and_verified(source, dest, named, rec, want) or _relinked(dest, want):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -184,6 +179,22 @@ def fetch(
         source, part, desc or dest.name, want, retries=retries, backoff=backoff, timeout=timeout, sleep=sleep
     )
     digest = _verified_part(source, dest, part, rec, want)
+    _install(source, dest, part, meta, digest, named)
+    return dest
+
+
+def _expected(dest: Path, rec: integrity.Record | None, sha256: str | None, size: int | None) -> _Expected:
+    """What ``dest`` must be: the configured sha256 and size, else those of its earlier record."""
+    return _Expected(
+        sha256=sha256.lower() if sha256 else (rec.sha256 if rec else None),
+        size=size if size is not None else (rec.size if rec else None),
+        origin="configured" if sha256 or size is not None else f"recorded in {integrity.record_path(dest)}",
+        configured=bool(sha256) or size is not None,
+    )
+
+
+def _install(source: str, dest: Path, part: Path, meta: transfer.PartMeta, digest: str, named: str) -> None:
+    """Rename the verified ``part`` to ``dest``, record where it came from and keep a second link."""
     integrity.forget(dest)
     os.replace(part, dest)
     transfer.meta_path(part).unlink(missing_ok=True)
@@ -194,7 +205,6 @@ def fetch(
     )
     _keep(dest)
     log.info("%s -> %s (%d bytes, sha256 %s)", source, dest, dest.stat().st_size, digest)
-    return dest
 
 
 @dataclass(frozen=True)

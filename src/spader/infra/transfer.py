@@ -164,47 +164,14 @@ def http_get(
 
     meta = read_meta(part)
     offset = _offset(part, meta, url, checked)
-    headers = {"Accept-Encoding": "identity"}
-    if offset:
-        headers["Range"] = f"bytes={offset}-"
-        if meta is not None and meta.validator():
-            headers["If-Range"] = meta.validator()
     try:
-        with httpx.stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as resp:
-            status = resp.status_code
-            if status == 416 and offset:
-                total = _range_total(resp.headers.get("content-range"))
-                if total == offset and (meta is None or meta.total in (None, total)):
-                    return meta or PartMeta(source=url, total=total)  # nothing past our bytes: complete
-                _restart(part)
-                raise Transient(f"server refused a resume at byte {offset} (size {total}); restarting")
-            if status in _TRANSIENT_STATUS:
-                raise Transient(f"HTTP {status}")
-            if status >= 400:
-                raise Fatal(f"{url}: HTTP {status} {resp.reason_phrase}")
-            length = resp.headers.get("content-length")
-            if status == 206:
-                start, total = (
-                    _range_start(resp.headers.get("content-range")),
-                    _range_total(resp.headers.get("content-range")),
-                )
-                known = meta.total if meta is not None else None
-                if start != offset or (known is not None and total is not None and total != known):
-                    _restart(part)
-                    raise Transient(f"server resumed at byte {start} of {total}, not {offset} of {known}")
-                if meta is None:  # a part without meta, resumed because a checksum will verify it
-                    meta = PartMeta.of_response(url, resp.headers, total)
-                    _write_meta(part, meta)
-                mode = "ab"
-            else:  # 200: a new file (If-Range did not match) or a server that ignores Range
-                if offset:
-                    log.warning(
-                        "%s: the server sent the whole file again (changed, or no Range support)", url
-                    )
-                offset, mode = 0, "wb"
-                total = int(length) if length is not None else None
-                meta = PartMeta.of_response(url, resp.headers, total)
-                _write_meta(part, meta)
+        with httpx.stream(
+            "GET", url, headers=_request_headers(offset, meta), timeout=timeout, follow_redirects=True
+        ) as resp:
+            complete = _check_status(resp, url, part, offset, meta)
+            if complete is not None:
+                return complete
+            meta, total, offset, mode = _accept_body(resp, url, part, offset, meta)
             total = total if total is not None else expected
             with open(part, mode) as out, _bar(label, total, offset) as bar:
                 for block in resp.iter_raw():  # raw: no decoding, whatever arrived is on disk
@@ -219,6 +186,61 @@ def http_get(
         _restart(part)
         raise Transient(f"received {got} bytes, more than the {total} announced or expected; restarting")
     return meta
+
+
+def _request_headers(offset: int, meta: PartMeta | None) -> dict[str, str]:
+    """The GET's headers: no content encoding, and ``Range`` (+ ``If-Range``) to resume at ``offset``."""
+    headers = {"Accept-Encoding": "identity"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+        if meta is not None and meta.validator():
+            headers["If-Range"] = meta.validator()
+    return headers
+
+
+def _check_status(resp, url: str, part: Path, offset: int, meta: PartMeta | None) -> PartMeta | None:
+    """The part's meta when a 416 shows the part complete, None for a body to read; raises
+    Transient (retry) or Fatal (a client error) otherwise."""
+    status = resp.status_code
+    if status == 416 and offset:
+        total = _range_total(resp.headers.get("content-range"))
+        if total == offset and (meta is None or meta.total in (None, total)):
+            return meta or PartMeta(source=url, total=total)  # nothing past our bytes: complete
+        _restart(part)
+        raise Transient(f"server refused a resume at byte {offset} (size {total}); restarting")
+    if status in _TRANSIENT_STATUS:
+        raise Transient(f"HTTP {status}")
+    if status >= 400:
+        raise Fatal(f"{url}: HTTP {status} {resp.reason_phrase}")
+    return None
+
+
+def _accept_body(
+    resp, url: str, part: Path, offset: int, meta: PartMeta | None
+) -> tuple[PartMeta | None, int | None, int, str]:
+    """``(meta, total, offset, file mode)`` for the body of a 206 (resumed: checked to continue the
+    part) or a 200 (a whole file: the part starts again); the meta is written where new."""
+    length = resp.headers.get("content-length")
+    if resp.status_code == 206:
+        start, total = (
+            _range_start(resp.headers.get("content-range")),
+            _range_total(resp.headers.get("content-range")),
+        )
+        known = meta.total if meta is not None else None
+        if start != offset or (known is not None and total is not None and total != known):
+            _restart(part)
+            raise Transient(f"server resumed at byte {start} of {total}, not {offset} of {known}")
+        if meta is None:  # a part without meta, resumed because a checksum will verify it
+            meta = PartMeta.of_response(url, resp.headers, total)
+            _write_meta(part, meta)
+        return meta, total, offset, "ab"
+    # 200: a new file (If-Range did not match) or a server that ignores Range
+    if offset:
+        log.warning("%s: the server sent the whole file again (changed, or no Range support)", url)
+    total = int(length) if length is not None else None
+    meta = PartMeta.of_response(url, resp.headers, total)
+    _write_meta(part, meta)
+    return meta, total, 0, "wb"
 
 
 def _range_start(value: str | None) -> int | None:

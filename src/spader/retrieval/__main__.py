@@ -37,8 +37,14 @@ HELP = "build the BM25 index of a chunk corpus (index), serve BM25 + reranking o
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=type(parser))
+    _add_index_arguments(sub.add_parser("index", help="build the BM25 index of a chunk corpus"))
+    sv = sub.add_parser("serve", help="serve BM25 + reranking over HTTP")
+    _add_serve_arguments(sv)
+    _add_search_arguments(sv)
 
-    ix = sub.add_parser("index", help="build the BM25 index of a chunk corpus")
+
+def _add_index_arguments(ix: argparse.ArgumentParser) -> None:
+    """Add the options of ``index`` to its parser ``ix``."""
     ix.add_argument(
         "--input", required=True, help="directory of chunk .jsonl files, or chunked_wikipedia.tar.gz"
     )
@@ -49,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ix.add_argument("--overwrite", action="store_true", help="replace an existing index directory")
     ix.add_argument("--heap", default="8g", help="JVM maximum heap (default 8g)")
 
-    sv = sub.add_parser("serve", help="serve BM25 + reranking over HTTP")
+
+def _add_serve_arguments(sv: argparse.ArgumentParser) -> None:
+    """Add the options of ``serve`` about the index, the reranker and the process to its parser ``sv``."""
     sv.add_argument("--index", required=True, help="Lucene index directory (raw documents stored)")
     sv.add_argument("--reranker", default=_DEFAULTS.reranker, help="hub id, local path, or 'none'")
     sv.add_argument("--host", default=_DEFAULTS.host, help="bind address (default 127.0.0.1)")
@@ -62,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reranker devices, comma-separated, one replica each (default: cuda:0 if available, else cpu)",
     )
     sv.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
+
+
+def _add_search_arguments(sv: argparse.ArgumentParser) -> None:
+    """Add the options of ``serve`` about search, batching, the cache and HTTP limits to ``sv``."""
     sv.add_argument("--k1", type=float, default=_DEFAULTS.k1)
     sv.add_argument("--b", type=float, default=_DEFAULTS.b)
     sv.add_argument("--initial-k", type=int, default=_DEFAULTS.initial_k, help="BM25 candidates per query")

@@ -159,24 +159,8 @@ def _encode(results, with_scores: bool) -> Response:
     return _json({"result": [[p.to_dict(with_scores) for p in hits] for hits in results]})
 
 
-def create_app(
-    load_backend: Callable[[], Any],
-    *,
-    parse_off_loop_bytes: int | None = PARSE_OFF_LOOP_BYTES,
-    warmed: bool = False,
-) -> FastAPI:
-    """Build the app; ``load_backend()`` runs at start-up (lifespan) and returns the backend.
-
-    Args:
-        load_backend: returns an object with ``candidates``, ``rerank``, ``check_request``,
-            ``describe``, ``identity``, ``warm_up`` and ``settings`` (see
-            :class:`spader.retrieval.backend.Bm25RerankBackend`).
-        parse_off_loop_bytes: bodies larger than this are decoded, checked and answered on the
-            parse thread; ``None`` does everything on the event loop (the earlier behaviour, kept
-            for the benchmark's side-by-side).
-        warmed: the backend is warmed up already (:func:`spader.retrieval.service.serve` loads
-            and warms it before the server starts).
-    """
+def _lifespan(load_backend: Callable[[], Any], warmed: bool):
+    """The app's lifespan: load (and warm) the backend, start its batcher, stop all at the end."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -200,70 +184,108 @@ def create_app(
             await app.state.batcher.stop()
             app.state.parse_pool.shutdown(wait=True)
 
-    def stats(state) -> dict[str, Any]:
-        return {
-            **state.batcher.stats(),
-            "latency_ms": state.latency.summary(),
-            "loop_lag_ms": state.loop_lag.lag.summary(),
-        }
+    return lifespan
 
-    app = FastAPI(title="spader retrieval", lifespan=lifespan)
-    app.add_middleware(_Framing)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:  # 404, 405: JSON too
-        return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+def _stats(state) -> dict[str, Any]:
+    """The service's counters: the batcher's, the latency of ``/retrieve`` and the event loop's lag."""
+    return {
+        **state.batcher.stats(),
+        "latency_ms": state.latency.summary(),
+        "loop_lag_ms": state.loop_lag.lag.summary(),
+    }
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> Response:  # JSON, never plain text
-        log.exception("unexpected error answering %s %s", request.method, request.url.path)
-        return _error(500, f"internal error: {type(exc).__name__}")
 
-    @app.get("/health")
-    async def health(request: Request) -> Response:
-        state = request.app.state
-        return _json({"status": "ok", "pid": os.getpid(), **state.backend.describe(), "stats": stats(state)})
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:  # 404, 405: JSON too
+    """The JSON answer to an HTTP error of the framework."""
+    return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
 
-    @app.get("/stats")
-    async def stats_endpoint(request: Request) -> Response:
-        return _json(stats(request.app.state))
 
-    @app.post("/retrieve")
-    async def retrieve(request: Request) -> Response:
-        state = request.app.state
-        backend = state.backend
-        try:
-            raw = await read_limited(
-                request.stream(), backend.settings.max_body_bytes, request.headers.get("content-length")
-            )
-        except BadSearchRequestError as exc:
-            return _error(exc.status, str(exc))
-        except ClientDisconnect:  # the client left, or its body timed out (already answered)
-            return Response(status_code=400)
-        off_loop = parse_off_loop_bytes is not None and len(raw) > parse_off_loop_bytes
-        loop = asyncio.get_running_loop()
-        try:
-            if off_loop:
-                queries, topk, initial_k, with_scores = await loop.run_in_executor(
-                    state.parse_pool, _decode, raw, backend
-                )
-            else:
-                queries, topk, initial_k, with_scores = _decode(raw, backend)
-        except BadSearchRequestError as exc:
-            return _error(exc.status, str(exc))
-        del raw
-        started = time.perf_counter()
-        try:
-            results = await state.batcher.submit(queries, topk, initial_k)
-        except SearchFailedError as exc:
-            return _error(500, str(exc))
-        except ServiceClosingError as exc:
-            return _error(503, str(exc))
+async def _unexpected(request: Request, exc: Exception) -> Response:  # JSON, never plain text
+    """The JSON answer to an unexpected error (logged)."""
+    log.exception("unexpected error answering %s %s", request.method, request.url.path)
+    return _error(500, f"internal error: {type(exc).__name__}")
+
+
+# the routes have no docstring: FastAPI would publish it as their OpenAPI description
+
+
+async def _health(request: Request) -> Response:  # GET /health: the backend's description and counters
+    state = request.app.state
+    return _json({"status": "ok", "pid": os.getpid(), **state.backend.describe(), "stats": _stats(state)})
+
+
+async def _stats_endpoint(request: Request) -> Response:  # GET /stats: the service's counters
+    return _json(_stats(request.app.state))
+
+
+async def _retrieve(request: Request, parse_off_loop_bytes: int | None) -> Response:
+    """``POST /retrieve``: read, check and answer one search request."""
+    state = request.app.state
+    backend = state.backend
+    try:
+        raw = await read_limited(
+            request.stream(), backend.settings.max_body_bytes, request.headers.get("content-length")
+        )
+    except BadSearchRequestError as exc:
+        return _error(exc.status, str(exc))
+    except ClientDisconnect:  # the client left, or its body timed out (already answered)
+        return Response(status_code=400)
+    off_loop = parse_off_loop_bytes is not None and len(raw) > parse_off_loop_bytes
+    loop = asyncio.get_running_loop()
+    try:
         if off_loop:
-            answer = await loop.run_in_executor(state.parse_pool, _encode, results, with_scores)
+            queries, topk, initial_k, with_scores = await loop.run_in_executor(
+                state.parse_pool, _decode, raw, backend
+            )
         else:
-            answer = _encode(results, with_scores)
-        state.latency.add(time.perf_counter() - started)
-        return answer
+            queries, topk, initial_k, with_scores = _decode(raw, backend)
+    except BadSearchRequestError as exc:
+        return _error(exc.status, str(exc))
+    del raw
+    started = time.perf_counter()
+    try:
+        results = await state.batcher.submit(queries, topk, initial_k)
+    except SearchFailedError as exc:
+        return _error(500, str(exc))
+    except ServiceClosingError as exc:
+        return _error(503, str(exc))
+    if off_loop:
+        answer = await loop.run_in_executor(state.parse_pool, _encode, results, with_scores)
+    else:
+        answer = _encode(results, with_scores)
+    state.latency.add(time.perf_counter() - started)
+    return answer
 
+
+def create_app(
+    load_backend: Callable[[], Any],
+    *,
+    parse_off_loop_bytes: int | None = PARSE_OFF_LOOP_BYTES,
+    warmed: bool = False,
+) -> FastAPI:
+    """Build the app; ``load_backend()`` runs at start-up (lifespan) and returns the backend.
+
+    Args:
+        load_backend: returns an object with ``candidates``, ``rerank``, ``check_request``,
+            ``describe``, ``identity``, ``warm_up`` and ``settings`` (see
+            :class:`spader.retrieval.backend.Bm25RerankBackend`).
+        parse_off_loop_bytes: bodies larger than this are decoded, checked and answered on the
+            parse thread; ``None`` does everything on the event loop (the earlier behaviour, kept
+            for the benchmark's side-by-side).
+        warmed: the backend is warmed up already (:func:`spader.retrieval.service.serve` loads
+            and warms it before the server starts).
+    """
+    app = FastAPI(title="spader retrieval", lifespan=_lifespan(load_backend, warmed))
+    app.add_middleware(_Framing)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+    # the routes keep their names (the OpenAPI operation ids and summaries derive from them)
+    app.add_api_route("/health", _health, methods=["GET"], name="health")
+    app.add_api_route("/stats", _stats_endpoint, methods=["GET"], name="stats_endpoint")
+
+    async def retrieve(request: Request) -> Response:
+        return await _retrieve(request, parse_off_loop_bytes)
+
+    app.add_api_route("/retrieve", retrieve, methods=["POST"])
     return app

@@ -87,9 +87,7 @@ def build_bm25_index(
             raise IndexBuildError(f"index directory {index_dir} exists and is not empty (use overwrite)")
         shutil.rmtree(index_dir)
     reader = ChunkReader(source)
-    building = index_dir.with_name(index_dir.name + ".building")
-    shutil.rmtree(building, ignore_errors=True)
-    building.parent.mkdir(parents=True, exist_ok=True)
+    building = _building_dir(index_dir)
 
     start_jvm(heap)
     started = time.perf_counter()
@@ -101,6 +99,33 @@ def build_bm25_index(
         indexer, indexed = "SimpleIndexer (streamed)", _index_lines(reader, building, threads, duplicates)
     seconds = time.perf_counter() - started
 
+    info = _check_built(building, index_dir, source, indexed, expected_documents)
+    os.replace(building, index_dir)
+    stats = _index_record(index_dir, source, reader, info, duplicates, indexed, threads, seconds, indexer)
+    atomic_write(stats_path, json.dumps(stats, indent=2) + "\n")
+    log.info(
+        "indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
+        indexed,
+        stats["files"],
+        seconds,
+        indexed / max(seconds, 1e-9),
+        index_dir,
+    )
+    return stats
+
+
+def _building_dir(index_dir: Path) -> Path:
+    """The empty ``<index_dir>.building`` directory's path (its parent made, an old one removed)."""
+    building = index_dir.with_name(index_dir.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.parent.mkdir(parents=True, exist_ok=True)
+    return building
+
+
+def _check_built(
+    building: Path, index_dir: Path, source, indexed: int, expected_documents: int | None
+) -> dict[str, Any]:
+    """The built index's :func:`verify_index` facts; removes it and raises on a wrong document count."""
     info = verify_index(building)
     if info["documents"] != indexed:
         shutil.rmtree(building, ignore_errors=True)
@@ -113,12 +138,25 @@ def build_bm25_index(
             f"{source}: indexed {indexed} documents, expected {expected_documents} "
             "(corpus.expected_documents)"
         )
-    os.replace(building, index_dir)
-    files = len(reader.files) if reader.files is not None else len(reader.members)
-    stats = {
+    return info
+
+
+def _index_record(
+    index_dir: Path,
+    source,
+    reader: ChunkReader,
+    info: dict[str, Any],
+    duplicates: _Duplicates,
+    indexed: int,
+    threads: int,
+    seconds: float,
+    indexer: str,
+) -> dict[str, Any]:
+    """The index record written to ``stats.json`` (documents, terms, files, seconds, docs/s, ...)."""
+    return {
         "index": str(index_dir),
         "source": str(source),
-        "files": files,
+        "files": len(reader.files) if reader.files is not None else len(reader.members),
         "documents": indexed,
         "unique_terms": info["unique_terms"] if info["unique_terms"] >= 0 else None,  # Lucene: -1 = unknown
         "total_terms": info["total_terms"],
@@ -134,17 +172,6 @@ def build_bm25_index(
         "indexer": indexer,
         "bm25_built_with": "JsonCollection + DefaultLuceneDocumentGenerator, raw documents stored",
     }
-    atomic_write(stats_path, json.dumps(stats, indent=2) + "\n")
-    rate = indexed / max(seconds, 1e-9)
-    log.info(
-        "indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
-        indexed,
-        files,
-        seconds,
-        rate,
-        index_dir,
-    )
-    return stats
 
 
 class _Duplicates:
@@ -358,6 +385,35 @@ def _fingerprint(path: Path) -> tuple:
 _VERIFIED: dict[str, tuple] = {}
 
 
+def _check_checksums(path: Path, reader) -> None:
+    """Verify the checksums of every segment file of the open index (Lucene raises on a bad one)."""
+    started = time.perf_counter()
+    for leaf in reader.leaves().toArray():
+        leaf.reader().checkIntegrity()
+    _VERIFIED[str(path.resolve())] = _fingerprint(path)
+    log.info("BM25 index %s: checksums verified in %.1f s", path, time.perf_counter() - started)
+
+
+def _first_record(path: Path, reader) -> dict[str, Any]:
+    """The first stored chunk record of the open index; raises unless it is one."""
+    if reader.numDocs() == 0:
+        raise IndexUnavailableError(f"BM25 index {path} holds no documents")
+    raw = reader.storedFields().document(0).get("raw")
+    if raw is None:
+        raise IndexUnavailableError(
+            f"BM25 index {path} stores no raw documents; rebuild it with raw documents stored (-storeRaw)"
+        )
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError:
+        record = None
+    if not (isinstance(record, dict) and "id" in record and "contents" in record):
+        raise IndexUnavailableError(
+            f"BM25 index {path}: stored raw documents are not chunk records (JSON with id and contents)"
+        )
+    return record
+
+
 def verify_index(index_dir: str | os.PathLike, *, integrity: bool = True) -> dict[str, Any]:
     """Check that ``index_dir`` is a readable, intact Lucene index with raw chunk documents stored.
 
@@ -394,27 +450,9 @@ def verify_index(index_dir: str | os.PathLike, *, integrity: bool = True) -> dic
         raise IndexUnavailableError(f"BM25 index {path} cannot be opened: {exc}") from None
     try:
         if integrity and _VERIFIED.get(str(path.resolve())) != _fingerprint(path):
-            started = time.perf_counter()
-            for leaf in reader.leaves().toArray():
-                leaf.reader().checkIntegrity()
-            _VERIFIED[str(path.resolve())] = _fingerprint(path)
-            log.info("BM25 index %s: checksums verified in %.1f s", path, time.perf_counter() - started)
+            _check_checksums(path, reader)
         stats = {str(e.getKey()): int(e.getValue()) for e in utils.getIndexStats(reader).entrySet().toArray()}
-        if reader.numDocs() == 0:
-            raise IndexUnavailableError(f"BM25 index {path} holds no documents")
-        raw = reader.storedFields().document(0).get("raw")
-        if raw is None:
-            raise IndexUnavailableError(
-                f"BM25 index {path} stores no raw documents; rebuild it with raw documents stored (-storeRaw)"
-            )
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError:
-            record = None
-        if not (isinstance(record, dict) and "id" in record and "contents" in record):
-            raise IndexUnavailableError(
-                f"BM25 index {path}: stored raw documents are not chunk records (JSON with id and contents)"
-            )
+        record = _first_record(path, reader)
     except JavaException as exc:
         raise IndexUnavailableError(f"BM25 index {path} is corrupt: {exc}") from None
     finally:

@@ -197,12 +197,11 @@ def serve(
     """
     if parent_pid is not None:
         exit_with_parent(parent_pid)
-    import uvicorn
+    import uvicorn  # noqa: F401 (a missing server fails before anything slow runs)
 
     from spader.retrieval.app import create_app
     from spader.retrieval.backend import Bm25RerankBackend
     from spader.retrieval.index import verify_index
-    from spader.retrieval.protocol import Limits, protocol_class
     from spader.retrieval.reranker import check_model_dir
 
     # What can be checked at once first: a damaged reranker download, the port, then the index.
@@ -220,12 +219,24 @@ def serve(
     backend = Bm25RerankBackend(index_dir, settings, threads=threads, devices=devices)
     backend.warm_up()
     app = create_app(lambda: backend, warmed=True)
+    server = _stoppable_server(_uvicorn_config(app, settings), app)
+    server.run(sockets=[sock])
+    if server.stopped_by:
+        log.info("retrieval service for %s stopped (%s)", index_dir, server.stopped_by)
+
+
+def _uvicorn_config(app, settings: SearchSettings):
+    """uvicorn's configuration of the service: the project's HTTP protocol, its limits and timeouts."""
+    import uvicorn
+
+    from spader.retrieval.protocol import Limits, protocol_class
+
     # Idle keep-alive connections are closed by the client first (httpx: after 5 s), never by the
     # server (uvicorn's default is also 5 s): when both close at once, a request sent on the
     # closing connection fails with a read error (seen under 512 concurrent clients).
     limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
     _raise_fd_limit(settings.max_connections)
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         http=protocol_class(limits),  # JSON for framing errors, read timeouts, a connection cap
         ws="none",
@@ -234,10 +245,6 @@ def serve(
         timeout_graceful_shutdown=10,
         timeout_keep_alive=75,
     )
-    server = _stoppable_server(config, app)
-    server.run(sockets=[sock])
-    if server.stopped_by:
-        log.info("retrieval service for %s stopped (%s)", index_dir, server.stopped_by)
 
 
 def _stoppable_server(config, app):

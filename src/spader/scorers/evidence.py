@@ -159,42 +159,8 @@ def build_evidence(
         for entity in r["answers"]
     ]
     ranked = _search_all(client, queries, settings) if queries else {}
-    stats: dict[str, dict[str, int]] = defaultdict(
-        lambda: {"questions": 0, "entities": 0, "with_evidence": 0}
-    )
     out_evidence, out_coverage = Path(out_evidence), Path(out_coverage)
-    with atomic_path(out_evidence) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            found = []
-            for e, aliases in enumerate(r["answers"]):
-                if by_proof and r["dataset"] == "qampari":
-                    item = _proof_evidence(proofs, r, e, aliases)
-                else:
-                    hit = first_containing(ranked[entity_query(r["question"], aliases[0])], aliases)
-                    item = None
-                    if hit is not None:
-                        rank, p = hit
-                        item = {
-                            "entity": e,
-                            "source": "search",
-                            "passage_id": str(p.get("id", "")),
-                            "title": p.get("title", ""),
-                            "text": p.get("text", ""),
-                            "rank": rank,
-                        }
-                if item is not None:
-                    found.append(item)
-            s = stats[r["dataset"]]
-            s["questions"] += 1
-            s["entities"] += len(r["answers"])
-            s["with_evidence"] += len(found)
-            line = {
-                "id": r["id"],
-                "dataset": r["dataset"],
-                "n_entities": len(r["answers"]),
-                "evidence": found,
-            }
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    stats = _write_evidence(out_evidence, rows, by_proof, proofs, ranked)
     coverage = _coverage(stats, settings)
     atomic_write(out_coverage, json.dumps(coverage, indent=2, sort_keys=True) + "\n")
     for name, c in coverage["datasets"].items():
@@ -206,6 +172,69 @@ def build_evidence(
             100 * c["coverage"],
         )
     return coverage
+
+
+def _write_evidence(
+    out_evidence: Path,
+    rows: list[dict[str, Any]],
+    by_proof: bool,
+    proofs: dict[str, list[tuple[set[str], str]]],
+    ranked: dict[str, list[dict]],
+) -> dict[str, dict[str, int]]:
+    """Write one evidence line per question; returns the counts per dataset (questions, entities,
+    entities with evidence)."""
+    stats: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"questions": 0, "entities": 0, "with_evidence": 0}
+    )
+    with atomic_path(out_evidence) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            found = _question_evidence(r, by_proof, proofs, ranked)
+            s = stats[r["dataset"]]
+            s["questions"] += 1
+            s["entities"] += len(r["answers"])
+            s["with_evidence"] += len(found)
+            line = {
+                "id": r["id"],
+                "dataset": r["dataset"],
+                "n_entities": len(r["answers"]),
+                "evidence": found,
+            }
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return stats
+
+
+def _question_evidence(
+    r: Mapping[str, Any],
+    by_proof: bool,
+    proofs: dict[str, list[tuple[set[str], str]]],
+    ranked: dict[str, list[dict]],
+) -> list[dict]:
+    """The evidence items found for the answer entities of one question (row ``r``)."""
+    found = []
+    for e, aliases in enumerate(r["answers"]):
+        if by_proof and r["dataset"] == "qampari":
+            item = _proof_evidence(proofs, r, e, aliases)
+        else:
+            item = _search_evidence(ranked[entity_query(r["question"], aliases[0])], e, aliases)
+        if item is not None:
+            found.append(item)
+    return found
+
+
+def _search_evidence(ranked: list[dict], e: int, aliases: Sequence[str]) -> dict | None:
+    """The evidence item of entity ``e``: the best-ranked passage containing an alias, or None."""
+    hit = first_containing(ranked, aliases)
+    if hit is None:
+        return None
+    rank, p = hit
+    return {
+        "entity": e,
+        "source": "search",
+        "passage_id": str(p.get("id", "")),
+        "title": p.get("title", ""),
+        "text": p.get("text", ""),
+        "rank": rank,
+    }
 
 
 def _proof_evidence(proofs, record: Mapping[str, Any], e: int, aliases: Sequence[str]) -> dict | None:

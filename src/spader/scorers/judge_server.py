@@ -206,36 +206,10 @@ def running_judge(
     """
     port = _free_port()
     key = new_api_key()
-    if command is None:
-        cmd = judge_server_command(
-            model_dir,
-            port=port,
-            gpus=len(gpus),
-            tensor_parallel=tensor_parallel,
-            served_name=served_name,
-            mem_fraction=mem_fraction,
-            api_key=key,
-            host=host,
-        )
-    else:
-        cmd = [
-            str(a).replace("{port}", str(port)).replace("{api_key}", key).replace("{host}", host)
-            for a in command
-        ]
-    cmd = [*launcher, *cmd]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    cmd = _command(model_dir, command, port, key, host, gpus, tensor_parallel, served_name, mem_fraction)
     with tempfile.TemporaryDirectory(prefix="spader-judge-") as tmp:
         log_file = Path(log_path) if log_path else Path(tmp) / "judge.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
+        proc = _start_server([*launcher, *cmd], gpus, log_file)
         base = f"http://{_url_host(host)}:{port}/v1"
         log.info("starting judge server on GPUs %s (pid %d, log %s)", ",".join(gpus), proc.pid, log_file)
         try:
@@ -245,6 +219,50 @@ def running_judge(
         finally:
             _stop(proc)
             log.info("judge server stopped")
+
+
+def _command(
+    model_dir: str | os.PathLike,
+    command: Sequence[str] | None,
+    port: int,
+    key: str,
+    host: str,
+    gpus: Sequence[str],
+    tensor_parallel: int,
+    served_name: str,
+    mem_fraction: float,
+) -> list[str]:
+    """The server's command: sglang's, or ``command`` with its placeholders filled in."""
+    if command is not None:
+        return [
+            str(a).replace("{port}", str(port)).replace("{api_key}", key).replace("{host}", host)
+            for a in command
+        ]
+    return judge_server_command(
+        model_dir,
+        port=port,
+        gpus=len(gpus),
+        tensor_parallel=tensor_parallel,
+        served_name=served_name,
+        mem_fraction=mem_fraction,
+        api_key=key,
+        host=host,
+    )
+
+
+def _start_server(cmd: list[str], gpus: Sequence[str], log_file: Path) -> subprocess.Popen:
+    """The server's process, started in its own session on ``gpus``, its output appended to ``log_file``."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def _url_host(host: str) -> str:

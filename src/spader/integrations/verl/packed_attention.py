@@ -139,6 +139,40 @@ def _attend(query, key, value, cu: torch.Tensor, scaling: float | None):
     return _per_sequence(query, key, value, [int(b) for b in cu.tolist()], scaling)
 
 
+def _check_call(module, query, key, dropout: float, sliding_window: int | None) -> None:
+    """Raise ValueError for a call the kernel does not serve (dropout, a sliding window, a
+    non-causal module, a KV cache)."""
+    if dropout:
+        raise ValueError(f"{NAME} attention has no dropout (got {dropout}); set attention_dropout to 0")
+    if sliding_window is not None:
+        raise ValueError(f"{NAME} attention has no sliding window (got {sliding_window})")
+    if not getattr(module, "is_causal", True):
+        raise ValueError(f"{NAME} attention is causal; {type(module).__name__} is not")
+    tokens = query.shape[2]
+    if key.shape[2] != tokens:
+        raise ValueError(
+            f"{NAME} attention serves training passes (no KV cache): {tokens} queries, {key.shape[2]} keys"
+        )
+
+
+def _attend_padded(q, k, v, attention_mask: torch.Tensor, batch: int, scaling: float | None):
+    """The ``(batch * tokens, heads, dim)`` output of a padded batch: its real tokens (contiguous in
+    each row) attended as packed sequences, zeros on the padding."""
+    import torch
+
+    if attention_mask.dim() != 2:
+        raise ValueError(f"{NAME} attention takes a 2D padding mask, got shape {tuple(attention_mask.shape)}")
+    keep = attention_mask.reshape(-1).bool()
+    index = torch.nonzero(keep, as_tuple=False).reshape(-1)
+    lengths = attention_mask.bool().sum(dim=1)
+    cu = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
+    cu[1:] = torch.cumsum(lengths, 0)
+    packed = _attend(q[index], k[index], v[index], cu, scaling)
+    out = torch.zeros_like(q)
+    out[index] = packed
+    return out
+
+
 def packed_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -165,35 +199,14 @@ def packed_attention_forward(
     """
     import torch
 
-    if dropout:
-        raise ValueError(f"{NAME} attention has no dropout (got {dropout}); set attention_dropout to 0")
-    if sliding_window is not None:
-        raise ValueError(f"{NAME} attention has no sliding window (got {sliding_window})")
-    if not getattr(module, "is_causal", True):
-        raise ValueError(f"{NAME} attention is causal; {type(module).__name__} is not")
+    _check_call(module, query, key, dropout, sliding_window)
     batch, heads, tokens, dim = query.shape
     kv_heads = key.shape[1]
-    if key.shape[2] != tokens:
-        raise ValueError(
-            f"{NAME} attention serves training passes (no KV cache): {tokens} queries, {key.shape[2]} keys"
-        )
     q = query.transpose(1, 2).reshape(batch * tokens, heads, dim)
     k = key.transpose(1, 2).reshape(batch * tokens, kv_heads, dim)
     v = value.transpose(1, 2).reshape(batch * tokens, kv_heads, dim)
     if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ValueError(
-                f"{NAME} attention takes a 2D padding mask, got shape {tuple(attention_mask.shape)}"
-            )
-        # a padded batch: its real tokens (contiguous in each row) as packed sequences
-        keep = attention_mask.reshape(-1).bool()
-        index = torch.nonzero(keep, as_tuple=False).reshape(-1)
-        lengths = attention_mask.bool().sum(dim=1)
-        cu = torch.zeros(batch + 1, dtype=torch.int32, device=query.device)
-        cu[1:] = torch.cumsum(lengths, 0)
-        packed = _attend(q[index], k[index], v[index], cu, scaling)
-        out = torch.zeros_like(q)
-        out[index] = packed
+        out = _attend_padded(q, k, v, attention_mask, batch, scaling)
     else:
         positions = kwargs.get("position_ids")
         if positions is not None and batch == 1:

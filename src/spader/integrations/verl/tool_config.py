@@ -30,6 +30,30 @@ TOOL_SCHEMA = {
 }
 
 
+def _service_urls(service_url: str | Mapping[str, str]) -> dict[str, str]:
+    """The service URLs by host name (``""`` for a single URL); raises unless all are http(s)."""
+    urls = {"": service_url} if isinstance(service_url, str) else dict(service_url)
+    if not urls or not all(
+        isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls.values()
+    ):
+        raise ValueError(
+            f"service_url must be an http(s) URL or a mapping of host names to them, got {service_url!r}"
+        )
+    return urls
+
+
+def _retrieval_settings(retrieval: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool's search settings read from ``config["retrieval"]`` (KeyError for a missing key)."""
+    return {
+        "topk": int(retrieval["topk"]),
+        "initial_k": int(retrieval["initial_k"]),
+        "timeout": float(retrieval["service"]["request_timeout_s"]),
+        "retries": int(retrieval["service"]["retries"]),
+        "max_query_chars": int(retrieval["service"]["max_query_chars"]),
+        "max_queries_per_request": int(retrieval["service"]["max_queries_per_request"]),
+    }
+
+
 def write_tool_config(
     path: str | os.PathLike,
     *,
@@ -57,13 +81,7 @@ def write_tool_config(
     Returns:
         The written path.
     """
-    urls = {"": service_url} if isinstance(service_url, str) else dict(service_url)
-    if not urls or not all(
-        isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls.values()
-    ):
-        raise ValueError(
-            f"service_url must be an http(s) URL or a mapping of host names to them, got {service_url!r}"
-        )
+    urls = _service_urls(service_url)
     if int(max_chars) < 1 or (max_queries_per_call is not None and int(max_queries_per_call) < 1):
         raise ValueError(
             f"max_chars and max_queries_per_call must be >= 1, got {max_chars}, {max_queries_per_call}"
@@ -76,12 +94,7 @@ def write_tool_config(
                 if isinstance(service_url, str)
                 else {"retrieval_service_urls": dict(sorted(urls.items()))}
             ),
-            "topk": int(retrieval["topk"]),
-            "initial_k": int(retrieval["initial_k"]),
-            "timeout": float(retrieval["service"]["request_timeout_s"]),
-            "retries": int(retrieval["service"]["retries"]),
-            "max_query_chars": int(retrieval["service"]["max_query_chars"]),
-            "max_queries_per_request": int(retrieval["service"]["max_queries_per_request"]),
+            **_retrieval_settings(retrieval),
             "max_queries_per_call": None if max_queries_per_call is None else int(max_queries_per_call),
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
