@@ -206,7 +206,7 @@ def _place(rewards: list[list[float]], steps, length: int) -> Tensor:
 
 
 def _search_turns(
-    details: Sequence[Sequence[TurnDetails]], counts: list[int], rows: list[int], stats: BaselineStats
+    details: Sequence[Sequence[TurnDetails]], counts: list[int], rows: list[int], stats: ScorerStats
 ) -> list[list[SearchTurn]]:
     """Per row of ``rows``, its search turns (an empty one where a turn has no record)."""
     turns: list[list[SearchTurn]] = []
@@ -222,7 +222,7 @@ def _stepsearch_search_rewards(
     lambda_s: float,
     has_evidence: bool,
     valid: bool,
-    stats: BaselineStats,
+    stats: ScorerStats,
 ) -> list[float]:
     """One row's search-turn rewards ``lambda_s * (gain - redundancy)``; zeros (counted) for a row
     without evidence or with an invalid answer."""
@@ -308,7 +308,7 @@ def _score_turns(
     score_turns: TurnScorer,
     counts: list[int],
     rows: list[int],
-    stats: BaselineStats,
+    stats: ScorerStats,
 ) -> tuple[dict[int, list[float]], int]:
     """``(rho per row, turns judged)``: the process score of each run of each row of ``rows`` (0
     for a turn not scored: one whose reward does not depend on it, without a record, or an error)."""

@@ -319,6 +319,62 @@ def judge_seconds(
     return decode + prefill
 
 
+def _pass_seconds(shape, memory, run: RunSettings, lengths: Lengths, n: int, compute: float, *,
+                  padded: bool) -> dict[str, float]:  # fmt: skip
+    """Seconds of a step's forward and backward passes over its ``n`` trajectories: the log-probs,
+    the actor update and the critic's, at ``compute`` FLOP/s."""
+    matmul = shape.layers * shape.layer_params + shape.vocab * shape.hidden
+    value_matmul = shape.layers * shape.layer_params + shape.hidden
+    causal = not padded
+
+    def forward(params: int, micro: int) -> float:
+        tokens, square = _pass_tokens(lengths, n, micro, padded=padded)
+        return _forward_flops(params, shape, tokens, square, causal=causal)
+
+    recompute = 1 if memory.grad_checkpointing else 0
+    out: dict[str, float] = {}
+    out["old log-probs"] = forward(matmul, memory.log_prob_micro_batch) / compute
+    if run.reference:
+        out["reference log-probs"] = forward(matmul, memory.ref_micro_batch) / compute
+    update = (3 + recompute) * forward(matmul, memory.micro_batch)
+    if memory.fused:  # the fused kernel recomputes each chunk's logits in the backward pass
+        update += (
+            2.0 * shape.vocab * shape.hidden * _pass_tokens(lengths, n, memory.micro_batch, padded=padded)[0]
+        )
+    out["actor update"] = run.ppo_epochs * update / compute
+    if memory.critic:
+        critic_recompute = 1 if memory.critic_grad_checkpointing else 0
+        out["critic values"] = forward(value_matmul, memory.critic_micro_batch) / compute
+        out["critic update"] = (
+            run.critic_ppo_epochs
+            * (3 + critic_recompute)
+            * forward(value_matmul, memory.critic_micro_batch)
+            / compute
+        )
+    return out
+
+
+def _host_bytes(shape, memory, run: RunSettings, *, gpus: int, n: int) -> float:
+    """Bytes a GPU moves over its host link in a step: offloaded states in and out, the reference's
+    pinned shards streamed per micro-batch."""
+    per_gpu = shape.params / gpus
+    moved = 0.0
+    if memory.actor_param_offload:  # loaded for the log-probs, the update and the weight sync
+        moved += 3 * 2 * memory.param_bytes * per_gpu
+    if memory.actor_optimizer_offload:
+        moved += 2 * 8 * per_gpu
+    if memory.critic:
+        cper = shape.value_params / gpus
+        if memory.critic_param_offload:
+            moved += 2 * 2 * memory.param_bytes * cper
+        if memory.critic_optimizer_offload:
+            moved += 2 * 8 * cper
+    if run.reference:
+        micro_batches = math.ceil(n / gpus / max(1, memory.ref_micro_batch))
+        moved += micro_batches * run.reference_param_bytes * per_gpu
+    return moved
+
+
 def step_time(
     shape,
     memory,
@@ -350,15 +406,6 @@ def step_time(
     lengths = Lengths.from_share(memory.seq_len, float(hardware.length_share))
     n = work.trajectories
     compute = gpus * spec.tflops * 1e12 * float(hardware.mfu)
-    matmul = shape.layers * shape.layer_params + shape.vocab * shape.hidden
-    value_matmul = shape.layers * shape.layer_params + shape.hidden
-    causal = not padded
-
-    def forward(params: int, micro: int) -> float:
-        tokens, square = _pass_tokens(lengths, n, micro, padded=padded)
-        return _forward_flops(params, shape, tokens, square, causal=causal)
-
-    recompute = 1 if memory.grad_checkpointing else 0
     out: dict[str, float] = {}
     rollout = rollout_seconds(
         shape, trajectories=n, replicas=gpus // max(1, memory.rollout_tp), tp=memory.rollout_tp,
@@ -368,40 +415,9 @@ def step_time(
     if judge_shape is not None and judge is not None:
         turns = max(1.0, float(hardware.length_share) * work.max_turns)
         out["judge"] = judge_seconds(judge_shape, judge, requests=n * turns, spec=spec, hardware=hardware)
-    out["old log-probs"] = forward(matmul, memory.log_prob_micro_batch) / compute
-    if run.reference:
-        out["reference log-probs"] = forward(matmul, memory.ref_micro_batch) / compute
-    update = (3 + recompute) * forward(matmul, memory.micro_batch)
-    if memory.fused:  # the fused kernel recomputes each chunk's logits in the backward pass
-        update += (
-            2.0 * shape.vocab * shape.hidden * _pass_tokens(lengths, n, memory.micro_batch, padded=padded)[0]
-        )
-    out["actor update"] = run.ppo_epochs * update / compute
-    if memory.critic:
-        critic_recompute = 1 if memory.critic_grad_checkpointing else 0
-        out["critic values"] = forward(value_matmul, memory.critic_micro_batch) / compute
-        out["critic update"] = (
-            run.critic_ppo_epochs
-            * (3 + critic_recompute)
-            * forward(value_matmul, memory.critic_micro_batch)
-            / compute
-        )
+    out.update(_pass_seconds(shape, memory, run, lengths, n, compute, padded=padded))
     # host link: offloaded states in and out, the reference's pinned shards streamed per micro-batch
-    per_gpu = shape.params / gpus
-    moved = 0.0
-    if memory.actor_param_offload:  # loaded for the log-probs, the update and the weight sync
-        moved += 3 * 2 * memory.param_bytes * per_gpu
-    if memory.actor_optimizer_offload:
-        moved += 2 * 8 * per_gpu
-    if memory.critic:
-        cper = shape.value_params / gpus
-        if memory.critic_param_offload:
-            moved += 2 * 2 * memory.param_bytes * cper
-        if memory.critic_optimizer_offload:
-            moved += 2 * 8 * cper
-    if run.reference:
-        micro_batches = math.ceil(n / gpus / max(1, memory.ref_micro_batch))
-        moved += micro_batches * run.reference_param_bytes * per_gpu
+    moved = _host_bytes(shape, memory, run, gpus=gpus, n=n)
     out["host transfers"] = moved / (spec.host_link_gbps * 1e9 * float(hardware.bandwidth_efficiency))
     out["overhead"] = TIME_CONSTANTS["step_overhead_s"]
     return out

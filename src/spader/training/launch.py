@@ -110,6 +110,20 @@ def merge_overrides(*layers: Iterable[str]) -> list[str]:
     return list(merged.values())
 
 
+def _absolute(p: str | os.PathLike) -> str:
+    """``p`` made absolute, as a Hydra override value."""
+    return hydra_value(os.path.abspath(p))
+
+
+def _ray_env_overrides(env: Mapping[str, str]) -> list[str]:
+    """The overrides that forward the variables of ``env`` Ray's runtime env needs (:data:`_RAY_ENV`)."""
+    return [
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={hydra_value(env[name])}"
+        for name in _RAY_ENV
+        if name in env
+    ]
+
+
 def job_overrides(
     *,
     train_file: str | os.PathLike,
@@ -145,32 +159,25 @@ def job_overrides(
     Returns:
         Override strings.
     """
-
-    def path(p: str | os.PathLike) -> str:
-        return hydra_value(os.path.abspath(p))
-
-    overrides = [
-        f"data.train_files={path(train_file)}",
-        f"data.val_files={path(val_file)}",
-        f"actor_rollout_ref.model.path={path(model_dir)}",
+    return [
+        f"data.train_files={_absolute(train_file)}",
+        f"data.val_files={_absolute(val_file)}",
+        f"actor_rollout_ref.model.path={_absolute(model_dir)}",
         f"trainer.nnodes={int(nnodes)}",
         f"trainer.n_gpus_per_node={int(gpus)}",
-        f"trainer.default_local_dir={path(ckpt_dir)}",
+        f"trainer.default_local_dir={_absolute(ckpt_dir)}",
         f"trainer.project_name={hydra_value(project)}",
         f"trainer.experiment_name={hydra_value(run_name)}",
         f"trainer.logger={hydra_value(list(loggers))}",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path(tool_config)}",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={_absolute(tool_config)}",
         f"ray_kwargs.ray_init.num_cpus={'null' if ray_cpus is None else int(ray_cpus)}",
         # A private Ray instance per job, even on a node where someone ran `ray start`; or the
         # cluster the job started across its nodes (spader.training.ray_cluster).
         f"+ray_kwargs.ray_init.address={hydra_value(ray_address or 'local')}",
         # no dashboard: nothing of Ray listens for a browser (spader.training.ray_cluster)
         "+ray_kwargs.ray_init.include_dashboard=false",
+        *_ray_env_overrides(env),
     ]
-    for name in _RAY_ENV:
-        if name in env:
-            overrides.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={hydra_value(env[name])}")
-    return overrides
 
 
 def training_overrides(training: TrainingConfig | Mapping[str, Any]) -> list[str]:
@@ -276,17 +283,28 @@ def device_overrides(
     """
     training = _section(training)
     device, backend = check_device(training)
-    out = [f"trainer.device={device}", f"actor_rollout_ref.rollout.name={backend}"]
-    if training.get("max_steps"):
-        # verl stops at the first of the two limits: as many epochs as steps always leaves the
-        # step limit (each epoch has at least one step) to end the run
-        steps = int(training["max_steps"])
-        out += [
-            f"trainer.total_training_steps={steps}",
-            f"trainer.total_epochs={max(steps, int(training['epochs']))}",
-        ]
+    out = [f"trainer.device={device}", f"actor_rollout_ref.rollout.name={backend}", *_step_limit(training)]
     if device != "cpu":
         return out
+    return out + _cpu_overrides(threads=threads, workers=workers, private_ray=private_ray, nnodes=nnodes)
+
+
+def _step_limit(training: Mapping[str, Any]) -> list[str]:
+    """The overrides that end the run after ``training.max_steps`` steps (none when it is unset)."""
+    if not training.get("max_steps"):
+        return []
+    # verl stops at the first of the two limits: as many epochs as steps always leaves the
+    # step limit (each epoch has at least one step) to end the run
+    steps = int(training["max_steps"])
+    return [
+        f"trainer.total_training_steps={steps}",
+        f"trainer.total_epochs={max(steps, int(training['epochs']))}",
+    ]
+
+
+def _cpu_overrides(*, threads: int, workers: int, private_ray: bool, nnodes: int) -> list[str]:
+    """The overrides of a CPU run beyond its device and rollout backend (see :func:`device_overrides`)."""
+    out: list[str] = []
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     if private_ray:
         # one logical device slot per training worker (see spader.integrations.verl.cpu.platform);

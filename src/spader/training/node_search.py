@@ -310,6 +310,32 @@ class NodeReplicas:
         ]
 
 
+def _start_replica(replicas: NodeReplicas, node: str, spec: Path) -> subprocess.Popen:
+    """The ``node_search`` step of ``node`` (``srun``) serving ``spec``; returns its process."""
+    from spader.training.ray_cluster import srun_on
+
+    argv = [
+        *srun_on(node),
+        sys.executable,
+        "-m",
+        "spader.training.node_search",
+        "--spec",
+        str(spec),
+        "--status",
+        str(replicas.status_path(node)),
+        "--log",
+        str(replicas.service_log_path(node)),
+    ]
+    with open(replicas.log_path(node), "ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
 @contextlib.contextmanager
 def node_replicas(
     nodes: Sequence[str],
@@ -340,7 +366,6 @@ def node_replicas(
         grace_s: seconds the replicas get to stop after the stop file, and between SIGTERM and
             SIGKILL after that.
     """
-    from spader.training.ray_cluster import srun_on
     from spader.training.watch import SERVICE_CHECK_S
 
     directory = Path(directory)
@@ -360,28 +385,7 @@ def node_replicas(
     )
     try:
         for node in nodes:
-            argv = [
-                *srun_on(node),
-                sys.executable,
-                "-m",
-                "spader.training.node_search",
-                "--spec",
-                str(spec),
-                "--status",
-                str(replicas.status_path(node)),
-                "--log",
-                str(replicas.service_log_path(node)),
-            ]
-            with open(replicas.log_path(node), "ab") as out:
-                replicas.procs.append(
-                    subprocess.Popen(
-                        argv,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                )
+            replicas.procs.append(_start_replica(replicas, node, spec))
             log.info("retrieval replica on %s starting (log %s)", node, replicas.log_path(node))
         yield replicas
     finally:

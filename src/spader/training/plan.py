@@ -621,6 +621,157 @@ def _logits(
     return n * full / GIB
 
 
+def _resident(state: dict, param_off: bool, optim_off: bool, *, adam: bool = True) -> float:
+    """GiB of a model's sharded ``state`` left on the GPU by its offload flags."""
+    if not state:
+        return 0.0
+    return (0.0 if param_off else state["params"]) + (0.0 if optim_off or not adam else state["adam"])
+
+
+def _sharded_state(params: int, param_bytes: int, per: float) -> dict[str, float]:
+    """GiB per GPU of a model's parameters, fp32 gradients and Adam state, ``per`` bytes to a GiB x GPUs."""
+    return {"params": params * param_bytes / per, "grads": params * 4 / per, "adam": params * 8 / per}
+
+
+def _constant_sources(
+    m: VerlMemory, measured: Measured | None, calibration_path: str | None
+) -> dict[str, str]:
+    """Where each group of the plan's constants comes from (a calibration record or the estimates)."""
+    source = f"measured ({calibration_path}, {measured.device})" if measured is not None else "estimated"
+    return {
+        "kept inputs, layer working sets, mask": source,
+        "log-probs": source
+        if measured is not None and measured.logprob("fused" if m.fused else "full", "update") is not None
+        else "estimated",
+        "CUDA context, NCCL, sglang runtime, gathered parameters, allocator slack": "estimated",
+    }
+
+
+def _sglang_at_launch(job: Job, shape: Shape, m: VerlMemory, pre: float) -> tuple[float, int]:
+    """(GiB of sglang's static share, KV tokens per replica) from the ``pre`` GiB free at its launch;
+    notes them on ``job`` and refuses it when the share does not hold the weights."""
+    static, weights, kv = _sglang(shape, pre, m.rollout_fraction, m.rollout_tp)
+    kv_tokens = _kv_tokens(shape, kv, m.rollout_tp)
+    job.notes.append(
+        f"sglang at launch: {pre:.1f} GiB free x {m.rollout_fraction} = {static:.1f} GiB static (weights "
+        f"{weights:.1f}, KV {kv:.1f} = {kv_tokens:,} tokens per TP-{m.rollout_tp} replica)"
+    )
+    if kv <= 0:
+        job.refused = (
+            f"sglang's static share ({static:.1f} GiB) does not hold its weights ({weights:.1f} GiB)"
+        )
+    return static, kv_tokens
+
+
+def _memory_phases(job: Job, shape: Shape, m: VerlMemory, *, capacity: float, reranker: float,
+                   measured: Measured | None) -> tuple[int, int]:  # fmt: skip
+    """Fill ``job``'s phases; returns (KV tokens per sglang replica, tokens of an update micro-batch)."""
+    per = GIB * job.gpus
+    actor = _sharded_state(shape.params, m.param_bytes, per)
+    critic = _sharded_state(shape.value_params, m.param_bytes, per) if m.critic else {}
+    c = CONSTANTS
+    verl_process = c["cuda_context"] + c["nccl"]
+    sglang_process = c["cuda_context"] + (c["nccl"] if m.rollout_tp > 1 else 0.0)
+    # sglang starts after verl built its models and before the first step (no Adam state yet)
+    at_launch = _resident(actor, m.actor_param_offload, True) + _resident(
+        critic, m.critic_param_offload, True
+    )
+    pre = capacity - verl_process - reranker - at_launch - sglang_process
+    static, kv_tokens = _sglang_at_launch(job, shape, m, pre)
+    base = {"verl process": verl_process, "reranker": reranker}
+    sglang_idle = (
+        {"sglang idle": sglang_process + c["sglang_graphs"]}
+        if m.free_cache_engine
+        else {"sglang": sglang_process + static + c["sglang_graphs"]}
+    )
+    actor_resident = _resident(actor, m.actor_param_offload, m.actor_optimizer_offload)
+    critic_resident = _resident(critic, m.critic_param_offload, m.critic_optimizer_offload)
+    critic_part = {"critic (resident)": critic_resident} if m.critic else {}
+    job.phases["rollout"] = {
+        **base,
+        "actor (resident)": actor_resident,
+        **critic_part,
+        "sglang": sglang_process + static + c["sglang_graphs"] + c["sglang_activations"],
+    }
+    idle = {**base, **sglang_idle}
+    tokens = _update_phases(job, shape, m, actor, critic_part, idle, measured=measured)
+    _log_prob_phase(job, shape, m, actor, critic_part, idle, measured=measured)
+    if m.critic:
+        _critic_phase(job, shape, m, critic, actor_resident, idle, measured=measured)
+    return kv_tokens, tokens
+
+
+def _update_phases(job: Job, shape: Shape, m: VerlMemory, actor: dict[str, float], critic_part: dict[str, float],
+                   idle: dict[str, float], *, measured: Measured | None) -> int:  # fmt: skip
+    """Fill ``job``'s actor update and optimizer step; returns the tokens of an update micro-batch."""
+    c = CONSTANTS
+    seq = m.seq_len
+    padded = not m.remove_padding
+    if m.dynamic_bsz and padded:
+        job.refused = (
+            "use_dynamic_bsz caps the real tokens of a micro-batch, but the padded path pads every "
+            "sequence to the longest: the padded tokens are not bounded (set "
+            "ppo_micro_batch_size_per_gpu instead)"
+        )
+    tokens = m.max_token_len if m.dynamic_bsz and not padded else m.micro_batch * seq
+    gathered_train = (8 * shape.head_params + 4 * shape.layer_params) / GIB
+    if shape.tied:
+        gathered_train = (6 * shape.embedding_params + 4 * shape.layer_params) / GIB
+    acts = _activations(shape, tokens, m.micro_batch, seq, checkpointing=m.grad_checkpointing, padded=padded,
+                        measured=measured)  # fmt: skip
+    update = {
+        "actor state": actor["params"] + actor["grads"] + actor["adam"],
+        **critic_part,
+        **acts,
+        "logits": _logits(shape, tokens, m, grad=True, entropy=m.entropy_in_loss, measured=measured),
+        "gathered params": gathered_train,
+    }
+    update["allocator slack"] = c["allocator_slack"] * sum(update.values())
+    job.phases["actor update"] = {**idle, **update}
+    job.phases["optimizer step"] = {
+        **idle,
+        "actor state": update["actor state"],
+        "adam temporaries": actor["params"] * 4 / m.param_bytes,
+        **critic_part,
+    }
+    return tokens
+
+
+def _log_prob_phase(job: Job, shape: Shape, m: VerlMemory, actor: dict[str, float], critic_part: dict[str, float],
+                    idle: dict[str, float], *, measured: Measured | None) -> None:  # fmt: skip
+    """Fill ``job``'s log-prob phase (the forward passes without gradients)."""
+    seq = m.seq_len
+    lp_tokens = m.log_prob_micro_batch * seq
+    gathered_eval = (2 * (shape.head_params or shape.embedding_params) + 4 * shape.layer_params) / GIB
+    forward = {
+        "actor (resident)": _resident(actor, False, m.actor_optimizer_offload),
+        **critic_part,
+        "layer activations": _forward_activations(
+            shape, lp_tokens, m.log_prob_micro_batch, seq, padded=not m.remove_padding, measured=measured
+        ),
+        "logits": _logits(shape, lp_tokens, m, grad=False, entropy=True, measured=measured),
+        "gathered params": gathered_eval,
+    }
+    job.phases["log-probs"] = {**idle, **forward}
+
+
+def _critic_phase(job: Job, shape: Shape, m: VerlMemory, critic: dict[str, float], actor_resident: float,
+                  idle: dict[str, float], *, measured: Measured | None) -> None:  # fmt: skip
+    """Fill ``job``'s critic update."""
+    seq = m.seq_len
+    ctokens = m.critic_micro_batch * seq
+    cacts = _activations(shape, ctokens, m.critic_micro_batch, seq, checkpointing=m.critic_grad_checkpointing,
+                         padded=not m.remove_padding, measured=measured)  # fmt: skip
+    cupdate = {
+        "critic state": critic["params"] + critic["grads"] + critic["adam"],
+        "actor (resident)": actor_resident,
+        **cacts,
+        "gathered params": (6 * shape.embedding_params / shape.layers + 10 * shape.layer_params) / GIB,
+    }
+    cupdate["allocator slack"] = CONSTANTS["allocator_slack"] * sum(cupdate.values())
+    job.phases["critic update"] = {**idle, **cupdate}
+
+
 def training_job(
     name: str,
     shape: Shape,
@@ -652,116 +803,12 @@ def training_job(
     if gpus < 1:
         job.refused = "no GPU left for training"
         return job
-    source = f"measured ({calibration_path}, {measured.device})" if measured is not None else "estimated"
-    job.constants = {
-        "kept inputs, layer working sets, mask": source,
-        "log-probs": source
-        if measured is not None and measured.logprob("fused" if m.fused else "full", "update") is not None
-        else "estimated",
-        "CUDA context, NCCL, sglang runtime, gathered parameters, allocator slack": "estimated",
-    }
+    job.constants = _constant_sources(m, measured, calibration_path)
     if measured is None and calibration_path:
         job.notes.append(
             f"calibration record {calibration_path} has no entry for {shape.name}'s shape: estimates used"
         )
-    P, Pc = shape.params, shape.value_params
-    per = GIB * gpus
-    actor = {"params": P * m.param_bytes / per, "grads": P * 4 / per, "adam": P * 8 / per}
-    critic = (
-        {"params": Pc * m.param_bytes / per, "grads": Pc * 4 / per, "adam": Pc * 8 / per} if m.critic else {}
-    )
-    c = CONSTANTS
-    verl_process = c["cuda_context"] + c["nccl"]
-    sglang_process = c["cuda_context"] + (c["nccl"] if m.rollout_tp > 1 else 0.0)
-
-    def resident(state: dict, param_off: bool, optim_off: bool, *, adam: bool = True) -> float:
-        if not state:
-            return 0.0
-        return (0.0 if param_off else state["params"]) + (0.0 if optim_off or not adam else state["adam"])
-
-    # sglang starts after verl built its models and before the first step (no Adam state yet)
-    at_launch = resident(actor, m.actor_param_offload, True) + resident(critic, m.critic_param_offload, True)
-    pre = capacity - verl_process - reranker - at_launch - sglang_process
-    static, weights, kv = _sglang(shape, pre, m.rollout_fraction, m.rollout_tp)
-    kv_tokens = _kv_tokens(shape, kv, m.rollout_tp)
-    job.notes.append(
-        f"sglang at launch: {pre:.1f} GiB free x {m.rollout_fraction} = {static:.1f} GiB static (weights "
-        f"{weights:.1f}, KV {kv:.1f} = {kv_tokens:,} tokens per TP-{m.rollout_tp} replica)"
-    )
-    if kv <= 0:
-        job.refused = (
-            f"sglang's static share ({static:.1f} GiB) does not hold its weights ({weights:.1f} GiB)"
-        )
-    base = {"verl process": verl_process, "reranker": reranker}
-    sglang_idle = (
-        {"sglang idle": sglang_process + c["sglang_graphs"]}
-        if m.free_cache_engine
-        else {"sglang": sglang_process + static + c["sglang_graphs"]}
-    )
-    actor_resident = resident(actor, m.actor_param_offload, m.actor_optimizer_offload)
-    critic_resident = resident(critic, m.critic_param_offload, m.critic_optimizer_offload)
-
-    job.phases["rollout"] = {
-        **base,
-        "actor (resident)": actor_resident,
-        **({"critic (resident)": critic_resident} if m.critic else {}),
-        "sglang": sglang_process + static + c["sglang_graphs"] + c["sglang_activations"],
-    }
-
-    seq = m.seq_len
-    padded = not m.remove_padding
-    if m.dynamic_bsz and padded:
-        job.refused = (
-            "use_dynamic_bsz caps the real tokens of a micro-batch, but the padded path pads every "
-            "sequence to the longest: the padded tokens are not bounded (set "
-            "ppo_micro_batch_size_per_gpu instead)"
-        )
-    tokens = m.max_token_len if m.dynamic_bsz and not padded else m.micro_batch * seq
-    gathered_train = (8 * shape.head_params + 4 * shape.layer_params) / GIB
-    if shape.tied:
-        gathered_train = (6 * shape.embedding_params + 4 * shape.layer_params) / GIB
-    acts = _activations(shape, tokens, m.micro_batch, seq, checkpointing=m.grad_checkpointing, padded=padded,
-                        measured=measured)  # fmt: skip
-    update = {
-        "actor state": actor["params"] + actor["grads"] + actor["adam"],
-        **({"critic (resident)": critic_resident} if m.critic else {}),
-        **acts,
-        "logits": _logits(shape, tokens, m, grad=True, entropy=m.entropy_in_loss, measured=measured),
-        "gathered params": gathered_train,
-    }
-    update["allocator slack"] = c["allocator_slack"] * sum(update.values())
-    job.phases["actor update"] = {**base, **sglang_idle, **update}
-    job.phases["optimizer step"] = {
-        **base,
-        **sglang_idle,
-        "actor state": update["actor state"],
-        "adam temporaries": actor["params"] * 4 / m.param_bytes,
-        **({"critic (resident)": critic_resident} if m.critic else {}),
-    }
-    lp_tokens = m.log_prob_micro_batch * seq
-    gathered_eval = (2 * (shape.head_params or shape.embedding_params) + 4 * shape.layer_params) / GIB
-    forward = {
-        "actor (resident)": resident(actor, False, m.actor_optimizer_offload),
-        **({"critic (resident)": critic_resident} if m.critic else {}),
-        "layer activations": _forward_activations(
-            shape, lp_tokens, m.log_prob_micro_batch, seq, padded=padded, measured=measured
-        ),
-        "logits": _logits(shape, lp_tokens, m, grad=False, entropy=True, measured=measured),
-        "gathered params": gathered_eval,
-    }
-    job.phases["log-probs"] = {**base, **sglang_idle, **forward}
-    if m.critic:
-        ctokens = m.critic_micro_batch * seq
-        cacts = _activations(shape, ctokens, m.critic_micro_batch, seq, checkpointing=m.critic_grad_checkpointing,
-                             padded=padded, measured=measured)  # fmt: skip
-        cupdate = {
-            "critic state": critic["params"] + critic["grads"] + critic["adam"],
-            "actor (resident)": actor_resident,
-            **cacts,
-            "gathered params": (6 * shape.embedding_params / shape.layers + 10 * shape.layer_params) / GIB,
-        }
-        cupdate["allocator slack"] = c["allocator_slack"] * sum(cupdate.values())
-        job.phases["critic update"] = {**base, **sglang_idle, **cupdate}
+    kv_tokens, tokens = _memory_phases(job, shape, m, capacity=capacity, reranker=reranker, measured=measured)
     if not m.fused:
         job.notes.append(
             "log-probs over the full logits: "
@@ -994,6 +1041,111 @@ def job_request(job: Job, hardware: Any, gpus_per_node: int) -> tuple[int, int]:
     return threads, math.ceil(min(need, cap) * 1024)
 
 
+@dataclass(frozen=True)
+class _PlanInputs:
+    """What the training jobs of one config's plan share (the config's sections as the rules get them)."""
+
+    config: Any
+    verl_config_dir: str | os.PathLike
+    models: dict[str, str]
+    calibration: Calibration | None
+    capacity: float
+    retrieval: dict[str, Any]
+    training: dict[str, Any]
+    agent: dict[str, Any]
+    judge: dict[str, Any]
+    replica: float
+    steps: int
+    val_prompts: int
+
+
+def _job_costs(inputs: _PlanInputs, *, nodes: int, served: bool, judge_shape: Shape | None) -> JobCosts:
+    """What a training job of ``nodes`` nodes (serving the judge or not) needs for its time, host
+    memory and disk."""
+    from spader.training.costs import Workload
+
+    training, agent, judge, retrieval = inputs.training, inputs.agent, inputs.judge, inputs.retrieval
+    verl_nodes = nodes - 1 if served and nodes > 1 else nodes
+    return JobCosts(
+        hardware=inputs.config.hardware,
+        workload=Workload(
+            steps=inputs.steps, prompts=int(training["train_batch_size"]), rollouts=int(training["rollout_n"]),
+            val_prompts=inputs.val_prompts, max_turns=int(agent["max_turns"]), nodes=verl_nodes,
+        ),
+        reranker_on_gpus=reranker_on_gpus(retrieval),
+        cache_bytes=int(retrieval["service"]["cache_bytes"]),
+        judge_shape=judge_shape,
+        judge=judge if served else None,
+        judge_gpus_on_node=int(judge["gpus"]) if served and nodes == 1 else 0,
+    )  # fmt: skip
+
+
+def _variant_jobs(inputs: _PlanInputs, b: str, spec: Any, v: str, shape: Shape, measured: Measured | None,
+                  run_of: str | None) -> list[Job]:  # fmt: skip
+    """The plan of training backbone ``b`` (``spec``) with variant ``v``, and of the judge it serves;
+    ``run_of``: the variant whose run it shares."""
+    from spader.integrations.verl.overrides import config_overrides
+    from spader.training.launch import device_overrides
+
+    config, judge, calibration = inputs.config, inputs.judge, inputs.calibration
+    nodes = config.training_nodes(v)  # variants.<v>.nodes, else training.nodes
+    variant = config.variants[v].model_dump(mode="json")
+    served = config.variants[v].serves_judge and not judge["url"]
+    # verl shards over every training GPU of the job; a served judge takes GPUs of the
+    # node (one node) or the last node (several)
+    if served and nodes > 1:
+        gpus = (nodes - 1) * spec.gpus
+    else:
+        gpus = nodes * spec.gpus - (int(judge["gpus"]) if served else 0)
+    overrides = [
+        *config_overrides(variant, inputs.training, inputs.agent),
+        *device_overrides(inputs.training, threads=1, workers=gpus),
+    ]
+    cfg = _compose_resolved(variant["verl_config"], overrides, Path(inputs.verl_config_dir))
+    on_gpus = inputs.replica if reranker_on_gpus(inputs.retrieval) else 0.0
+    judge_shape = load_shape(judge["model"], inputs.models.get(judge["model"])) if served else None
+    job = training_job(
+        f"train {b}/{v}", shape, cfg, gpus=gpus, capacity=inputs.capacity, reranker=on_gpus,
+        measured=measured, calibration_path=calibration.path if calibration else None,
+        costs=_job_costs(inputs, nodes=nodes, served=served, judge_shape=judge_shape),
+    )  # fmt: skip
+    job.host_capacity = float(config.hardware.host_memory_gib) * min(
+        1.0, spec.gpus / int(config.hardware.gpus)
+    )
+    job.threads, job.mem_mb = job_request(job, config.hardware, spec.gpus)
+    if spec.gpus > int(config.hardware.gpus):
+        job.refused = (
+            f"backbones.{b}.gpus is {spec.gpus}, more than the {config.hardware.gpus} GPUs of a node "
+            "(hardware.gpus); give the job more nodes (training.nodes) instead"
+        )
+    job.run_of = run_of if run_of != v else None
+    if job.run_of:
+        job.notes.append(f"the workflow trains it once with {job.run_of} (identical settings)")
+    if not served:
+        return [job]
+    return [job, judge_job(f"judge {b}/{v}", judge_shape, judge, capacity=inputs.capacity, reranker=on_gpus)]
+
+
+def _backbone_training_jobs(inputs: _PlanInputs, b: str, spec: Any, only: Callable[[str, str], bool] | None
+                            ) -> list[Job]:  # fmt: skip
+    """The plans of backbone ``b``'s training jobs (those ``only`` keeps) and of the judges they serve."""
+    from spader.integrations.verl.overrides import shared_training_runs
+
+    config, models = inputs.config, inputs.models
+    shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
+    measured = inputs.calibration.for_shape(shape) if inputs.calibration is not None else None
+    runs = shared_training_runs(
+        spec.variants, {k: x.model_dump(mode="json") for k, x in config.variants.items()}, inputs.training,
+        inputs.verl_config_dir,
+    )  # fmt: skip
+    jobs: list[Job] = []
+    for v in spec.variants:
+        if only is not None and not only(b, v):
+            continue
+        jobs.extend(_variant_jobs(inputs, b, spec, v, shape, measured, runs.get(v)))
+    return jobs
+
+
 def plan_config(
     config: Any,
     verl_config_dir: str | os.PathLike,
@@ -1012,10 +1164,6 @@ def plan_config(
         calibration: the record ``hardware.calibration`` names (:func:`load_record`), or None.
         only: ``(backbone, variant) -> bool``: plan only these training jobs (and no other job).
     """
-    from spader.integrations.verl.overrides import config_overrides, shared_training_runs
-    from spader.training.costs import Workload
-    from spader.training.launch import device_overrides
-
     models = dict(models or {})
     capacity = float(config.hardware.gpu_memory_gib)
     retrieval = config.retrieval.model_dump(mode="json")
@@ -1024,72 +1172,17 @@ def plan_config(
     judge = config.judge.model_dump(mode="json")
     evaluation = config.evaluation_params()  # the context budget resolved (training's when null)
     replica = reranker_gib(retrieval)
-    steps = training_steps(config)
     val_prompts = int(config.mix.val_per_dataset) * sum(
         1 for n in config.mix.counts.model_dump().values() if n > 0
     )
+    inputs = _PlanInputs(
+        config, verl_config_dir, models, calibration, capacity, retrieval, training, agent, judge, replica,
+        training_steps(config), val_prompts,
+    )  # fmt: skip
     jobs: list[Job] = []
     for b, spec in config.backbones.items():
         if training["device"] == "cuda" and spec.gpus > 0:
-            shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
-            measured = calibration.for_shape(shape) if calibration is not None else None
-            runs = shared_training_runs(
-                spec.variants, {k: x.model_dump(mode="json") for k, x in config.variants.items()}, training,
-                verl_config_dir,
-            )  # fmt: skip
-            for v in spec.variants:
-                if only is not None and not only(b, v):
-                    continue
-                nodes = config.training_nodes(v)  # variants.<v>.nodes, else training.nodes
-                variant = config.variants[v].model_dump(mode="json")
-                served = config.variants[v].serves_judge and not judge["url"]
-                # verl shards over every training GPU of the job; a served judge takes GPUs of the
-                # node (one node) or the last node (several)
-                if served and nodes > 1:
-                    gpus = (nodes - 1) * spec.gpus
-                else:
-                    gpus = nodes * spec.gpus - (int(judge["gpus"]) if served else 0)
-                overrides = [
-                    *config_overrides(variant, training, agent),
-                    *device_overrides(training, threads=1, workers=gpus),
-                ]
-                cfg = _compose_resolved(variant["verl_config"], overrides, Path(verl_config_dir))
-                on_gpus = replica if reranker_on_gpus(retrieval) else 0.0
-                judge_shape = load_shape(judge["model"], models.get(judge["model"])) if served else None
-                verl_nodes = nodes - 1 if served and nodes > 1 else nodes
-                costs = JobCosts(
-                    hardware=config.hardware,
-                    workload=Workload(
-                        steps=steps, prompts=int(training["train_batch_size"]), rollouts=int(training["rollout_n"]),
-                        val_prompts=val_prompts, max_turns=int(agent["max_turns"]), nodes=verl_nodes,
-                    ),
-                    reranker_on_gpus=reranker_on_gpus(retrieval),
-                    cache_bytes=int(retrieval["service"]["cache_bytes"]),
-                    judge_shape=judge_shape,
-                    judge=judge if served else None,
-                    judge_gpus_on_node=int(judge["gpus"]) if served and nodes == 1 else 0,
-                )  # fmt: skip
-                job = training_job(
-                    f"train {b}/{v}", shape, cfg, gpus=gpus, capacity=capacity, reranker=on_gpus,
-                    measured=measured, calibration_path=calibration.path if calibration else None, costs=costs,
-                )  # fmt: skip
-                job.host_capacity = float(config.hardware.host_memory_gib) * min(
-                    1.0, spec.gpus / int(config.hardware.gpus)
-                )
-                job.threads, job.mem_mb = job_request(job, config.hardware, spec.gpus)
-                if spec.gpus > int(config.hardware.gpus):
-                    job.refused = (
-                        f"backbones.{b}.gpus is {spec.gpus}, more than the {config.hardware.gpus} GPUs of a node "
-                        "(hardware.gpus); give the job more nodes (training.nodes) instead"
-                    )
-                job.run_of = runs.get(v) if runs.get(v) != v else None
-                if job.run_of:
-                    job.notes.append(f"the workflow trains it once with {job.run_of} (identical settings)")
-                jobs.append(job)
-                if served:
-                    jobs.append(
-                        judge_job(f"judge {b}/{v}", judge_shape, judge, capacity=capacity, reranker=on_gpus)
-                    )
+            jobs.extend(_backbone_training_jobs(inputs, b, spec, only))
         if evaluation["gpus"] > 0 and only is None:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
             jobs.append(

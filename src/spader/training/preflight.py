@@ -462,6 +462,12 @@ def check_memory(
     if judge:
         judge_shape = load_shape(str(judge.get("model")), judge_model_dir)
         jobs.append(judge_job(f"{name} judge", judge_shape, judge, capacity=capacity, reranker=reranker))
+    _log_and_refuse(jobs, capacity)
+    return jobs
+
+
+def _log_and_refuse(jobs: Sequence[Any], capacity: float) -> None:
+    """Log the plans of ``jobs`` line by line; raise :class:`PreflightError` when one does not fit."""
     for job in jobs:
         for line in job.lines():
             log.info("memory plan: %s", line)
@@ -473,7 +479,6 @@ def check_memory(
             "training.ppo_micro_batch_size_per_gpu or training.gpu_memory_utilization, or offload the "
             "optimizer state (config/verl, docs/gpu.md); `python -m spader.training.plan` plans every job"
         )
-    return jobs
 
 
 def check_job_memory(job: Any, verl_config: Any, *, capacity_gib: float | None = None):

@@ -39,7 +39,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from spader.infra.procs import supervised_argv
@@ -279,6 +279,74 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
+def _write_token(token_file: Path) -> None:
+    """Write a fresh random cluster token to ``token_file`` (mode 0600)."""
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+
+
+def _start_head(head_ip: str, port: int, common: list[str], env: dict[str, str], log_dir: Path,
+                grace_s: float) -> subprocess.Popen:  # fmt: skip
+    """The head node's ``ray start`` here, under the process supervisor; returns its process."""
+    head = [
+        *_ray_executable(),
+        "start",
+        "--head",
+        f"--node-ip-address={head_ip}",
+        f"--port={port}",
+        "--include-dashboard=false",
+        *common,
+    ]
+    with open(log_dir / "ray_head.log", "ab") as out:
+        return subprocess.Popen(
+            supervised_argv(head, grace_s=grace_s),
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _start_worker(node: str, address: str, common: list[str], env: dict[str, str], log_dir: Path,
+                  grace_s: float) -> subprocess.Popen:  # fmt: skip
+    """A worker node's ``ray start`` on ``node`` (``srun``), under the process supervisor; returns its process."""
+    worker = [*_ray_executable(), "start", f"--address={address}", *common]
+    with open(log_dir / f"ray_{node}.log", "ab") as out:
+        proc = subprocess.Popen(
+            [*srun_on(node), sys.executable, "-m", "spader.infra.procs", "--grace", str(grace_s),
+             "--", *worker],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    log.info("Ray worker node on %s (log %s)", node, log_dir / f"ray_{node}.log")
+    return proc
+
+
+def _restarter(nodes: Sequence[str], procs: list[subprocess.Popen], worker_starts: int, log_dir: Path,
+               start_worker: Callable[[str], subprocess.Popen]) -> Callable[[int], subprocess.Popen | None]:  # fmt: skip
+    """The ``restart`` of :func:`wait_for_nodes`: a worker node gets up to ``worker_starts`` starts."""
+    starts = dict.fromkeys(nodes[1:], 1)
+
+    def restart(i: int) -> subprocess.Popen | None:
+        # Ray 2.60's raylet gives its node's agents a fixed time to write their port files and
+        # exits when they take longer (a Python start on a loaded node or a slow shared file
+        # system); `ray start` then fails. A worker node gets further starts; the head does not.
+        if i == 0 or starts[nodes[i]] >= worker_starts:
+            return None
+        starts[nodes[i]] += 1
+        log.warning(
+            "the Ray node on %s exited with code %d while starting (log %s); starting it again (%d of %d)",
+            nodes[i], procs[i].returncode, log_dir / f"ray_{nodes[i]}.log", starts[nodes[i]], worker_starts,
+        )  # fmt: skip
+        return start_worker(nodes[i])
+
+    return restart
+
+
 @contextlib.contextmanager
 def slurm_ray_cluster(
     *,
@@ -312,68 +380,22 @@ def slurm_ray_cluster(
     port = _free_port(head_ip)
     address = f"{head_ip}:{port}"
     token_file = Path(token_file)
-    token_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
+    _write_token(token_file)
     env = auth_env(token_file=token_file)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     common = ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block"]
-    head = [
-        *_ray_executable(),
-        "start",
-        "--head",
-        f"--node-ip-address={head_ip}",
-        f"--port={port}",
-        "--include-dashboard=false",
-        *common,
-    ]
     procs: list[subprocess.Popen] = []
     try:
-        with open(log_dir / "ray_head.log", "ab") as out:
-            procs.append(
-                subprocess.Popen(
-                    supervised_argv(head, grace_s=grace_s),
-                    env={**os.environ, **env},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        procs.append(_start_head(head_ip, port, common, env, log_dir, grace_s))
         log.info("Ray head on %s at %s (log %s)", nodes[0], address, log_dir / "ray_head.log")
 
         def start_worker(node: str) -> subprocess.Popen:
-            worker = [*_ray_executable(), "start", f"--address={address}", *common]
-            with open(log_dir / f"ray_{node}.log", "ab") as out:
-                proc = subprocess.Popen(
-                    [*srun_on(node), sys.executable, "-m", "spader.infra.procs", "--grace", str(grace_s),
-                     "--", *worker],
-                    env={**os.environ, **env},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )  # fmt: skip
-            log.info("Ray worker node on %s (log %s)", node, log_dir / f"ray_{node}.log")
-            return proc
+            return _start_worker(node, address, common, env, log_dir, grace_s)
 
         for node in nodes[1:]:
             procs.append(start_worker(node))
-        starts = dict.fromkeys(nodes[1:], 1)
-
-        def restart(i: int) -> subprocess.Popen | None:
-            # Ray 2.60's raylet gives its node's agents a fixed time to write their port files and
-            # exits when they take longer (a Python start on a loaded node or a slow shared file
-            # system); `ray start` then fails. A worker node gets further starts; the head does not.
-            if i == 0 or starts[nodes[i]] >= worker_starts:
-                return None
-            starts[nodes[i]] += 1
-            log.warning(
-                "the Ray node on %s exited with code %d while starting (log %s); starting it again (%d of %d)",
-                nodes[i], procs[i].returncode, log_dir / f"ray_{nodes[i]}.log", starts[nodes[i]], worker_starts,
-            )  # fmt: skip
-            return start_worker(nodes[i])
-
+        restart = _restarter(nodes, procs, worker_starts, log_dir, start_worker)
         wait_for_nodes(address, len(nodes), env, start_timeout_s, procs, restart=restart)
         log.info("Ray cluster of %d nodes up at %s", len(nodes), address)
         yield address, env

@@ -371,7 +371,6 @@ def plan_launch(
     scorer = job.scorer
     # a judge served on the training node takes GPUs from it; on a node of its own it takes none
     workers = job.workers - (0 if job.judge_node else scorer.judge_gpus)
-    training = job.training
     private_ray = job.ray_address is None and job.train_nodes == 1
     if storage_units is None:
         storage_units = 1 if job.device == "cpu" else 8
@@ -382,47 +381,70 @@ def plan_launch(
         "PYTHONUNBUFFERED": "1",
         "HYDRA_FULL_ERROR": "1",
         "HF_HUB_OFFLINE": "1",  # the base model is a local directory; compute nodes may have no network
-        **device_env(training, threads=job.threads, workers=workers),
+        **device_env(job.training, threads=job.threads, workers=workers),
     }
     return build_plan(
         variant=job.variant_spec,
-        training=training,
+        training=job.training,
         config_dir=job.verl_config_dir,
-        job=[
-            *job_overrides(
-                train_file=job.train_file,
-                val_file=job.val_file,
-                model_dir=job.model_dir,
-                gpus=workers,
-                ray_cpus=ray_cpu_slots(workers=workers, storage_units=storage_units, threads=job.threads)
-                if private_ray
-                else None,
-                ckpt_dir=job.ckpt_dir,
-                tool_config=job.tool_config,
-                project=job.experiment,
-                run_name=job.run_name,
-                loggers=["console", "file", *(["mlflow"] if link.enabled else [])],
-                env=env,
-                nnodes=job.train_nodes,
-                ray_address=job.ray_address,
-            ),
-            *device_overrides(
-                training,
-                threads=job.threads,
-                workers=workers,
-                private_ray=private_ray,
-                nnodes=job.train_nodes,
-            ),
-            # operational (not a param of the rule): how long a generation may go unanswered
-            f"++spader_agent.rollout_timeout_s={float(training.rollout_timeout_s)}",
-            *agent_overrides(job.agent.model_dump()),
-            *scorer.overrides,
-        ],
+        job=_launch_overrides(
+            job,
+            scorer,
+            workers=workers,
+            private_ray=private_ray,
+            storage_units=storage_units,
+            link=link,
+            env=env,
+        ),
         resume=resume_overrides(resume_from),
         extra=job.extra_overrides,
         env=env,
         entry=job.entry,
     )
+
+
+def _launch_overrides(
+    job: TrainJob,
+    scorer: ScorerLaunch,
+    *,
+    workers: int,
+    private_ray: bool,
+    storage_units: int,
+    link: RunLink,
+    env: Mapping[str, str],
+) -> list[str]:
+    """The job's own overrides of its launch (paths, GPUs, nodes, loggers, device, agent, scorer)."""
+    training = job.training
+    return [
+        *job_overrides(
+            train_file=job.train_file,
+            val_file=job.val_file,
+            model_dir=job.model_dir,
+            gpus=workers,
+            ray_cpus=ray_cpu_slots(workers=workers, storage_units=storage_units, threads=job.threads)
+            if private_ray
+            else None,
+            ckpt_dir=job.ckpt_dir,
+            tool_config=job.tool_config,
+            project=job.experiment,
+            run_name=job.run_name,
+            loggers=["console", "file", *(["mlflow"] if link.enabled else [])],
+            env=env,
+            nnodes=job.train_nodes,
+            ray_address=job.ray_address,
+        ),
+        *device_overrides(
+            training,
+            threads=job.threads,
+            workers=workers,
+            private_ray=private_ray,
+            nnodes=job.train_nodes,
+        ),
+        # operational (not a param of the rule): how long a generation may go unanswered
+        f"++spader_agent.rollout_timeout_s={float(training.rollout_timeout_s)}",
+        *agent_overrides(job.agent.model_dump()),
+        *scorer.overrides,
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

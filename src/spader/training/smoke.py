@@ -179,6 +179,33 @@ def warm_start_dir(config: Mapping[str, Any], root: str | os.PathLike = ".") -> 
     return Path(root) / "results" / warm_backbone(config) / "warmstart" / "model"
 
 
+def _smoke_retrieval(config: Mapping[str, Any], root: Path) -> dict[str, Any]:
+    """The demo's retrieval section with its tiny reranker's directory under ``root``."""
+    retrieval = copy.deepcopy(dict(config["retrieval"]))
+    reranker = dict(retrieval["reranker"])
+    reranker_dir = _tiny_dir(reranker["model"], root)
+    if reranker_dir:
+        reranker["path"] = reranker_dir
+    retrieval["reranker"] = reranker
+    return retrieval
+
+
+def _smoke_training(config: Mapping[str, Any], root: Path, *, gpus: int, device: str, padded: bool
+                    ) -> dict[str, Any]:  # fmt: skip
+    """The smoke run's training section: the demo's with :data:`SMOKE_TRAINING`, the paper's response
+    budget, the actor path and the device."""
+    training = {**config["training"], **SMOKE_TRAINING, "max_response_length": paper_response_length(root)}
+    if padded:
+        training["remove_padding"] = False
+    else:  # token-capped micro-batches: room for the two longest sequences
+        training["max_token_len_per_gpu"] = 2 * (
+            training["max_prompt_length"] + training["max_response_length"]
+        )
+    if device == "cpu":
+        training.update(device="cpu", rollout_backend="transformers", cpu_workers=int(gpus))
+    return training
+
+
 def smoke_job(
     config: Mapping[str, Any],
     out: str | os.PathLike,
@@ -206,22 +233,9 @@ def smoke_job(
 
     root = Path(os.path.abspath(root))
     suite = config["suite"]
-    retrieval = copy.deepcopy(dict(config["retrieval"]))
-    reranker = dict(retrieval["reranker"])
-    reranker_dir = _tiny_dir(reranker["model"], root)
-    if reranker_dir:
-        reranker["path"] = reranker_dir
-    retrieval["reranker"] = reranker
+    retrieval = _smoke_retrieval(config, root)
     out = Path(out)
-    training = {**config["training"], **SMOKE_TRAINING, "max_response_length": paper_response_length(root)}
-    if padded:
-        training["remove_padding"] = False
-    else:  # token-capped micro-batches: room for the two longest sequences
-        training["max_token_len_per_gpu"] = 2 * (
-            training["max_prompt_length"] + training["max_response_length"]
-        )
-    if device == "cpu":
-        training.update(device="cpu", rollout_backend="transformers", cpu_workers=int(gpus))
+    training = _smoke_training(config, root, gpus=gpus, device=device, padded=padded)
     return TrainJob(
         backbone="smoke",
         variant="spader",
@@ -440,13 +454,21 @@ def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int 
 
     logged = {s: m for s, m in read_step_metrics(job.metrics_dir).items() if "critic/score/mean" in m}
     seed = int(job.training.seed)
-    expected = (float(seed), float(seed + replicas - 1), float(replicas))
-    results = [
+    return [
         Check(
             "steps",
             sorted(logged) == list(range(1, steps + 1)),
             f"steps logged {sorted(logged)}, expected 1..{steps}",
         ),
+        *_metric_checks(logged, seed=seed, replicas=replicas),
+        changed_weights(job, start_model),
+    ]
+
+
+def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, replicas: int) -> list[Check]:
+    """The checks of :func:`check_run` on each logged step's metrics."""
+    expected = (float(seed), float(seed + replicas - 1), float(replicas))
+    return [
         _per_step(
             logged,
             "searches",
@@ -491,9 +513,7 @@ def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int 
                 f"(expected {replicas}: {seed}..{seed + replicas - 1})"
             ),
         ),
-        changed_weights(job, start_model),
     ]
-    return results
 
 
 def changed_weights(job, start_model: str | os.PathLike) -> Check:
