@@ -92,7 +92,8 @@ def timed(fn, args) -> tuple[float, float, object]:
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The script's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--rollouts", type=int, default=16)
@@ -108,16 +109,16 @@ def main() -> None:
         "extra threads oversubscribe a shared 2-core machine)",
     )
     parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    return parser
 
-    batch = make_batch(args.prompts, args.rollouts, args.length, args.max_steps)
-    mask = batch[0]
-    steps = segment_steps(mask).count
+
+def _measure(batch, rounds: int, repeats: int) -> tuple[list, list, list, list, float]:
+    """``(vectorised wall, vectorised CPU, reference wall, reference CPU, max difference)``:
+    ``rounds`` rounds of ``repeats`` vectorised runs and one reference run (after a warm-up)."""
     vectorised(*batch)  # warm-up (allocator, kernels)
     vec_wall, vec_cpu, ref_wall, ref_cpu = [], [], [], []
-    for _ in range(args.rounds):
-        for _ in range(args.repeats):
+    for _ in range(rounds):
+        for _ in range(repeats):
             wall, cpu, adv = timed(vectorised, batch)
             vec_wall.append(wall)
             vec_cpu.append(cpu)
@@ -125,6 +126,37 @@ def main() -> None:
         ref_wall.append(wall)
         ref_cpu.append(cpu)
     diff = (adv.double() - adv_ref.double()).abs().max().item()
+    return vec_wall, vec_cpu, ref_wall, ref_cpu, diff
+
+
+def _row(args, vec_wall: float, ref_wall: float, wall_x: float, cpu_x: float, diff: float) -> dict:
+    """The record's row from the medians (seconds) and speed-ups."""
+    held = wall_x >= 50 and vec_wall < 0.1 and diff < 1e-4
+    return {
+        "what": f"reward + SPA advantage, {args.prompts} prompts x {args.rollouts} rollouts x "
+        f"{args.length:,} tokens, up to {args.max_steps} steps",
+        "result": f"{vec_wall * 1e3:.1f} ms vectorised vs {ref_wall * 1e3:,.0f} ms per-token "
+        f"loop: **{wall_x:.0f}x** (CPU time {cpu_x:.0f}x), max difference {diff:.1e}",
+        "target": ">= 50x, < 100 ms, identical advantages",
+        "verdict": "met" if held else "not met",
+        "numbers": {
+            "vectorised_ms": round(vec_wall * 1e3, 2),
+            "reference_ms": round(ref_wall * 1e3, 1),
+            "speedup_wall": round(wall_x, 1),
+            "speedup_cpu": round(cpu_x, 1),
+            "max_difference": diff,
+        },
+    }
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    torch.set_num_threads(args.threads)
+
+    batch = make_batch(args.prompts, args.rollouts, args.length, args.max_steps)
+    mask = batch[0]
+    steps = segment_steps(mask).count
+    vec_wall, vec_cpu, ref_wall, ref_cpu, diff = _measure(batch, args.rounds, args.repeats)
     med = statistics.median
 
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -148,29 +180,8 @@ def main() -> None:
         f"vectorised < 100 ms: {ok(med(vec_wall) < 0.1)} wall, {ok(med(vec_cpu) < 0.1)} CPU; "
         f"outputs agree (< 1e-4): {ok(diff < 1e-4)}"
     )
-    held = wall_x >= 50 and med(vec_wall) < 0.1 and diff < 1e-4
-    path = write_record(
-        "bench/advantage.py",
-        [
-            {
-                "what": f"reward + SPA advantage, {args.prompts} prompts x {args.rollouts} rollouts x "
-                f"{args.length:,} tokens, up to {args.max_steps} steps",
-                "result": f"{med(vec_wall) * 1e3:.1f} ms vectorised vs {med(ref_wall) * 1e3:,.0f} ms per-token "
-                f"loop: **{wall_x:.0f}x** (CPU time {cpu_x:.0f}x), max difference {diff:.1e}",
-                "target": ">= 50x, < 100 ms, identical advantages",
-                "verdict": "met" if held else "not met",
-                "numbers": {
-                    "vectorised_ms": round(med(vec_wall) * 1e3, 2),
-                    "reference_ms": round(med(ref_wall) * 1e3, 1),
-                    "speedup_wall": round(wall_x, 1),
-                    "speedup_cpu": round(cpu_x, 1),
-                    "max_difference": diff,
-                },
-            }
-        ],
-        argv=sys.argv[1:],
-        directory=args.records,
-    )
+    row = _row(args, med(vec_wall), med(ref_wall), wall_x, cpu_x, diff)
+    path = write_record("bench/advantage.py", [row], argv=sys.argv[1:], directory=args.records)
     print(f"record: {path}")
 
 

@@ -219,13 +219,92 @@ def bench_reward(args) -> dict:
     }
 
 
-def bench_evidence(args) -> dict:
+def _evidence_mix(root: Path, n_questions: int, vocab, body) -> Path:
+    """A training mix of ``n_questions`` questions of words from one passage each, with five
+    entities (three of the passage's words, found; two rare words); returns its path."""
     from spader.data.records import MIX_SCHEMA, records_frame, write_frame
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n_questions):
+        # a question of words from one passage; entities: some of its words (found), others rare
+        doc = body[rng.integers(len(body))]
+        question = " ".join(vocab[rng.choice(doc, size=5, replace=False)])
+        names = [
+            [str(vocab[w])] for w in [*rng.choice(doc, size=3), *rng.integers(VOCAB // 2, VOCAB, size=2)]
+        ]
+        rows.append(
+            {
+                "id": f"b{i}",
+                "dataset": "qampari",
+                "split": "train",
+                "question": question,
+                "answers": names,
+                "answers_norm": names,
+                "meta": {"source_id": f"b{i}"},
+            }
+        )
+    return write_frame(records_frame(rows, MIX_SCHEMA), root / "train.jsonl", MIX_SCHEMA)
+
+
+def _evidence_settings(reranker: Path) -> dict:
+    """The retrieval section of the evidence service (the tiny reranker, no result cache)."""
+    return {
+        "bm25": {"k1": 0.9, "b": 0.4},
+        "initial_k": 50,
+        "topk": 5,
+        "reranker": {
+            "model": "tiny:reranker",
+            "path": str(reranker),
+            "batch_size": 64,
+            "max_length": 512,
+            "fp16": False,
+        },
+        "service": {
+            "host": "127.0.0.1",
+            "max_queries_per_request": 512,
+            "max_query_chars": 1000,
+            "startup_timeout_s": 300,
+            # no result cache: every design searches every query itself
+            "cache_entries": 0,
+            "request_timeout_s": 600,
+            "retries": 0,
+        },
+    }
+
+
+def _time_evidence(index: Path, settings: dict, mix: Path, root: Path) -> tuple[dict, dict]:
+    """``(seconds per design, coverage)``: ``build_evidence`` of ``mix`` through the service, one
+    query per request and batched."""
     from spader.retrieval.backend import SearchSettings
     from spader.retrieval.client import RetrievalClient
-    from spader.retrieval.index import build_bm25_index
     from spader.retrieval.service import running_service
     from spader.scorers.evidence import EvidenceSettings, build_evidence
+
+    results = {}
+    with (
+        running_service(index, SearchSettings.from_config(settings), threads=2) as url,
+        RetrievalClient(url, timeout=600, retries=0) as client,
+    ):
+        for name, s in (
+            ("one query per request", EvidenceSettings(depth=50, queries_per_request=1, concurrency=1)),
+            (
+                "ours: 128 per request, 2 in flight",
+                EvidenceSettings(depth=50, queries_per_request=128, concurrency=2),
+            ),
+            (
+                "ours: 128 per request, 1 in flight",
+                EvidenceSettings(depth=50, queries_per_request=128, concurrency=1),
+            ),
+        ):
+            start = time.perf_counter()
+            coverage = build_evidence(mix, root / "ev.jsonl", root / "cov.json", client=client, settings=s)
+            results[name] = time.perf_counter() - start
+    return results, coverage
+
+
+def bench_evidence(args) -> dict:
+    from spader.retrieval.index import build_bm25_index
 
     print(f"\n== evidence building, {args.passages} passages, {args.questions} questions x 5 entities")
     with tempfile.TemporaryDirectory(prefix="bench-evidence-") as tmp:
@@ -234,70 +313,8 @@ def bench_evidence(args) -> dict:
         index = root / "index"
         build_bm25_index(archive, index, threads=2)
         reranker = word_reranker(vocab, root / "reranker")
-        rng = np.random.default_rng(0)
-        rows = []
-        for i in range(args.questions):
-            # a question of words from one passage; entities: some of its words (found), others rare
-            doc = body[rng.integers(len(body))]
-            question = " ".join(vocab[rng.choice(doc, size=5, replace=False)])
-            names = [
-                [str(vocab[w])] for w in [*rng.choice(doc, size=3), *rng.integers(VOCAB // 2, VOCAB, size=2)]
-            ]
-            rows.append(
-                {
-                    "id": f"b{i}",
-                    "dataset": "qampari",
-                    "split": "train",
-                    "question": question,
-                    "answers": names,
-                    "answers_norm": names,
-                    "meta": {"source_id": f"b{i}"},
-                }
-            )
-        mix = write_frame(records_frame(rows, MIX_SCHEMA), root / "train.jsonl", MIX_SCHEMA)
-        settings = {
-            "bm25": {"k1": 0.9, "b": 0.4},
-            "initial_k": 50,
-            "topk": 5,
-            "reranker": {
-                "model": "tiny:reranker",
-                "path": str(reranker),
-                "batch_size": 64,
-                "max_length": 512,
-                "fp16": False,
-            },
-            "service": {
-                "host": "127.0.0.1",
-                "max_queries_per_request": 512,
-                "max_query_chars": 1000,
-                "startup_timeout_s": 300,
-                # no result cache: every design searches every query itself
-                "cache_entries": 0,
-                "request_timeout_s": 600,
-                "retries": 0,
-            },
-        }
-        results = {}
-        with (
-            running_service(index, SearchSettings.from_config(settings), threads=2) as url,
-            RetrievalClient(url, timeout=600, retries=0) as client,
-        ):
-            for name, s in (
-                ("one query per request", EvidenceSettings(depth=50, queries_per_request=1, concurrency=1)),
-                (
-                    "ours: 128 per request, 2 in flight",
-                    EvidenceSettings(depth=50, queries_per_request=128, concurrency=2),
-                ),
-                (
-                    "ours: 128 per request, 1 in flight",
-                    EvidenceSettings(depth=50, queries_per_request=128, concurrency=1),
-                ),
-            ):
-                start = time.perf_counter()
-                coverage = build_evidence(
-                    mix, root / "ev.jsonl", root / "cov.json", client=client, settings=s
-                )
-                results[name] = time.perf_counter() - start
+        mix = _evidence_mix(root, args.questions, vocab, body)
+        results, coverage = _time_evidence(index, _evidence_settings(reranker), mix, root)
         entities = coverage["total"]["entities"]
         base = results["one query per request"]
         print(f"{'design':38s} {'s':>8s} {'entities/s':>11s} {'speed-up':>9s}")

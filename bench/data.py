@@ -211,6 +211,53 @@ def row(stage: str, n: int, clock: Clock, floor: float | None = None) -> None:
     print(f"{stage:<22}{n:>9}{clock.wall:>8.2f}{clock.cpu:>8.2f}{n / clock.wall:>11.0f}{ratio}")
 
 
+def _normalize_all(root: Path, releases: dict) -> tuple[dict[str, dict[str, Path]], float, float]:
+    """Normalize every release file (a table row each); returns the files per split and dataset and
+    the total wall and CPU seconds."""
+    wall = cpu = 0.0
+    files: dict[str, dict[str, Path]] = {"train": {}, "test": {}}
+    for d, splits in releases.items():
+        for split, (path, member) in splits.items():
+            out = root / "out" / d / f"{split}.jsonl"
+            with Clock() as clock:
+                summary = normalize_file(d, split, path, out, member=member)
+            row(f"normalize {d}/{split}", summary.read, clock, json_floor(path, member))
+            wall, cpu = wall + clock.wall, cpu + clock.cpu
+            files[split][d] = out
+    return files, wall, cpu
+
+
+def _mix(root: Path, files: dict[str, dict[str, Path]], scale: float) -> tuple[int, Clock]:
+    """Mix the normalized files at ``scale`` of the paper's counts (a table row); returns the mix's
+    size and its clock."""
+    mix_dir = root / "out" / "mix"
+    with Clock() as clock:
+        outputs = [mix_dir / "train.jsonl", mix_dir / "val.jsonl", mix_dir / "stats.json"]
+        counts = {d: int(c * scale) for d, c in COUNTS.items()}
+        stats = mix_training_set(
+            files["train"], files["test"], *outputs, seed=42, counts=counts, val_per_dataset=50
+        )
+    n = stats["train_total"]
+    row("mix", n, clock)
+    return n, clock
+
+
+def _record_row(n: int, scale: float, wall: float, cpu: float, export_s: float) -> dict:
+    """The record's row."""
+    return {
+        "what": f"normalize + mix of a generated {n:,}-record mix (scale {scale})",
+        "result": f"**{wall:.1f} s** ({wall + export_s:.1f} s with the verl parquet export)",
+        "target": f"< {TARGET_S:.0f} s",
+        "verdict": "met" if wall < TARGET_S else "not met",
+        "numbers": {
+            "records": n,
+            "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3),
+            "export_s": round(export_s, 3),
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -227,26 +274,10 @@ def main() -> None:
         print(f"load average before the run: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
         header = f"{'stage':<22}{'records':>9}{'wall s':>8}{'cpu s':>8}{'records/s':>11}"
         print(header + f"{'json floor s':>14}{'ratio':>7}")
-        wall = cpu = 0.0
-        files: dict[str, dict[str, Path]] = {"train": {}, "test": {}}
-        for d, splits in releases.items():
-            for split, (path, member) in splits.items():
-                out = root / "out" / d / f"{split}.jsonl"
-                with Clock() as clock:
-                    summary = normalize_file(d, split, path, out, member=member)
-                row(f"normalize {d}/{split}", summary.read, clock, json_floor(path, member))
-                wall, cpu = wall + clock.wall, cpu + clock.cpu
-                files[split][d] = out
-        mix_dir = root / "out" / "mix"
-        with Clock() as clock:
-            outputs = [mix_dir / "train.jsonl", mix_dir / "val.jsonl", mix_dir / "stats.json"]
-            counts = {d: int(c * args.scale) for d, c in COUNTS.items()}
-            stats = mix_training_set(
-                files["train"], files["test"], *outputs, seed=42, counts=counts, val_per_dataset=50
-            )
-        n = stats["train_total"]
-        row("mix", n, clock)
+        files, wall, cpu = _normalize_all(root, releases)
+        n, clock = _mix(root, files, args.scale)
         wall, cpu = wall + clock.wall, cpu + clock.cpu
+        mix_dir = root / "out" / "mix"
         with Clock() as export:
             verl = [root / "out" / "verl" / "train.parquet", root / "out" / "verl" / "val.parquet"]
             export_rl_dataset(mix_dir / "train.jsonl", mix_dir / "val.jsonl", *verl)
@@ -257,25 +288,8 @@ def main() -> None:
             f"{n / wall:,.0f} mix records/s; target {TARGET_S:.0f} s -> {wall / TARGET_S:.2f} of the budget "
             f"({verdict}); with the verl export {wall + export.wall:.2f} s"
         )
-        path = write_record(
-            "bench/data.py",
-            [
-                {
-                    "what": f"normalize + mix of a generated {n:,}-record mix (scale {args.scale})",
-                    "result": f"**{wall:.1f} s** ({wall + export.wall:.1f} s with the verl parquet export)",
-                    "target": f"< {TARGET_S:.0f} s",
-                    "verdict": "met" if wall < TARGET_S else "not met",
-                    "numbers": {
-                        "records": n,
-                        "wall_s": round(wall, 3),
-                        "cpu_s": round(cpu, 3),
-                        "export_s": round(export.wall, 3),
-                    },
-                }
-            ],
-            argv=sys.argv[1:],
-            directory=args.records,
-        )
+        record = _record_row(n, args.scale, wall, cpu, export.wall)
+        path = write_record("bench/data.py", [record], argv=sys.argv[1:], directory=args.records)
         print(f"record: {path}")
 
 

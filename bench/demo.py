@@ -93,45 +93,34 @@ def demo_scores(workdir: Path) -> dict[str, float]:
         return {row["method"]: float(row["avg"]) for row in csv.DictReader(f, delimiter="\t")}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--workdir", type=Path, default=None, help="a finished demo run to read (default: run it)"
-    )
-    parser.add_argument("--cores", type=int, default=2)
-    parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
-    args = parser.parse_args()
+def _run_rows(workdir: Path, cores: int) -> list[dict]:
+    """Run the demo and the authors' run beside it in ``workdir``; returns their wall-time rows."""
+    wall, authors = run_demo(workdir, cores)
+    print(f"demo: {wall:.0f} s on {cores} cores (budget {BUDGET_S} s) in {workdir}")
+    print(f"the authors' run beside it: {authors:.0f} s more")
+    return [
+        {
+            "id": "wall",
+            "what": f"the CPU demo end to end (`snakemake --cores {cores} --configfile config/demo.yaml`)",
+            "result": f"**{wall / 60:.1f} minutes** ({wall:.0f} s)",
+            "target": "< 15 minutes on 2 cores",
+            "verdict": "met" if wall < BUDGET_S else "not met",
+            "numbers": {"wall_s": round(wall, 1), "cores": cores},
+        },
+        {
+            "id": "authors_wall",
+            "what": "the demo's second command: the authors' run of the prompting baselines beside it "
+            "and the comparison table (config/authors.yaml, config/demo_authors.yaml)",
+            "result": f"**{authors / 60:.1f} minutes** ({authors:.0f} s) more",
+            "target": None,
+            "verdict": None,
+            "numbers": {"wall_s": round(authors, 1), "cores": cores},
+        },
+    ]
 
-    rows = []
-    if args.workdir is None:
-        workdir = Path(tempfile.mkdtemp(prefix="spader-demo-"))
-        wall, authors = run_demo(workdir, args.cores)
-        print(f"demo: {wall:.0f} s on {args.cores} cores (budget {BUDGET_S} s) in {workdir}")
-        print(f"the authors' run beside it: {authors:.0f} s more")
-        rows.append(
-            {
-                "id": "wall",
-                "what": f"the CPU demo end to end (`snakemake --cores {args.cores} --configfile config/demo.yaml`)",
-                "result": f"**{wall / 60:.1f} minutes** ({wall:.0f} s)",
-                "target": "< 15 minutes on 2 cores",
-                "verdict": "met" if wall < BUDGET_S else "not met",
-                "numbers": {"wall_s": round(wall, 1), "cores": args.cores},
-            }
-        )
-        rows.append(
-            {
-                "id": "authors_wall",
-                "what": "the demo's second command: the authors' run of the prompting baselines beside it "
-                "and the comparison table (config/authors.yaml, config/demo_authors.yaml)",
-                "result": f"**{authors / 60:.1f} minutes** ({authors:.0f} s) more",
-                "target": None,
-                "verdict": None,
-                "numbers": {"wall_s": round(authors, 1), "cores": args.cores},
-            }
-        )
-    else:
-        workdir = args.workdir
-    costs = stage_costs(workdir)
+
+def _stage_table_rows(costs: dict[str, dict[str, float]]) -> list[list[str]]:
+    """Print the costly jobs per rule; returns the stages table's rows."""
     table_rows = []
     for rule, c in costs.items():
         table_rows.append(
@@ -146,19 +135,16 @@ def main() -> None:
         print(
             f"{rule:<20} {int(c['jobs']):>3} jobs {c['total_s']:>8.0f} s  peak RSS {c['max_rss_mib']:,.0f} MiB"
         )
+    return table_rows
+
+
+def _workdir_rows(workdir: Path) -> tuple[list[dict], dict]:
+    """The F1 and stage-cost rows of a finished demo run, and the stages table."""
+    costs = stage_costs(workdir)
+    table_rows = _stage_table_rows(costs)
     scores = demo_scores(workdir)
     listed = ", ".join(f"{m} {v:.3f}" for m, v in scores.items())
     print(f"F1 (average over the datasets): {listed}")
-    rows.append(
-        {
-            "id": "f1",
-            "what": "the demo's F1 per method, averaged over its four datasets (tiny models; greedy decoding)",
-            "result": listed,
-            "target": None,
-            "verdict": None,
-            "numbers": scores,
-        }
-    )
     tables = {
         "stages": {
             "title": "the demo's costly jobs, from their benchmark files",
@@ -167,7 +153,15 @@ def main() -> None:
         }
     }
     numbers = {rule: {k: round(v, 2) for k, v in c.items()} for rule, c in costs.items()}
-    rows.append(
+    rows = [
+        {
+            "id": "f1",
+            "what": "the demo's F1 per method, averaged over its four datasets (tiny models; greedy decoding)",
+            "result": listed,
+            "target": None,
+            "verdict": None,
+            "numbers": scores,
+        },
         {
             "id": "stages",
             "what": "the demo's costly jobs (benchmark files of each rule)",
@@ -175,8 +169,28 @@ def main() -> None:
             "target": None,
             "verdict": None,
             "numbers": numbers,
-        }
+        },
+    ]
+    return rows, tables
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="a finished demo run to read (default: run it)"
     )
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
+    args = parser.parse_args()
+
+    rows = []
+    if args.workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="spader-demo-"))
+        rows += _run_rows(workdir, args.cores)
+    else:
+        workdir = args.workdir
+    more, tables = _workdir_rows(workdir)
+    rows += more
     print(
         f"record: {write_record('bench/demo.py', rows, argv=sys.argv[1:], tables=tables, directory=args.records)}"
     )

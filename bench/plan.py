@@ -55,29 +55,30 @@ def _terms(terms: dict[str, float], n: int = 3) -> str:
     return ", ".join(f"{k} {v:.0f}" for k, v in top)
 
 
-def build(config: Any, jobs: Sequence[Any]) -> tuple[list[dict], dict[str, dict]]:
-    """The record's rows and tables from the plan's jobs."""
-    from spader.training.plan import dag_totals
+def _times(job) -> tuple:
+    """Minutes per step and hours per run, padded and packed, rounded as the table shows them."""
+    return tuple(round(job.step_minutes(p), 1) for p in ("padded", "packed")) + tuple(
+        round(job.run_hours(p)) for p in ("padded", "packed")
+    )
 
-    hw = config.hardware
-    node = f"{hw.gpus} x {hw.gpu}"
-    train = {j.name: j for j in jobs if j.name.startswith("train ")}
 
-    def times(job) -> tuple:
-        return tuple(round(job.step_minutes(p), 1) for p in ("padded", "packed")) + tuple(
-            round(job.run_hours(p)) for p in ("padded", "packed")
-        )
-
+def _time_rows(config: Any, jobs: Sequence[Any]) -> list[list[str]]:
+    """The time table's rows: per group of runs, step and run times and GPU-hours per run."""
     time_rows = []
-    for label, group in _groups(jobs, times):
+    for label, group in _groups(jobs, _times):
         job = group[0]
-        step_padded, step_packed, run_padded, run_packed = times(job)
+        step_padded, step_packed, run_padded, run_packed = _times(job)
         held = (
             config.backbones[job.name.split()[1].split("/")[0]].gpus * config.training.nodes
         )  # the allocation's
         gpu_hours = round(job.run_hours("padded") * held)
         time_rows.append([label, str(job.gpus), f"{step_padded}", f"{step_packed}", f"{run_padded}", f"{run_packed}",
                           f"{gpu_hours:,}"])  # fmt: skip
+    return time_rows
+
+
+def _host_and_disk_rows(jobs: Sequence[Any]) -> tuple[list[list[str]], list[list[str]]]:
+    """The host memory and disk tables' rows, per group of runs."""
     host_rows = []
     for label, group in _groups(jobs, lambda j: (round(j.host_gib, 1), j.threads, j.mem_mb)):
         job = group[0]
@@ -88,13 +89,21 @@ def build(config: Any, jobs: Sequence[Any]) -> tuple[list[dict], dict[str, dict]
         job = group[0]
         disk_rows.append([label, f"{job.disk_gib:.0f}", "; ".join(f"{k} {v:.0f}" for k, v in job.disk.items()),
                           f"{job.kept_gib:.0f}"])  # fmt: skip
-    tables = {
+    return host_rows, disk_rows
+
+
+def _tables(config: Any, jobs: Sequence[Any]) -> dict[str, dict]:
+    """The record's time, host and disk tables."""
+    hw = config.hardware
+    node = f"{hw.gpus} x {hw.gpu}"
+    host_rows, disk_rows = _host_and_disk_rows(jobs)
+    return {
         "time": {
             "title": f"Time per training step and per run, {node}, {hw.mfu:g} MFU, trajectories {hw.length_share:g} "
             f"of the maximum length (python -m spader.training.plan)",
             "columns": ["runs", "training GPUs", "min per step, padded (today)", "min per step, packed",
                         "hours per run, padded", "hours per run, packed", "GPU-hours per run, padded"],
-            "rows": time_rows,
+            "rows": _time_rows(config, jobs),
         },
         "host": {
             "title": f"Host memory per node and what a training job asks SLURM for (hardware.cores {hw.cores}, "
@@ -110,27 +119,43 @@ def build(config: Any, jobs: Sequence[Any]) -> tuple[list[dict], dict[str, dict]
         },
     }  # fmt: skip
 
-    def row(row_id: str, job_name: str, what: str) -> dict:
-        job = train[job_name]
-        return {
-            "id": row_id,
-            "what": what,
-            "result": f"**{job.step_minutes('padded'):.1f} min** per step, **{job.run_hours('padded'):.0f} h** per run "
-            f"on {job.gpus} training GPUs ({hw.gpu}; padded path; packed: {job.step_minutes('packed'):.1f} min, "
-            f"{job.run_hours('packed'):.0f} h); host {job.host_gib:.0f} GiB per node, disk {job.disk_gib:.0f} GiB",
-            "numbers": {
-                "step_minutes": {p: round(job.step_minutes(p), 2) for p in ("padded", "packed")},
-                "run_hours": {p: round(job.run_hours(p), 1) for p in ("padded", "packed")},
-                "host_gib": round(job.host_gib, 1),
-                "disk_gib": round(job.disk_gib, 1),
-            },
-        }
 
+def _job_row(job: Any, gpu: str, row_id: str, what: str) -> dict:
+    """The record's row of one training run: its step and run times, host memory and disk."""
+    return {
+        "id": row_id,
+        "what": what,
+        "result": f"**{job.step_minutes('padded'):.1f} min** per step, **{job.run_hours('padded'):.0f} h** per run "
+        f"on {job.gpus} training GPUs ({gpu}; padded path; packed: {job.step_minutes('packed'):.1f} min, "
+        f"{job.run_hours('packed'):.0f} h); host {job.host_gib:.0f} GiB per node, disk {job.disk_gib:.0f} GiB",
+        "numbers": {
+            "step_minutes": {p: round(job.step_minutes(p), 2) for p in ("padded", "packed")},
+            "run_hours": {p: round(job.run_hours(p), 1) for p in ("padded", "packed")},
+            "host_gib": round(job.host_gib, 1),
+            "disk_gib": round(job.disk_gib, 1),
+        },
+    }
+
+
+def build(config: Any, jobs: Sequence[Any]) -> tuple[list[dict], dict[str, dict]]:
+    """The record's rows and tables from the plan's jobs."""
+    from spader.training.plan import dag_totals
+
+    gpu = config.hardware.gpu
+    train = {j.name: j for j in jobs if j.name.startswith("train ")}
+    tables = _tables(config, jobs)
     totals = dag_totals(jobs, config)
     rows = [
-        row("critic-free", "train qwen3_8b/spader", "one critic-free run (Qwen3-8B `spader`)"),
-        row("critic", "train qwen3_8b/ppo", "one critic run (Qwen3-8B `ppo`)"),
-        row("r3rag", "train qwen3_8b/r3rag", "R3-RAG (Qwen3-8B; its judge holds half of the node's GPUs)"),
+        _job_row(
+            train["train qwen3_8b/spader"], gpu, "critic-free", "one critic-free run (Qwen3-8B `spader`)"
+        ),
+        _job_row(train["train qwen3_8b/ppo"], gpu, "critic", "one critic run (Qwen3-8B `ppo`)"),
+        _job_row(
+            train["train qwen3_8b/r3rag"],
+            gpu,
+            "r3rag",
+            "R3-RAG (Qwen3-8B; its judge holds half of the node's GPUs)",
+        ),
         {
             "id": "dag",
             "what": "every training run of the paper DAG (both backbones)",

@@ -106,23 +106,13 @@ def flops_per_pair(cfg: XLMRobertaConfig, params: int, tokens: int) -> float:
     return 2.0 * dense * tokens + 4.0 * cfg.num_hidden_layers * tokens * tokens * cfg.hidden_size
 
 
-def ours(args, out: dict) -> None:
-    """Score 512 queries x 50 passages through ``RerankerReplicas``: one replica at each batch size
-    of ``--ours-batches`` (capped at batch x 160 tokens per pass, as the paper config), then two
-    replicas at the last one."""
-    import random
-    import tempfile
+_OURS_WORDS = "the of film river album city director novel band lake village church market index".split()
 
-    import numpy as np
-    import torch
+
+def _ours_tokenizer(rng):
+    """A small Unigram tokenizer trained on random text of :data:`_OURS_WORDS` (draws from ``rng``)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
 
-    from spader.demo.tiny import save_random_cross_encoder
-    from spader.retrieval.replicas import RerankerReplicas
-
-    words = "the of film river album city director novel band lake village church market index".split()
-    rng = random.Random(0)
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     tok = Tokenizer(models.Unigram())
     tok.normalizer, tok.pre_tokenizer, tok.decoder = (
@@ -130,15 +120,28 @@ def ours(args, out: dict) -> None:
         pre_tokenizers.Metaspace(),
         decoders.Metaspace(),
     )
-    corpus = [" ".join(rng.choices(words, k=20)) for _ in range(200)]
+    corpus = [" ".join(rng.choices(_OURS_WORDS, k=20)) for _ in range(200)]
     tok.train_from_iterator(
         corpus, trainers.UnigramTrainer(vocab_size=60, special_tokens=specials, unk_token="<unk>")
     )
+    return tok
+
+
+def _ours_model(tok, tiny: bool) -> Path:
+    """A random cross-encoder around ``tok`` with bge-reranker-v2-m3's layer sizes (or the tiny
+    ones), saved in a temporary directory; returns the model directory."""
+    import tempfile
+
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    from spader.demo.tiny import save_random_cross_encoder
+
     work = Path(tempfile.mkdtemp(prefix="reranker_gpu_"))
     small = save_random_cross_encoder(tok, work / "small")
     # The same files with bge-reranker-v2-m3's layer sizes (the vocabulary stays the tokenizer's).
     cfg = XLMRobertaConfig.from_pretrained(small)
-    big = model_config(args.tiny)
+    big = model_config(tiny)
     for key in (
         "hidden_size",
         "num_hidden_layers",
@@ -149,50 +152,76 @@ def ours(args, out: dict) -> None:
         setattr(cfg, key, getattr(big, key))
     torch.manual_seed(0)
     XLMRobertaForSequenceClassification(cfg).save_pretrained(work / "small")
+    return work / "small"
+
+
+def _ours_run(model_dir: Path, device: str, batch: int, replicas: int, pairs: list) -> tuple[dict, object]:
+    """``(row, scores)`` of one ``RerankerReplicas`` run over ``pairs`` (after a warm-up)."""
+    import numpy as np
+    import torch
+
+    from spader.retrieval.replicas import RerankerReplicas
+
+    rr = RerankerReplicas(
+        model_dir,
+        (device,) * replicas,
+        batch_size=batch,
+        max_length=512,
+        fp16=True,
+        max_batch_tokens=batch * 160,  # the paper config's cap: batch x 160 tokens per pass
+    )
+    peak = rr.reserve_peak()
+    rr.score(pairs[:3200])  # warm-up
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    scores = rr.score(pairs)
+    seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    encoded = rr.replicas[0]._encode([q for q, _ in pairs], [p for _, p in pairs])
+    tokenize_s = time.perf_counter() - started
+    lengths = [len(e) for e in encoded]
+    row = {
+        "batch": batch,
+        "replicas": replicas,
+        "pairs": len(pairs),
+        "seconds": round(seconds, 3),
+        "pairs_per_s": round(len(pairs) / seconds, 1),
+        "mean_tokens_per_pair": round(float(np.mean(lengths)), 1),
+        "tokenize_pairs_per_s": round(len(pairs) / tokenize_s, 1),
+        "reserve_peak_mib": peak,
+    }
+    rr.close()
+    del rr
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return row, scores
+
+
+def ours(args, out: dict) -> None:
+    """Score 512 queries x 50 passages through ``RerankerReplicas``: one replica at each batch size
+    of ``--ours-batches`` (capped at batch x 160 tokens per pass, as the paper config), then two
+    replicas at the last one."""
+    import random
+
+    import numpy as np
+    import torch
+
+    rng = random.Random(0)
+    model_dir = _ours_model(_ours_tokenizer(rng), args.tiny)
     queries = 64 if args.tiny else 512  # --tiny: a quick check of the script on CPU
     pairs = []
     for _ in range(queries):
-        query = " ".join(rng.choices(words, k=rng.randint(3, 8)))
-        pairs += [(query, " ".join(rng.choices(words, k=rng.randint(18, 30)))) for _ in range(50)]
+        query = " ".join(rng.choices(_OURS_WORDS, k=rng.randint(3, 8)))
+        pairs += [(query, " ".join(rng.choices(_OURS_WORDS, k=rng.randint(18, 30)))) for _ in range(50)]
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     rows = {}
     scores = {}
     runs = [(batch, 1) for batch in args.ours_batches] + [(args.ours_batches[-1], 2)]
     for batch, replicas in runs:
-        rr = RerankerReplicas(
-            work / "small",
-            (device,) * replicas,
-            batch_size=batch,
-            max_length=512,
-            fp16=True,
-            max_batch_tokens=batch * 160,  # the paper config's cap: batch x 160 tokens per pass
-        )
-        peak = rr.reserve_peak()
-        rr.score(pairs[:3200])  # warm-up
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        scores[batch, replicas] = rr.score(pairs)
-        seconds = time.perf_counter() - started
-        started = time.perf_counter()
-        encoded = rr.replicas[0]._encode([q for q, _ in pairs], [p for _, p in pairs])
-        tokenize_s = time.perf_counter() - started
-        lengths = [len(e) for e in encoded]
-        rows[f"batch {batch}, {replicas} replica(s)"] = {
-            "batch": batch,
-            "replicas": replicas,
-            "pairs": len(pairs),
-            "seconds": round(seconds, 3),
-            "pairs_per_s": round(len(pairs) / seconds, 1),
-            "mean_tokens_per_pair": round(float(np.mean(lengths)), 1),
-            "tokenize_pairs_per_s": round(len(pairs) / tokenize_s, 1),
-            "reserve_peak_mib": peak,
-        }
-        print(json.dumps(rows[f"batch {batch}, {replicas} replica(s)"]), flush=True)
-        rr.close()
-        del rr
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
+        row, scores[batch, replicas] = _ours_run(model_dir, device, batch, replicas, pairs)
+        rows[f"batch {batch}, {replicas} replica(s)"] = row
+        print(json.dumps(row), flush=True)
     one, two = scores[runs[-2]], scores[runs[-1]]
     diff = float(np.max(np.abs(one - two)))
     same_top5 = sum(
@@ -265,6 +294,100 @@ def _peak(peak) -> str:
     return "—" if peak is None else f"{peak:,.0f} MiB"
 
 
+def _shapes_record(out: dict, model: str, device: str, precision: str) -> tuple[dict, dict]:
+    """The fixed-shape runs' row and table of the record."""
+    runs = out["runs"]
+    best = max((r for r in runs if not r["masked"]), key=lambda r: r["pairs_per_s"])
+    first = runs[0]
+    longest = max((r for r in runs if not r["masked"]), key=lambda r: (r["tokens"], -r["batch"]))
+    footprint = ""
+    if "weights_mib" in out:
+        footprint = f"; weights {out['weights_mib']:,.0f} MiB"
+        if out.get("process_gpu_mib") is not None:
+            footprint += f", the process {out['process_gpu_mib']:,.0f} MiB with its CUDA context"
+    row = {
+        "id": "shapes",
+        "what": f"{model}, {device}, {precision}, fixed shapes (pairs per batch x tokens per pair)",
+        "result": f"**{best['pairs_per_s']:,.0f} pairs/s** at {best['batch']} x {best['tokens']}; "
+        f"{first['pairs_per_s']:,.0f} at {first['batch']} x {first['tokens']}, "
+        f"{longest['pairs_per_s']:,.0f} at {longest['batch']} x {longest['tokens']}" + footprint,
+        "target": None,
+        "verdict": None,
+        "numbers": {k: v for k, v in out.items() if k != "ours"},
+    }
+    table = {
+        "title": f"{model}, {device}, {precision}, one shape per run",
+        "columns": [
+            "pairs x tokens",
+            "padding mask",
+            "pairs/s",
+            "TFLOP/s",
+            "activations above the weights",
+        ],
+        "rows": [
+            [
+                f"{r['batch']} x {r['tokens']}",
+                "yes" if r["masked"] else "no",
+                f"{r['pairs_per_s']:,.0f}",
+                f"{r['tflops']:.1f}",
+                f"{r['peak_activation_mib']:,.0f} MiB" if "peak_activation_mib" in r else "—",
+            ]
+            for r in runs
+        ],
+    }
+    return row, table
+
+
+def _memory_record(memory: dict, max_batch_tokens: int, params: int) -> tuple[dict, dict]:
+    """The worst-case replica memory's row and table of the record."""
+    row = {
+        "id": "replica-memory",
+        "what": f"one reranker replica's worst-case GPU memory at {max_batch_tokens:,} tokens "
+        "per pass, from the measured parts",
+        "result": f"**~{memory['worst_case_mib']:,.0f} MiB ({memory['worst_case_mib'] / 1024:.1f} GiB)**",
+        "target": None,
+        "verdict": None,
+        "numbers": memory,
+    }
+    table = {
+        "title": f"One replica's GPU memory at {max_batch_tokens:,} tokens per pass, MiB",
+        "columns": ["", "MiB"],
+        "rows": memory_rows(memory, params),
+    }
+    return row, table
+
+
+def _ours_record(ours: dict, model: str, device: str) -> tuple[dict, dict]:
+    """The ``--ours`` runs' row and table of the record."""
+    ours_runs = ours["runs"]
+    same, queries = ours["identical_top5_1_vs_2"], ours["queries"]
+    parts = [f"{name}: {r['pairs_per_s']:,.0f} pairs/s" for name, r in ours_runs.items()]
+    row = {
+        "id": "ours",
+        "what": f"the service's scoring code (`RerankerReplicas`), {model}, {device}, {queries} queries "
+        "x 50 pairs, one and two replicas",
+        "result": "; ".join(parts) + f"; top-5s identical with one and two replicas {same}/{queries} "
+        f"(max score difference {ours['max_score_diff_1_vs_2']:.1e})",
+        "target": "identical results",
+        "verdict": "met" if same == queries else "not met",
+        "numbers": ours,
+    }
+    table = {
+        "title": f"The service's scoring code (`RerankerReplicas`), {device}",
+        "columns": ["run", "pairs/s", "tokenizer pairs/s", "`reserve_peak`"],
+        "rows": [
+            [
+                name,
+                f"{r['pairs_per_s']:,.0f}",
+                f"{r['tokenize_pairs_per_s']:,.0f}",
+                _peak(r["reserve_peak_mib"]),
+            ]
+            for name, r in ours_runs.items()
+        ],
+    }
+    return row, table
+
+
 def write_run_record(out: dict, args) -> str:
     """Write the run's record; returns its path."""
     device = out["device"]
@@ -272,94 +395,15 @@ def write_run_record(out: dict, args) -> str:
     precision = "fp16" if device != "cpu" else "fp32"
     rows, tables = [], {}
     if out.get("runs"):
-        runs = out["runs"]
-        best = max((r for r in runs if not r["masked"]), key=lambda r: r["pairs_per_s"])
-        first = runs[0]
-        longest = max((r for r in runs if not r["masked"]), key=lambda r: (r["tokens"], -r["batch"]))
-        footprint = ""
-        if "weights_mib" in out:
-            footprint = f"; weights {out['weights_mib']:,.0f} MiB"
-            if out.get("process_gpu_mib") is not None:
-                footprint += f", the process {out['process_gpu_mib']:,.0f} MiB with its CUDA context"
-        rows.append(
-            {
-                "id": "shapes",
-                "what": f"{model}, {device}, {precision}, fixed shapes (pairs per batch x tokens per pair)",
-                "result": f"**{best['pairs_per_s']:,.0f} pairs/s** at {best['batch']} x {best['tokens']}; "
-                f"{first['pairs_per_s']:,.0f} at {first['batch']} x {first['tokens']}, "
-                f"{longest['pairs_per_s']:,.0f} at {longest['batch']} x {longest['tokens']}" + footprint,
-                "target": None,
-                "verdict": None,
-                "numbers": {k: v for k, v in out.items() if k != "ours"},
-            }
-        )
-        tables["shapes"] = {
-            "title": f"{model}, {device}, {precision}, one shape per run",
-            "columns": [
-                "pairs x tokens",
-                "padding mask",
-                "pairs/s",
-                "TFLOP/s",
-                "activations above the weights",
-            ],
-            "rows": [
-                [
-                    f"{r['batch']} x {r['tokens']}",
-                    "yes" if r["masked"] else "no",
-                    f"{r['pairs_per_s']:,.0f}",
-                    f"{r['tflops']:.1f}",
-                    f"{r['peak_activation_mib']:,.0f} MiB" if "peak_activation_mib" in r else "—",
-                ]
-                for r in runs
-            ],
-        }
+        row, tables["shapes"] = _shapes_record(out, model, device, precision)
+        rows.append(row)
         memory = replica_memory(out, args.max_batch_tokens)
         if memory:
-            rows.append(
-                {
-                    "id": "replica-memory",
-                    "what": f"one reranker replica's worst-case GPU memory at {args.max_batch_tokens:,} tokens "
-                    "per pass, from the measured parts",
-                    "result": f"**~{memory['worst_case_mib']:,.0f} MiB ({memory['worst_case_mib'] / 1024:.1f} GiB)**",
-                    "target": None,
-                    "verdict": None,
-                    "numbers": memory,
-                }
-            )
-            tables["memory"] = {
-                "title": f"One replica's GPU memory at {args.max_batch_tokens:,} tokens per pass, MiB",
-                "columns": ["", "MiB"],
-                "rows": memory_rows(memory, out["params"]),
-            }
+            row, tables["memory"] = _memory_record(memory, args.max_batch_tokens, out["params"])
+            rows.append(row)
     if "ours" in out:
-        ours_runs = out["ours"]["runs"]
-        same, queries = out["ours"]["identical_top5_1_vs_2"], out["ours"]["queries"]
-        parts = [f"{name}: {r['pairs_per_s']:,.0f} pairs/s" for name, r in ours_runs.items()]
-        rows.append(
-            {
-                "id": "ours",
-                "what": f"the service's scoring code (`RerankerReplicas`), {model}, {device}, {queries} queries "
-                "x 50 pairs, one and two replicas",
-                "result": "; ".join(parts) + f"; top-5s identical with one and two replicas {same}/{queries} "
-                f"(max score difference {out['ours']['max_score_diff_1_vs_2']:.1e})",
-                "target": "identical results",
-                "verdict": "met" if same == queries else "not met",
-                "numbers": out["ours"],
-            }
-        )
-        tables["ours"] = {
-            "title": f"The service's scoring code (`RerankerReplicas`), {device}",
-            "columns": ["run", "pairs/s", "tokenizer pairs/s", "`reserve_peak`"],
-            "rows": [
-                [
-                    name,
-                    f"{r['pairs_per_s']:,.0f}",
-                    f"{r['tokenize_pairs_per_s']:,.0f}",
-                    _peak(r["reserve_peak_mib"]),
-                ]
-                for name, r in ours_runs.items()
-            ],
-        }
+        row, tables["ours"] = _ours_record(out["ours"], model, device)
+        rows.append(row)
     return str(
         write_record("bench/reranker_gpu.py", rows, argv=sys.argv[1:], tables=tables, directory=args.records)
     )
@@ -376,10 +420,8 @@ def finish(out: dict, args) -> None:
         print(f"record: {write_run_record(out, args)}")
 
 
-def main() -> None:
-    import torch
-    from transformers import XLMRobertaForSequenceClassification
-
+def _parser() -> argparse.ArgumentParser:
+    """The script's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--tiny", action="store_true", help="a small model (check the script on CPU)")
@@ -399,7 +441,66 @@ def main() -> None:
         help="tokens per pass of the worst-case replica memory (retrieval.reranker.max_batch_tokens)",
     )
     parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
-    args = parser.parse_args()
+    return parser
+
+
+def _shape_run(model, cfg, params: int, dev: str, gen, shape: tuple[int, int, bool], repeats: int) -> dict:
+    """One fixed-shape run: random ids of ``shape`` (batch, tokens, masked) drawn from ``gen``,
+    three warm-up passes, then ``repeats`` timed ones; returns its row."""
+    import torch
+
+    batch, tokens, masked = shape
+    ids = torch.randint(5, cfg.vocab_size, (batch, tokens), generator=gen)
+    ids[:, 0], ids[:, -1] = 0, 2
+    ids = ids.to(dev)
+    mask = None
+    if masked:  # half the rows padded by a quarter: what a padded remainder batch looks like
+        mask = torch.ones_like(ids)
+        mask[batch // 2 :, tokens * 3 // 4 :] = 0
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    with torch.inference_mode():
+        for _ in range(3):
+            model(input_ids=ids, attention_mask=mask).logits.float().cpu()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(repeats):
+            model(input_ids=ids, attention_mask=mask).logits.float().cpu()  # .cpu() syncs, as scoring does
+        seconds = (time.perf_counter() - started) / repeats
+    row = {
+        "batch": batch,
+        "tokens": tokens,
+        "masked": masked,
+        "ms_per_batch": round(seconds * 1e3, 3),
+        "pairs_per_s": round(batch / seconds, 1),
+        "tflops": round(batch * flops_per_pair(cfg, params, tokens) / seconds / 1e12, 1),
+    }
+    if dev == "cuda":
+        row["peak_activation_mib"] = round(
+            (torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()) / 2**20, 1
+        )
+        row["reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+    return row
+
+
+def _model(cfg, dev: str):
+    """``(model, params)``: the random cross-encoder of ``cfg`` (seed 0) in eval mode on ``dev``,
+    in fp16 on a GPU, and its parameter count."""
+    import torch
+    from transformers import XLMRobertaForSequenceClassification
+
+    torch.manual_seed(0)
+    model = XLMRobertaForSequenceClassification(cfg)
+    params = sum(p.numel() for p in model.parameters())
+    model = model.to(torch.float16 if dev == "cuda" else torch.float32).to(dev).eval()
+    return model, params
+
+
+def main() -> None:
+    import torch
+
+    args = _parser().parse_args()
     if args.only_ours:
         out = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
         ours(args, out)
@@ -409,10 +510,7 @@ def main() -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     before = gpu_used_mib() if dev == "cuda" else None
     cfg = model_config(args.tiny)
-    torch.manual_seed(0)
-    model = XLMRobertaForSequenceClassification(cfg)
-    params = sum(p.numel() for p in model.parameters())
-    model = model.to(torch.float16 if dev == "cuda" else torch.float32).to(dev).eval()
+    model, params = _model(cfg, dev)
     out = {
         "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -427,43 +525,9 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     # --tiny checks the script: the same shapes, scaled down to run in seconds on a CPU
     shapes = [(b // 8, t // 4, m) for b, t, m in SHAPES] if args.tiny else SHAPES
-    for batch, tokens, masked in shapes:
-        ids = torch.randint(5, cfg.vocab_size, (batch, tokens), generator=gen)
-        ids[:, 0], ids[:, -1] = 0, 2
-        ids = ids.to(dev)
-        mask = None
-        if masked:  # half the rows padded by a quarter: what a padded remainder batch looks like
-            mask = torch.ones_like(ids)
-            mask[batch // 2 :, tokens * 3 // 4 :] = 0
-        if dev == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        repeats = 2 if args.tiny else args.repeats
-        with torch.inference_mode():
-            for _ in range(3):
-                model(input_ids=ids, attention_mask=mask).logits.float().cpu()
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            for _ in range(repeats):
-                model(
-                    input_ids=ids, attention_mask=mask
-                ).logits.float().cpu()  # .cpu() syncs, as scoring does
-            seconds = (time.perf_counter() - started) / repeats
-        row = {
-            "batch": batch,
-            "tokens": tokens,
-            "masked": masked,
-            "ms_per_batch": round(seconds * 1e3, 3),
-            "pairs_per_s": round(batch / seconds, 1),
-            "tflops": round(batch * flops_per_pair(cfg, params, tokens) / seconds / 1e12, 1),
-        }
-        if dev == "cuda":
-            row["peak_activation_mib"] = round(
-                (torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()) / 2**20, 1
-            )
-            row["reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
-        runs.append(row)
-        print(json.dumps(row), flush=True)
+    for shape in shapes:
+        runs.append(_shape_run(model, cfg, params, dev, gen, shape, 2 if args.tiny else args.repeats))
+        print(json.dumps(runs[-1]), flush=True)
     out["runs"] = runs
     if dev == "cuda":
         after = gpu_used_mib()

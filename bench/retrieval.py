@@ -348,7 +348,8 @@ def report(indexing: dict | None, search: dict | None, args, n_queries: int) -> 
 SECTIONS = ("index", "search", "stream", "overlap", "replicas", "load")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The script's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passages", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=512)
@@ -390,6 +391,55 @@ def main() -> None:
         "--load-distinct", type=int, default=400, help="distinct queries the clients draw from"
     )
     parser.add_argument("--records", default=None, help="where the record goes (default: bench/records)")
+    return parser
+
+
+def _corpus_sections(args, sections: list[str], work: Path, started: float, results: dict) -> None:
+    """Generate the corpus, then run the sections that search it (all but ``load``) into ``results``."""
+    corpus_dir, archive, queries, make_fresh = make_corpus(work, args.passages, args.queries)
+    print(
+        f"corpus: {args.passages:,} passages, {archive.stat().st_size / 2**20:.0f} MiB archive, "
+        f"{len(queries)} queries ({time.perf_counter() - started:.0f} s)",
+        flush=True,
+    )
+    if "index" in sections:
+        results["indexing"] = bench_indexing(
+            work, corpus_dir, archive, args.passages, args.threads, args.rounds
+        )
+    elif not (work / "index").exists():
+        from spader.retrieval.index import build_bm25_index
+
+        build_bm25_index(corpus_dir, work / "index", threads=args.threads)
+    from spader.retrieval.jvm import start_jvm
+
+    start_jvm("4g")
+    reranker = build_bench_reranker(work / "tiny_reranker")
+    index = work / "index"
+    common = (args.threads, args.rerank_batch)
+    if "search" in sections:
+        results["search"] = {
+            "rerank": bench_search(
+                index, reranker, queries, args.threads, args.rounds, args.device, args.rerank_batch
+            ),
+            "bm25": bench_search(
+                index, None, queries, args.threads, args.rounds, args.device, args.rerank_batch
+            ),
+        }
+    if "stream" in sections:
+        rates = [float(r) for r in args.rates.split(",")]
+        results["stream"] = bench_stream(
+            index, reranker, make_fresh, *common, rates, args.prompts, args.rounds
+        )
+        measured = {"H200": args.h200_pairs_per_s, "A100": args.a100_pairs_per_s}
+        results["projection"] = projection(results["stream"], measured)
+    if "overlap" in sections:
+        results["overlap"] = bench_overlap(index, reranker, queries, *common, args.rounds)
+    if "replicas" in sections:
+        results["replicas"] = bench_replicas(index, reranker, queries, *common, args.rounds)
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     unknown = set(sections) - set(SECTIONS)
@@ -404,46 +454,7 @@ def main() -> None:
     started = time.perf_counter()
     results: dict = {"args": vars(args)}
     if set(sections) - {"load"}:
-        corpus_dir, archive, queries, make_fresh = make_corpus(work, args.passages, args.queries)
-        print(
-            f"corpus: {args.passages:,} passages, {archive.stat().st_size / 2**20:.0f} MiB archive, "
-            f"{len(queries)} queries ({time.perf_counter() - started:.0f} s)",
-            flush=True,
-        )
-        if "index" in sections:
-            results["indexing"] = bench_indexing(
-                work, corpus_dir, archive, args.passages, args.threads, args.rounds
-            )
-        elif not (work / "index").exists():
-            from spader.retrieval.index import build_bm25_index
-
-            build_bm25_index(corpus_dir, work / "index", threads=args.threads)
-        from spader.retrieval.jvm import start_jvm
-
-        start_jvm("4g")
-        reranker = build_bench_reranker(work / "tiny_reranker")
-        index = work / "index"
-        common = (args.threads, args.rerank_batch)
-        if "search" in sections:
-            results["search"] = {
-                "rerank": bench_search(
-                    index, reranker, queries, args.threads, args.rounds, args.device, args.rerank_batch
-                ),
-                "bm25": bench_search(
-                    index, None, queries, args.threads, args.rounds, args.device, args.rerank_batch
-                ),
-            }
-        if "stream" in sections:
-            rates = [float(r) for r in args.rates.split(",")]
-            results["stream"] = bench_stream(
-                index, reranker, make_fresh, *common, rates, args.prompts, args.rounds
-            )
-            measured = {"H200": args.h200_pairs_per_s, "A100": args.a100_pairs_per_s}
-            results["projection"] = projection(results["stream"], measured)
-        if "overlap" in sections:
-            results["overlap"] = bench_overlap(index, reranker, queries, *common, args.rounds)
-        if "replicas" in sections:
-            results["replicas"] = bench_replicas(index, reranker, queries, *common, args.rounds)
+        _corpus_sections(args, sections, work, started, results)
     if "load" in sections:
         demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "chunked_wikipedia.tar.gz"
         results["load"] = bench_load(

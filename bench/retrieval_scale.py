@@ -171,6 +171,77 @@ def every_query_distinct(turns: list[list[list[str]]]) -> list[list[list[str]]]:
 CACHE, NO_CACHE, EVERY = "cache", "no cache", "every query"
 
 
+def _stream_round(variants, turns: list, k: int, r: int, runs: dict, identical: dict) -> int:
+    """Replay one stream through every service (rotating which goes first), adding a run to
+    ``runs`` and the identical top-5s to ``identical``; returns the stream's query count."""
+    n = sum(len(q) for requests in turns for q in requests)
+    top = {}
+    shift = (k + r) % len(variants)
+    for name, c, distinct in variants[shift:] + variants[:shift]:  # rotate who goes first
+        before = c.health()["stats"]
+        results, seconds = replay(c, every_query_distinct(turns) if distinct else turns)
+        after = c.health()["stats"]
+        top[name] = _top_ids(results)
+        runs[name].append(
+            {
+                "seconds": seconds,
+                "qps": n / seconds,
+                **{
+                    key: after[key] - before[key]
+                    for key in ("pairs_reranked", "computed", "rerank_s", "bm25_s")
+                },
+            }
+        )
+    for name in identical:
+        identical[name] += sum(a == b for a, b in zip(top[CACHE], top[name], strict=True))
+    return n
+
+
+def _stream_row(
+    target: float, seen_rates: list, queries: int, rounds: int, identical: dict, runs: dict
+) -> dict:
+    """The stream table's row of one duplicate rate, from its rounds' runs."""
+    row = {
+        "target": target,
+        "duplicate_rate": statistics.mean(seen_rates),
+        "queries": queries,
+        "rounds": rounds,
+        "identical_top5": identical,
+    }
+    for name, rs in runs.items():
+        row[name] = {
+            "qps": max(x["qps"] for x in rs),
+            "seconds": sum(x["seconds"] for x in rs),
+            "pairs": sum(x["pairs_reranked"] for x in rs),
+            "computed": sum(x["computed"] for x in rs),
+            "rerank_s": sum(x["rerank_s"] for x in rs),
+        }
+        # cache's speed-up over this service, per round (same stream, back to back)
+        row[name]["speedups"] = [c["qps"] / x["qps"] for c, x in zip(runs[CACHE], rs, strict=True)]
+    return row
+
+
+def _stream_rate(variants, k: int, target: float, make_fresh, prompts, rounds: int) -> dict:
+    """``rounds`` new streams of duplicate rate ``target`` through every service; returns its row."""
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
+    seen_rates, queries, identical = [], 0, {NO_CACHE: 0, EVERY: 0}
+    for r in range(rounds):
+        turns, rate = calibrate(target, make_fresh, prompts, seed=100 + k + 1000 * r)
+        n = _stream_round(variants, turns, k, r, runs, identical)
+        seen_rates.append(rate)
+        queries += n
+        print(
+            f"  stream {rate:5.1%} duplicates, {n} queries, round {r + 1}: "
+            + " | ".join(
+                f"{name} {x['qps']:6.1f} q/s {x['pairs_reranked']} pairs {x['seconds']:.1f} s "
+                f"(BM25 {x['bm25_s']:.1f} s, rerank {x['rerank_s']:.1f} s)"
+                for name, x in ((name, runs[name][-1]) for name in runs)
+            ),
+            flush=True,
+        )
+    return _stream_row(target, seen_rates, queries, rounds, identical, runs)
+
+
 def bench_stream(
     index: Path, reranker: Path, make_fresh, threads: int, rerank_batch: int, rates, prompts, rounds: int = 1
 ) -> dict:
@@ -202,59 +273,7 @@ def bench_stream(
             replay(c, calibrate(0.0, make_fresh, 1, seed=999)[0][:1])
         variants = [(CACHE, c_on, False), (NO_CACHE, c_off, False), (EVERY, c_off, True)]
         for k, target in enumerate(rates):
-            runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
-            seen_rates, queries, identical = [], 0, {NO_CACHE: 0, EVERY: 0}
-            for r in range(rounds):
-                turns, rate = calibrate(target, make_fresh, prompts, seed=100 + k + 1000 * r)
-                n = sum(len(q) for requests in turns for q in requests)
-                top = {}
-                shift = (k + r) % len(variants)
-                for name, c, distinct in variants[shift:] + variants[:shift]:  # rotate who goes first
-                    before = c.health()["stats"]
-                    results, seconds = replay(c, every_query_distinct(turns) if distinct else turns)
-                    after = c.health()["stats"]
-                    top[name] = _top_ids(results)
-                    runs[name].append(
-                        {
-                            "seconds": seconds,
-                            "qps": n / seconds,
-                            **{
-                                key: after[key] - before[key]
-                                for key in ("pairs_reranked", "computed", "rerank_s", "bm25_s")
-                            },
-                        }
-                    )
-                for name in identical:
-                    identical[name] += sum(a == b for a, b in zip(top[CACHE], top[name], strict=True))
-                seen_rates.append(rate)
-                queries += n
-                print(
-                    f"  stream {rate:5.1%} duplicates, {n} queries, round {r + 1}: "
-                    + " | ".join(
-                        f"{name} {x['qps']:6.1f} q/s {x['pairs_reranked']} pairs {x['seconds']:.1f} s "
-                        f"(BM25 {x['bm25_s']:.1f} s, rerank {x['rerank_s']:.1f} s)"
-                        for name, x in ((name, runs[name][-1]) for name in runs)
-                    ),
-                    flush=True,
-                )
-            row = {
-                "target": target,
-                "duplicate_rate": statistics.mean(seen_rates),
-                "queries": queries,
-                "rounds": rounds,
-                "identical_top5": identical,
-            }
-            for name, rs in runs.items():
-                row[name] = {
-                    "qps": max(x["qps"] for x in rs),
-                    "seconds": sum(x["seconds"] for x in rs),
-                    "pairs": sum(x["pairs_reranked"] for x in rs),
-                    "computed": sum(x["computed"] for x in rs),
-                    "rerank_s": sum(x["rerank_s"] for x in rs),
-                }
-                # cache's speed-up over this service, per round (same stream, back to back)
-                row[name]["speedups"] = [c["qps"] / x["qps"] for c, x in zip(runs[CACHE], rs, strict=True)]
-            out[f"{target:.0%}"] = row
+            out[f"{target:.0%}"] = _stream_rate(variants, k, target, make_fresh, prompts, rounds)
     return out
 
 
@@ -399,50 +418,100 @@ def projection(stream: dict, pairs_per_s: dict[str, float | None]) -> list[dict]
 # -- report -----------------------------------------------------------------------------------
 
 
+def _report_stream(res: dict, args) -> list[str]:
+    """Print the stream table; returns its target lines."""
+    targets = []
+    print(f"\n== rollout-shaped stream, {args.prompts} prompts x 16 rollouts: with the cache, without it, "
+          f"and every query computed ({args.rounds} rounds, each a new stream) ==")  # fmt: skip
+    print(
+        "('no cache': identical queries merged into one slice are still computed once, as before the cache;"
+    )
+    print(
+        " 'every query': the same service on the stream with every repeat a different text, no reuse at all;"
+    )
+    print(
+        " x q/s: the cache's queries/s over the other's, median of the rounds [range]; / pairs: pairs saved)"
+    )
+    print(f"{'duplicates':>10} {'queries':>7} | {'q/s: cache':>10} {'no cache':>8} {'every':>6} | "
+          f"{'pairs: cache':>12} {'no cache':>8} {'every':>7} | {'vs no cache: x q/s':>26} {'/ pairs':>7} | "
+          f"{'vs every query: x q/s':>26} {'/ pairs':>7} | identical top-5 (no cache/every)")  # fmt: skip
+    for row in res["stream"].values():
+        c, u, e = row[CACHE], row[NO_CACHE], row[EVERY]
+        cells = []
+        for other in (u, e):
+            sp = other["speedups"]
+            cells.append(f"x{statistics.median(sp):5.2f} [{min(sp):.2f}-{max(sp):.2f}] "
+                         f"(best {c['qps'] / other['qps']:.2f}) {other['pairs'] / max(c['pairs'], 1):7.2f}")  # fmt: skip
+        same = "/".join(str(v) for v in row["identical_top5"].values())
+        print(f"{row['duplicate_rate']:10.1%} {row['queries']:7d} | {c['qps']:10.1f} {u['qps']:8.1f} "
+              f"{e['qps']:6.1f} | {c['pairs']:12d} {u['pairs']:8d} {e['pairs']:7d} | {cells[0]:>34} | "
+              f"{cells[1]:>34} | {same} of {row['queries']}")  # fmt: skip
+    half = min(res["stream"].values(), key=lambda r: abs(r["target"] - 0.5))
+    c = half[CACHE]
+    same = all(v == half["queries"] for v in half["identical_top5"].values())
+    for name in (EVERY, NO_CACHE):
+        speedup = statistics.median(half[name]["speedups"])
+        fewer = half[name]["pairs"] / max(c["pairs"], 1)
+        # 2x is all the saving a 50% rate allows; a stream a hair under 50% allows a hair less
+        best = 1 / (1 - half["duplicate_rate"])
+        targets.append(
+            f"at {half['duplicate_rate']:.1%} duplicates vs {name}: reranker pairs / {fewer:.2f} "
+            f"(>= 2, at most {best:.3f} at this rate: {'met' if fewer >= min(2, best) - 5e-3 else 'NOT met'}), "
+            f"queries/s x{speedup:.2f} "
+            f"(>= 1.8: {'met' if speedup >= 1.8 else 'NOT met'})"
+        )
+    targets.append(f"identical top-5s: {'yes' if same else 'NO'}")
+    return targets
+
+
+def _report_projection(res: dict, args) -> None:
+    """Print the projection per paper-size training step."""
+    measured = {k: v for k, v in (("H200", args.h200_pairs_per_s), ("A100", args.a100_pairs_per_s)) if v}
+    print(f"\n== projection per paper-size training step (bge-reranker-v2-m3, {TOKENS_PER_PAIR} tokens/pair, "
+          f"{flops_per_pair() / 1e9:.0f} GFLOP/pair) ==")  # fmt: skip
+    for gpu, (rate, how) in estimated_rates(measured).items():
+        print(f"  {gpu}: {rate:,.0f} pairs/s ({how})")
+    print(f"{'duplicates':>10} {'queries':>8} {'unique':>7} {'pairs':>8} | {'H200 s':>7} {'(all)':>10} "
+          f"{'8xH200 s':>8} | {'A100 s':>7} {'(all)':>10} {'8xA100 s':>8}")  # fmt: skip
+    for r in res["projection"]:
+        print(f"{r['duplicate_rate']:10.1%} {r['queries']:8d} {r['unique']:7d} {r['pairs']:8.0f} | "
+              f"{r['H200 s']:7.1f} {r['H200 s, all computed']:10.1f} {r['H200 s'] / 8:8.2f} | "
+              f"{r['A100 s']:7.1f} {r['A100 s, all computed']:10.1f} {r['A100 s'] / 8:8.2f}")  # fmt: skip
+
+
+def _report_load(ld: dict, args) -> str:
+    """Print the load section; returns its target line."""
+    st = ld["stats"]
+    print(f"\n== load: {args.load_clients} concurrent clients x {args.load_requests} requests, demo index "
+          f"({ld['distinct_queries']} distinct queries in the pool) ==")  # fmt: skip
+    print(f"{ld['requests']} requests, {ld['queries']} queries in {ld['seconds']:.1f} s "
+          f"({ld['requests'] / ld['seconds']:.0f} requests/s), errors {ld['errors']}, "
+          f"latency p50 {ld['p50_ms']:.0f} ms, p99 {ld['p99_ms']:.0f} ms, max {ld['max_ms']:.0f} ms; "
+          f"computed {st['computed']}, cache hits {st['cache']['hits']}, coalesced {st['coalesced']}")  # fmt: skip
+    lat, lag = st["latency_ms"], st["loop_lag_ms"]
+    print(f"  as the service measured it (request parsed -> answer encoded): p50 {lat['p50_ms']:.1f} ms, "
+          f"p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; event loop late by p99 "
+          f"{lag['p99_ms']:.1f} ms, max {lag['max_ms']:.0f} ms")  # fmt: skip
+    print(f"  reranking the {st['computed']} distinct queries took {st['rerank_s']:.1f} s "
+          f"({st['pairs_reranked'] / max(st['rerank_s'], 1e-9):.0f} pairs/s), BM25 {st['bm25_s']:.1f} s: "
+          f"a request that needs a query computed waits for the backlog ahead of it")  # fmt: skip
+    if "service_cpu_s" in ld:
+        print(f"  CPU seconds under load: service {ld['service_cpu_s']:.0f}, load generator "
+              f"{ld['client_cpu_s']:.0f}")  # fmt: skip
+    if ld.get("later_p50_ms") is not None:
+        print(f"  after each client's first request (warm cache): p50 {ld['later_p50_ms']:.0f} ms, "
+              f"p99 {ld['later_p99_ms']:.0f} ms")  # fmt: skip
+    if ld["errors"]:
+        print("  first errors:", ld["first_errors"])
+    return (f"load: {ld['errors']} errors ({'met' if ld['errors'] == 0 else 'NOT met'}), "
+            f"p50 {ld['p50_ms']:.0f} ms, p99 {ld['p99_ms']:.0f} ms")  # fmt: skip
+
+
 def report_scale(res: dict, args) -> list[str]:
     """Print the training-scale tables; returns the target lines (for the summary at the end)."""
     targets = []
     if "stream" in res:
-        print(f"\n== rollout-shaped stream, {args.prompts} prompts x 16 rollouts: with the cache, without it, "
-              f"and every query computed ({args.rounds} rounds, each a new stream) ==")  # fmt: skip
-        print(
-            "('no cache': identical queries merged into one slice are still computed once, as before the cache;"
-        )
-        print(
-            " 'every query': the same service on the stream with every repeat a different text, no reuse at all;"
-        )
-        print(
-            " x q/s: the cache's queries/s over the other's, median of the rounds [range]; / pairs: pairs saved)"
-        )
-        print(f"{'duplicates':>10} {'queries':>7} | {'q/s: cache':>10} {'no cache':>8} {'every':>6} | "
-              f"{'pairs: cache':>12} {'no cache':>8} {'every':>7} | {'vs no cache: x q/s':>26} {'/ pairs':>7} | "
-              f"{'vs every query: x q/s':>26} {'/ pairs':>7} | identical top-5 (no cache/every)")  # fmt: skip
-        for row in res["stream"].values():
-            c, u, e = row[CACHE], row[NO_CACHE], row[EVERY]
-            cells = []
-            for other in (u, e):
-                sp = other["speedups"]
-                cells.append(f"x{statistics.median(sp):5.2f} [{min(sp):.2f}-{max(sp):.2f}] "
-                             f"(best {c['qps'] / other['qps']:.2f}) {other['pairs'] / max(c['pairs'], 1):7.2f}")  # fmt: skip
-            same = "/".join(str(v) for v in row["identical_top5"].values())
-            print(f"{row['duplicate_rate']:10.1%} {row['queries']:7d} | {c['qps']:10.1f} {u['qps']:8.1f} "
-                  f"{e['qps']:6.1f} | {c['pairs']:12d} {u['pairs']:8d} {e['pairs']:7d} | {cells[0]:>34} | "
-                  f"{cells[1]:>34} | {same} of {row['queries']}")  # fmt: skip
-        half = min(res["stream"].values(), key=lambda r: abs(r["target"] - 0.5))
-        c = half[CACHE]
-        same = all(v == half["queries"] for v in half["identical_top5"].values())
-        for name in (EVERY, NO_CACHE):
-            speedup = statistics.median(half[name]["speedups"])
-            fewer = half[name]["pairs"] / max(c["pairs"], 1)
-            # 2x is all the saving a 50% rate allows; a stream a hair under 50% allows a hair less
-            best = 1 / (1 - half["duplicate_rate"])
-            targets.append(
-                f"at {half['duplicate_rate']:.1%} duplicates vs {name}: reranker pairs / {fewer:.2f} "
-                f"(>= 2, at most {best:.3f} at this rate: {'met' if fewer >= min(2, best) - 5e-3 else 'NOT met'}), "
-                f"queries/s x{speedup:.2f} "
-                f"(>= 1.8: {'met' if speedup >= 1.8 else 'NOT met'})"
-            )
-        targets.append(f"identical top-5s: {'yes' if same else 'NO'}")
+        targets += _report_stream(res, args)
     for section, title in (("overlap", "slices and overlap"), ("replicas", "reranker replicas")):
         if section not in res:
             continue
@@ -455,41 +524,7 @@ def report_scale(res: dict, args) -> list[str]:
             print(f"{name:52s} {r['best_s']:7.2f} s {r['qps']:8.1f} q/s  x{r['qps'] / base:5.2f}  "
                   f"identical top-5 {r['identical_top5']}/{args.queries}")  # fmt: skip
     if "projection" in res:
-        measured = {k: v for k, v in (("H200", args.h200_pairs_per_s), ("A100", args.a100_pairs_per_s)) if v}
-        print(f"\n== projection per paper-size training step (bge-reranker-v2-m3, {TOKENS_PER_PAIR} tokens/pair, "
-              f"{flops_per_pair() / 1e9:.0f} GFLOP/pair) ==")  # fmt: skip
-        for gpu, (rate, how) in estimated_rates(measured).items():
-            print(f"  {gpu}: {rate:,.0f} pairs/s ({how})")
-        print(f"{'duplicates':>10} {'queries':>8} {'unique':>7} {'pairs':>8} | {'H200 s':>7} {'(all)':>10} "
-              f"{'8xH200 s':>8} | {'A100 s':>7} {'(all)':>10} {'8xA100 s':>8}")  # fmt: skip
-        for r in res["projection"]:
-            print(f"{r['duplicate_rate']:10.1%} {r['queries']:8d} {r['unique']:7d} {r['pairs']:8.0f} | "
-                  f"{r['H200 s']:7.1f} {r['H200 s, all computed']:10.1f} {r['H200 s'] / 8:8.2f} | "
-                  f"{r['A100 s']:7.1f} {r['A100 s, all computed']:10.1f} {r['A100 s'] / 8:8.2f}")  # fmt: skip
+        _report_projection(res, args)
     if "load" in res:
-        ld = res["load"]
-        st = ld["stats"]
-        print(f"\n== load: {args.load_clients} concurrent clients x {args.load_requests} requests, demo index "
-              f"({ld['distinct_queries']} distinct queries in the pool) ==")  # fmt: skip
-        print(f"{ld['requests']} requests, {ld['queries']} queries in {ld['seconds']:.1f} s "
-              f"({ld['requests'] / ld['seconds']:.0f} requests/s), errors {ld['errors']}, "
-              f"latency p50 {ld['p50_ms']:.0f} ms, p99 {ld['p99_ms']:.0f} ms, max {ld['max_ms']:.0f} ms; "
-              f"computed {st['computed']}, cache hits {st['cache']['hits']}, coalesced {st['coalesced']}")  # fmt: skip
-        lat, lag = st["latency_ms"], st["loop_lag_ms"]
-        print(f"  as the service measured it (request parsed -> answer encoded): p50 {lat['p50_ms']:.1f} ms, "
-              f"p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; event loop late by p99 "
-              f"{lag['p99_ms']:.1f} ms, max {lag['max_ms']:.0f} ms")  # fmt: skip
-        print(f"  reranking the {st['computed']} distinct queries took {st['rerank_s']:.1f} s "
-              f"({st['pairs_reranked'] / max(st['rerank_s'], 1e-9):.0f} pairs/s), BM25 {st['bm25_s']:.1f} s: "
-              f"a request that needs a query computed waits for the backlog ahead of it")  # fmt: skip
-        if "service_cpu_s" in ld:
-            print(f"  CPU seconds under load: service {ld['service_cpu_s']:.0f}, load generator "
-                  f"{ld['client_cpu_s']:.0f}")  # fmt: skip
-        if ld.get("later_p50_ms") is not None:
-            print(f"  after each client's first request (warm cache): p50 {ld['later_p50_ms']:.0f} ms, "
-                  f"p99 {ld['later_p99_ms']:.0f} ms")  # fmt: skip
-        if ld["errors"]:
-            print("  first errors:", ld["first_errors"])
-        targets.append(f"load: {ld['errors']} errors ({'met' if ld['errors'] == 0 else 'NOT met'}), "
-                       f"p50 {ld['p50_ms']:.0f} ms, p99 {ld['p99_ms']:.0f} ms")  # fmt: skip
+        targets.append(_report_load(res["load"], args))
     return targets

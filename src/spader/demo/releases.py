@@ -11,6 +11,7 @@ question that is also a test question (removed from the mix).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 from spader.demo.world import KINDS, Entity, Topic, World
 
@@ -146,110 +147,95 @@ def _entity_answer(entities: list[Entity], mention: str | None = None, english: 
     }
 
 
-def mintaka_splits(world: World, rng: random.Random) -> dict[str, list[dict]]:
-    # Objects whose name is shared by two topics (the two films called "Heat") would give one
-    # question two different answers: they are left out of Mintaka's one-answer questions.
+def _one_answer_pairs(world: World, rng: random.Random) -> list[tuple[Topic, Entity]]:
+    """(topic, object) pairs for one-answer questions, shuffled by ``rng``.
+
+    Objects whose name is shared by two topics (the two films called "Heat") would give one
+    question two different answers: they are left out of Mintaka's one-answer questions.
+    """
     seen: dict[str, int] = {}
     for t in world.topics:
         for o in t.objects:
             seen[o.plain] = seen.get(o.plain, 0) + 1
     pairs = [(t, o) for t in world.topics for o in t.objects if seen[o.plain] == 1]
     rng.shuffle(pairs)
+    return pairs
+
+
+def _mintaka_simple(ids: Iterator[str], t: Topic, o: Entity, answer: dict | None = None) -> dict:
+    """The one-answer question about object ``o`` whose answer is ``t``'s subject (or ``answer``)."""
+    template, category = _MINTAKA_Q[t.kind]
+    q = template.format(o=o.plain)
+    if answer is None:
+        answer = _entity_answer([t.subject])
+    return _mintaka(next(ids), q, [o], answer, category, "generic")
+
+
+def _mintaka_listing(ids: Iterator[str], t: Topic) -> dict:
+    """The "difference" question whose answer is all of ``t``'s objects but the first."""
+    q = f"Which {KINDS[t.kind][1]}s are linked to {t.subject.plain}, besides the first one?"
+    return _mintaka(
+        next(ids), q, [t.subject], _entity_answer(t.objects[1:]), _MINTAKA_Q[t.kind][1], "difference"
+    )
+
+
+def _mintaka_edge_cases(ids: Iterator[str], t: Topic) -> list[dict]:
+    """A yes/no, a count, a date and a superlative number question about ``t``."""
+    a, b = t.objects[0], t.objects[1]
+    s, noun = t.subject, KINDS[t.kind][1]
+    oldest = min(o.year for o in t.objects)
+    yesno = {
+        "answerType": "boolean",
+        "answer": [a.year < b.year],
+        "mention": "Yes" if a.year < b.year else "No",
+    }
+    count = {
+        "answerType": "numerical",
+        "answer": [len(t.objects)],
+        "mention": str(len(t.objects)),
+        "supportingEnt": [{"name": o.qid, "label": _labels(o.plain)} for o in t.objects],
+    }
+    date = {"answerType": "date", "answer": [f"{a.year}-05-01"], "mention": f"1-May-{a.year % 100:02d}"}
+    number = {
+        "answerType": "numerical",
+        "answer": [oldest],
+        "mention": str(oldest),
+        "supportingNum": [oldest],
+    }
+    return [
+        _mintaka(next(ids), f"Is {a.plain} older than {b.plain}?", [a, b], yesno, "history", "yesno"),
+        _mintaka(next(ids), f"How many {noun}s are linked to {s.plain}?", [s], count, "history", "count"),
+        _mintaka(next(ids), f"When did {a.plain} first appear?", [a], date, "history", "generic"),
+        _mintaka(
+            next(ids),
+            f"In what year did the oldest {noun} linked to {s.plain} appear?",
+            [s],
+            number,
+            "history",
+            "superlative",
+        ),
+    ]
+
+
+def mintaka_splits(world: World, rng: random.Random) -> dict[str, list[dict]]:
+    pairs = _one_answer_pairs(world, rng)
     ids = iter(f"{rng.getrandbits(32):08x}" for _ in range(1000))
-
-    def simple(t: Topic, o: Entity) -> dict:
-        template, category = _MINTAKA_Q[t.kind]
-        q = template.format(o=o.plain)
-        return _mintaka(next(ids), q, [o], _entity_answer([t.subject]), category, "generic")
-
-    def listing(t: Topic) -> dict:
-        q = f"Which {KINDS[t.kind][1]}s are linked to {t.subject.plain}, besides the first one?"
-        return _mintaka(
-            next(ids), q, [t.subject], _entity_answer(t.objects[1:]), _MINTAKA_Q[t.kind][1], "difference"
-        )
-
-    def edge_cases(t: Topic) -> list[dict]:
-        a, b = t.objects[0], t.objects[1]
-        s, noun = t.subject, KINDS[t.kind][1]
-        return [
-            _mintaka(
-                next(ids),
-                f"Is {a.plain} older than {b.plain}?",
-                [a, b],
-                {
-                    "answerType": "boolean",
-                    "answer": [a.year < b.year],
-                    "mention": "Yes" if a.year < b.year else "No",
-                },
-                "history",
-                "yesno",
-            ),
-            _mintaka(
-                next(ids),
-                f"How many {noun}s are linked to {s.plain}?",
-                [s],
-                {
-                    "answerType": "numerical",
-                    "answer": [len(t.objects)],
-                    "mention": str(len(t.objects)),
-                    "supportingEnt": [{"name": o.qid, "label": _labels(o.plain)} for o in t.objects],
-                },
-                "history",
-                "count",
-            ),
-            _mintaka(
-                next(ids),
-                f"When did {a.plain} first appear?",
-                [a],
-                {"answerType": "date", "answer": [f"{a.year}-05-01"], "mention": f"1-May-{a.year % 100:02d}"},
-                "history",
-                "generic",
-            ),
-            _mintaka(
-                next(ids),
-                f"In what year did the oldest {noun} linked to {s.plain} appear?",
-                [s],
-                {
-                    "answerType": "numerical",
-                    "answer": [min(o.year for o in t.objects)],
-                    "mention": str(min(o.year for o in t.objects)),
-                    "supportingNum": [min(o.year for o in t.objects)],
-                },
-                "history",
-                "superlative",
-            ),
-        ]
-
-    train = [simple(t, o) for t, o in pairs[:10]]
-    train.append(listing(world.topics[0]))
-    t, o = pairs[10]
-    q = _MINTAKA_Q[t.kind][0].format(o=o.plain)  # label missing in English: the mention is the answer
+    train = [_mintaka_simple(ids, t, o) for t, o in pairs[:10]]
+    train.append(_mintaka_listing(ids, world.topics[0]))
+    t, o = pairs[10]  # label missing in English: the mention is the answer
     train.append(
-        _mintaka(
-            next(ids),
-            q,
-            [o],
-            _entity_answer([t.subject], mention=t.subject.plain, english=False),
-            _MINTAKA_Q[t.kind][1],
-            "generic",
-        )
+        _mintaka_simple(ids, t, o, _entity_answer([t.subject], mention=t.subject.plain, english=False))
     )
-    t, o = pairs[11]
-    q = _MINTAKA_Q[t.kind][0].format(o=o.plain)  # unlinked answer: only the annotator's text
+    t, o = pairs[11]  # unlinked answer: only the annotator's text
     train.append(
-        _mintaka(
-            next(ids),
-            q,
-            [o],
-            {"answerType": "entity", "answer": None, "mention": t.subject.plain},
-            _MINTAKA_Q[t.kind][1],
-            "generic",
-        )
+        _mintaka_simple(ids, t, o, {"answerType": "entity", "answer": None, "mention": t.subject.plain})
     )
-    train += edge_cases(world.topics[2])
-    dev = [simple(t, o) for t, o in pairs[12:16]]
+    train += _mintaka_edge_cases(ids, world.topics[2])
+    dev = [_mintaka_simple(ids, t, o) for t, o in pairs[12:16]]
     test = (
-        [simple(t, o) for t, o in pairs[16:23]] + [listing(world.topics[3])] + edge_cases(world.topics[4])[:2]
+        [_mintaka_simple(ids, t, o) for t, o in pairs[16:23]]
+        + [_mintaka_listing(ids, world.topics[3])]
+        + _mintaka_edge_cases(ids, world.topics[4])[:2]
     )
     return {"train": train, "dev": dev, "test": test}
 

@@ -197,6 +197,73 @@ def _batches(lengths: Sequence[int], batch_size: int, steps: int, rng: random.Ra
     return out[:steps]
 
 
+def _load_model(model_dir, settings: WarmstartSettings):
+    """The tokenizer and the model (in training mode) of ``model_dir``, with eager attention when the
+    copying task's attention targets need the attention weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    copying = settings.copy_weight > 0
+    # the copying task's attention targets need the attention weights, which only eager returns
+    attention = {"attn_implementation": "eager"} if copying and settings.copy_attention_weight > 0 else {}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **attention)
+    model.train()
+    return tokenizer, model
+
+
+def _encode_all(tokenizer, conversations, settings: WarmstartSettings) -> list[tuple[list[int], list[int]]]:
+    """``(input_ids, loss_mask)`` per conversation, plus per multi-turn one its first turn alone
+    when ``settings.first_turn_examples``."""
+    encoded = [encode_conversation(tokenizer, c) for c in conversations]
+    if settings.first_turn_examples:
+        encoded += [encode_conversation(tokenizer, _first_turn(c)) for c in conversations if _turns(c) > 1]
+    return encoded
+
+
+def _padded_batch(encoded, idx: Sequence[int], pad: int):
+    """``(ids, attn, labels)`` of the conversations ``idx``, right-padded to the longest."""
+    import torch
+
+    width = max(len(encoded[i][0]) for i in idx)
+    ids = torch.full((len(idx), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(idx), width), dtype=torch.long)
+    labels = torch.full((len(idx), width), -100, dtype=torch.long)
+    for row, i in enumerate(idx):  # right padding: positions start at 0 for every row
+        seq, mask = encoded[i]
+        ids[row, : len(seq)] = torch.tensor(seq)
+        attn[row, : len(seq)] = 1
+        labels[row, : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, mask, strict=True)])
+    return ids, attn, labels
+
+
+def _metrics(settings: WarmstartSettings, encoded, losses: list[float], copy_losses: list[float], elapsed):
+    """The training metrics :func:`train_warmstart` returns."""
+    return {
+        "steps": settings.steps,
+        "conversations": len(encoded),
+        "tokens": sum(len(ids) for ids, _ in encoded),
+        "assistant_tokens": sum(sum(m) for _, m in encoded),
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+        "losses": losses,
+        "copy_loss_first": copy_losses[0] if copy_losses else None,
+        "copy_loss_last": sum(copy_losses[-10:]) / len(copy_losses[-10:]) if copy_losses else None,
+        "train_seconds": round(elapsed, 2),
+        "settings": settings.model_dump(mode="json"),
+    }
+
+
+def _save(model, tokenizer, out_dir) -> None:
+    """Write the model (in eval mode) and its tokenizer to ``out_dir``, replacing it if present."""
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
 def train_warmstart(
     model_dir: str | os.PathLike,
     conversations: Sequence[Sequence[dict]],
@@ -219,7 +286,6 @@ def train_warmstart(
         Training metrics: first and last losses, per-step losses, tokens, time.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not conversations:
         raise ValueError("no conversation to train on")
@@ -228,40 +294,46 @@ def train_warmstart(
     random.seed(settings.seed)
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer, model = _load_model(model_dir, settings)
+    encoded = _encode_all(tokenizer, conversations, settings)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    plan = _batches([len(ids) for ids, _ in encoded], settings.batch_size, settings.steps, rng)
+    started = time.monotonic()
+    losses, copy_losses = _train(model, tokenizer, encoded, plan, pad, settings, progress)
+    elapsed = time.monotonic() - started
+    _save(model, tokenizer, out_dir)
+    metrics = _metrics(settings, encoded, losses, copy_losses, elapsed)
+    log.info(
+        "warm start: %d steps in %.1f s, loss %.3f -> %.3f (%d conversations, %d tokens)",
+        settings.steps,
+        elapsed,
+        metrics["loss_first"],
+        metrics["loss_last"],
+        len(encoded),
+        metrics["tokens"],
+    )
+    return metrics
+
+
+def _train(model, tokenizer, encoded, plan, pad: int, settings: WarmstartSettings, progress: bool):
+    """Run the optimisation steps of ``plan`` (batch indices per step); returns the per-step
+    assistant losses and copying-task losses (empty without the copying task)."""
+    import torch
+
     copying = settings.copy_weight > 0
-    # the copying task's attention targets need the attention weights, which only eager returns
-    attention = {"attn_implementation": "eager"} if copying and settings.copy_attention_weight > 0 else {}
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **attention)
-    model.train()
     vocabulary = copy_vocabulary(tokenizer) if copying else []
     copy_rng = random.Random(settings.seed + 1)
-    copy_losses: list[float] = []
-    encoded = [encode_conversation(tokenizer, c) for c in conversations]
-    if settings.first_turn_examples:
-        encoded += [encode_conversation(tokenizer, _first_turn(c)) for c in conversations if _turns(c) > 1]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optim = torch.optim.AdamW(
         model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.98)
     )
     warmup = max(1, round(settings.warmup_ratio * settings.steps))
-    plan = _batches([len(ids) for ids, _ in encoded], settings.batch_size, settings.steps, rng)
     losses: list[float] = []
-    started = time.monotonic()
+    copy_losses: list[float] = []
     bar = tqdm(plan, desc="warm start", unit="step", disable=not progress)
     for step, idx in enumerate(bar):
-        width = max(len(encoded[i][0]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(idx), width), dtype=torch.long)
-        labels = torch.full((len(idx), width), -100, dtype=torch.long)
-        for row, i in enumerate(idx):  # right padding: positions start at 0 for every row
-            seq, mask = encoded[i]
-            ids[row, : len(seq)] = torch.tensor(seq)
-            attn[row, : len(seq)] = 1
-            labels[row, : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, mask, strict=True)])
         for group in optim.param_groups:
             group["lr"] = settings.lr * _schedule(step, settings.steps, warmup)
-        loss = _assistant_loss(model, ids, attn, labels)
+        loss = _assistant_loss(model, *_padded_batch(encoded, idx, pad))
         losses.append(float(loss.detach()))
         if copying:
             batch = copy_batch(vocabulary, settings.copy_batch_size, settings.copy_length, copy_rng)
@@ -282,33 +354,4 @@ def train_warmstart(
                 optim.param_groups[0]["lr"],
             )
     bar.close()
-    elapsed = time.monotonic() - started
-    out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    model.eval()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    metrics = {
-        "steps": settings.steps,
-        "conversations": len(encoded),
-        "tokens": sum(len(ids) for ids, _ in encoded),
-        "assistant_tokens": sum(sum(m) for _, m in encoded),
-        "loss_first": losses[0],
-        "loss_last": sum(losses[-10:]) / len(losses[-10:]),
-        "losses": losses,
-        "copy_loss_first": copy_losses[0] if copy_losses else None,
-        "copy_loss_last": sum(copy_losses[-10:]) / len(copy_losses[-10:]) if copy_losses else None,
-        "train_seconds": round(elapsed, 2),
-        "settings": settings.model_dump(mode="json"),
-    }
-    log.info(
-        "warm start: %d steps in %.1f s, loss %.3f -> %.3f (%d conversations, %d tokens)",
-        settings.steps,
-        elapsed,
-        metrics["loss_first"],
-        metrics["loss_last"],
-        len(encoded),
-        metrics["tokens"],
-    )
-    return metrics
+    return losses, copy_losses

@@ -107,22 +107,12 @@ def _mark(out: Path, kind: str, seed: int) -> None:
     )
 
 
-def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0, kv_heads: int = 2) -> Path:
-    """Save a ~0.6M-parameter random Qwen3ForCausalLM and its tokenizer (with chat template).
-
-    Two layers, 128 wide, two attention heads of 64. ``kv_heads=2`` gives each head its own values,
-    so that what an attention layer moves is as wide as the residual stream: a head that attends
-    to a token can then copy it (with one shared 64-wide value head, the demo's warm start never
-    learned to write a name it had not seen; docs/cpu-training.md). ``kv_heads=1`` is the
-    ~0.4M-parameter shape the CPU training tests' worlds were measured with.
-    """
-    _offline()
-    import torch
+def _train_tokenizer():
+    """The tiny models' byte-level BPE tokenizer, trained on the demo's texts, with Qwen's special
+    tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -147,6 +137,25 @@ def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0, kv_heads: int = 2) -
         model_max_length=32768,
     )
     hf_tok.chat_template = _QWEN_CHAT_TEMPLATE
+    return hf_tok
+
+
+def build_tiny_qwen3(out: str | os.PathLike, seed: int = 0, kv_heads: int = 2) -> Path:
+    """Save a ~0.6M-parameter random Qwen3ForCausalLM and its tokenizer (with chat template).
+
+    Two layers, 128 wide, two attention heads of 64. ``kv_heads=2`` gives each head its own values,
+    so that what an attention layer moves is as wide as the residual stream: a head that attends
+    to a token can then copy it (with one shared 64-wide value head, the demo's warm start never
+    learned to write a name it had not seen; docs/cpu-training.md). ``kv_heads=1`` is the
+    ~0.4M-parameter shape the CPU training tests' worlds were measured with.
+    """
+    _offline()
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok = _train_tokenizer()
     torch.manual_seed(seed)
     # head_dim 64 is the smallest that GPU attention kernels (FlashInfer, FlashAttention 3) take,
     # so the same tiny model also serves the GPU smoke test under sglang.

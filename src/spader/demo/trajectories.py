@@ -166,6 +166,64 @@ def _observe(traj: Trajectory, queries: list[str], results: list[list[dict]], ma
     return text
 
 
+def _plan(q, max_query_chars: int, first_queries: Sequence[str], fits) -> tuple[list[str], list[str], bool]:
+    """``(first, retry, too_long)`` of question ``q``: the first search step's queries, the retry's
+    (the names the first step did not search, two at most, as many as fit a turn), and whether the
+    first step does not fit a turn."""
+    phrases = entity_phrases(q.question)
+    first = []
+    if "question" in first_queries or not phrases:
+        first.append(q.question.strip()[:max_query_chars])
+    if "name" in first_queries and phrases and normalize(phrases[0]) != normalize(q.question):
+        first.append(phrases[0][:max_query_chars])
+    if not fits(search_text(first)) and phrases:  # too long for a turn: search the name
+        first = [phrases[0][:max_query_chars]]
+    too_long = not fits(search_text(first))
+    # the retry searches the names the first step did not (two at most)
+    retry = [p[:max_query_chars] for p in phrases if p not in first][:2]
+    while retry and not fits(search_text(retry, RETRY_THINK)):
+        retry.pop()
+    return first, retry, too_long
+
+
+def _search_step(
+    trajs: list[Trajectory],
+    shown: list[list],
+    batch: list[tuple[int, list[str], str]],
+    search,
+    max_chars: int,
+) -> None:
+    """One search step of the episodes in ``batch`` (index, queries, plan), all in one ``search``
+    call: each gets its search turn and its observation."""
+    flat = [query for _, queries, _ in batch for query in queries]
+    results = search(flat) if flat else []
+    if len(results) != len(flat):
+        raise RuntimeError(f"search returned {len(results)} result lists for {len(flat)} queries")
+    at = 0
+    for i, queries, think in batch:
+        traj = trajs[i]
+        traj.messages.append({"role": "assistant", "content": search_text(queries, think)})
+        traj.searches.append(list(queries))
+        _observe(traj, queries, results[at : at + len(queries)], max_chars, shown[i])
+        at += len(queries)
+
+
+def _answer(traj: Trajectory, gold, shown: list[dict], too_long: bool, fits) -> None:
+    """Write the answer turn of ``traj``: the gold entities ``shown`` holds, as the passages write
+    them, first seen first, as many as fit a turn; sets ``found``, ``answers`` and ``kept``."""
+    texts = [s for p in shown for s in (p.get("title", ""), p.get("text", ""))]
+    found = sorted(passage_hits([shown], gold))
+    observed = "\n".join(traj.observations)
+    names = [_as_written(gold[k], texts) for k in found]
+    order = sorted(range(len(found)), key=lambda j: _first_position(gold[found[j]], observed))
+    traj.found = [found[j] for j in order]
+    traj.answers = list(dict.fromkeys(names[j] for j in order))
+    while traj.answers and not fits(answer_text(traj.answers)):
+        traj.answers.pop()  # the names that fit, first seen first
+    traj.kept = bool(traj.answers) and not too_long
+    traj.messages.append({"role": "assistant", "content": answer_text(traj.answers)})
+
+
 def script_trajectories(
     questions: Sequence,
     search: SearchFn,
@@ -201,61 +259,25 @@ def script_trajectories(
     if max_searches not in (1, 2):
         raise ValueError(f"max_searches must be 1 or 2, got {max_searches!r}")
     fits = fits or (lambda text: True)
-    trajs, plans, shown, too_long = [], [], [], []
+    trajs, plans, shown = [], [], []
     for q in questions:
         if not q.gold:
             raise ValueError(f"question {q.id!r} has no gold entities to script an answer from")
-        phrases = entity_phrases(q.question)
-        first = []
-        if "question" in first_queries or not phrases:
-            first.append(q.question.strip()[:max_query_chars])
-        if "name" in first_queries and phrases and normalize(phrases[0]) != normalize(q.question):
-            first.append(phrases[0][:max_query_chars])
-        if not fits(search_text(first)) and phrases:  # too long for a turn: search the name
-            first = [phrases[0][:max_query_chars]]
-        too_long.append(not fits(search_text(first)))
+        plans.append(_plan(q, max_query_chars, first_queries, fits))
         trajs.append(Trajectory(q.id, q.question, messages=build_messages(q.question, template)))
-        # the retry searches the names the first step did not (two at most)
-        retry = [p[:max_query_chars] for p in phrases if p not in first][:2]
-        while retry and not fits(search_text(retry, RETRY_THINK)):
-            retry.pop()
-        plans.append((first, retry))
         shown.append([])
-
-    def step(batch: list[tuple[int, list[str], str]]) -> None:
-        flat = [query for _, queries, _ in batch for query in queries]
-        results = search(flat) if flat else []
-        if len(results) != len(flat):
-            raise RuntimeError(f"search returned {len(results)} result lists for {len(flat)} queries")
-        at = 0
-        for i, queries, think in batch:
-            traj = trajs[i]
-            traj.messages.append({"role": "assistant", "content": search_text(queries, think)})
-            traj.searches.append(list(queries))
-            _observe(traj, queries, results[at : at + len(queries)], max_tool_response_chars, shown[i])
-            at += len(queries)
-
-    step([(i, plan[0], SEARCH_THINK) for i, plan in enumerate(plans)])
+    _search_step(
+        trajs, shown, [(i, p[0], SEARCH_THINK) for i, p in enumerate(plans)], search, max_tool_response_chars
+    )
     if max_searches > 1:
         retry = [
             (i, plans[i][1], RETRY_THINK)
             for i, q in enumerate(questions)
             if plans[i][1] and not passage_hits([shown[i]], q.gold)
         ]
-        step(retry)
+        _search_step(trajs, shown, retry, search, max_tool_response_chars)
     for i, q in enumerate(questions):
-        traj = trajs[i]
-        texts = [s for p in shown[i] for s in (p.get("title", ""), p.get("text", ""))]
-        found = sorted(passage_hits([shown[i]], q.gold))
-        observed = "\n".join(traj.observations)
-        names = [_as_written(q.gold[k], texts) for k in found]
-        order = sorted(range(len(found)), key=lambda j: _first_position(q.gold[found[j]], observed))
-        traj.found = [found[j] for j in order]
-        traj.answers = list(dict.fromkeys(names[j] for j in order))
-        while traj.answers and not fits(answer_text(traj.answers)):
-            traj.answers.pop()  # the names that fit, first seen first
-        traj.kept = bool(traj.answers) and not too_long[i]
-        traj.messages.append({"role": "assistant", "content": answer_text(traj.answers)})
+        _answer(trajs[i], q.gold, shown[i], plans[i][2], fits)
     kept = sum(t.kept for t in trajs)
     log.info("scripted %d trajectories, %d show gold entities and are kept", len(trajs), kept)
     return trajs

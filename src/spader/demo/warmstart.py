@@ -113,6 +113,67 @@ def _mark_warm(base_dir: Path, out_dir: Path, summary: Mapping[str, Any]) -> Non
     write_json(out_dir / TINY_MARKER, marker)
 
 
+def _scripting(model_dir, warmstart: WarmstartSettings, agent, retrieval, prompt) -> dict[str, Any]:
+    """The keyword arguments of :func:`spader.demo.trajectories.script_trajectories`: the agent's
+    observation and turn budgets (the model's tokenizer), the service's query limit, the template."""
+    from transformers import AutoTokenizer
+
+    from spader.core.prompt import load_template
+
+    template = prompt or load_template()
+    return {
+        "max_tool_response_chars": agent.max_tool_response_chars,
+        "max_query_chars": retrieval.max_query_chars,
+        "max_searches": warmstart.max_searches,
+        "template": template,
+        "fits": turn_fits(AutoTokenizer.from_pretrained(str(model_dir)), agent.max_turn_tokens),
+    }
+
+
+def _script(questions, eval_paths, index_dir, warmstart, retrieval, scripting, threads, service_log):
+    """``(trajectories, generated, seconds)``: the episodes of ``questions`` scripted against the
+    retrieval service, then those of the generated worlds (``generated``, also in ``trajectories``)."""
+    from spader.demo.trajectories import script_trajectories
+    from spader.evaluation.evaluate import service_search
+
+    started = time.monotonic()
+    with service_search(index_dir, retrieval, log_path=service_log, threads=threads) as search:
+        trajectories = script_trajectories(questions, search, **scripting)
+    generated = _generated(eval_paths, warmstart, scripting)
+    trajectories += generated
+    return trajectories, generated, time.monotonic() - started
+
+
+def _kept(trajectories) -> list:
+    """The episodes that are training data; raises ValueError when there is none."""
+    kept = [t for t in trajectories if t.kept]
+    if not kept:
+        raise ValueError(
+            f"none of the {len(trajectories)} scripted episodes shows a gold entity: nothing to learn"
+        )
+    return kept
+
+
+def _write_jsonl(path, trajectories) -> None:
+    """Write the scripted episodes as JSON Lines."""
+    with open(path, "w", encoding="utf-8") as f:
+        for t in trajectories:
+            f.write(json.dumps(t.to_json(), ensure_ascii=False) + "\n")
+
+
+def _summary(metrics, questions, generated, kept_fraction: float, script_seconds: float, model_dir):
+    """The warm start's summary: the training metrics, the scripting's counts and time."""
+    return {
+        **metrics,
+        "questions": len(questions),
+        "generated_questions": len(generated),  # scripted in the generated worlds
+        "kept_fraction": kept_fraction,
+        "script_seconds": round(script_seconds, 2),
+        "base_model": str(model_dir),
+        "tiny_model": True,
+    }
+
+
 def warmstart_policy(
     mix_path: str | os.PathLike,
     eval_paths: Sequence[str | os.PathLike],
@@ -150,50 +211,23 @@ def warmstart_policy(
     Raises:
         ValueError: the model is not a tiny one, or no scripted episode shows a gold entity.
     """
-    from spader.core.prompt import load_template
-    from spader.demo.trajectories import script_trajectories
-    from spader.evaluation.evaluate import service_search
     from spader.models.local import is_tiny
 
     if not is_tiny(model_dir):
         raise ValueError(
             f"{model_dir}: only tiny models are warm-started (real backbones are used as released)"
         )
-    from transformers import AutoTokenizer
-
-    template = prompt or load_template()
-    scripting = {
-        "max_tool_response_chars": agent.max_tool_response_chars,
-        "max_query_chars": retrieval.max_query_chars,
-        "max_searches": warmstart.max_searches,
-        "template": template,
-        "fits": turn_fits(AutoTokenizer.from_pretrained(str(model_dir)), agent.max_turn_tokens),
-    }
+    scripting = _scripting(model_dir, warmstart, agent, retrieval, prompt)
     questions = _questions(mix_path, eval_paths, warmstart)
-    started = time.monotonic()
-    with service_search(index_dir, retrieval, log_path=service_log, threads=threads) as search:
-        trajectories = script_trajectories(questions, search, **scripting)
-    generated = _generated(eval_paths, warmstart, scripting)
-    trajectories += generated
-    script_seconds = time.monotonic() - started
-    kept = [t for t in trajectories if t.kept]
-    if not kept:
-        raise ValueError(
-            f"none of the {len(trajectories)} scripted episodes shows a gold entity: nothing to learn"
-        )
-    with open(out_trajectories, "w", encoding="utf-8") as f:
-        for t in trajectories:
-            f.write(json.dumps(t.to_json(), ensure_ascii=False) + "\n")
+    trajectories, generated, script_seconds = _script(
+        questions, eval_paths, index_dir, warmstart, retrieval, scripting, threads, service_log
+    )
+    kept = _kept(trajectories)
+    _write_jsonl(out_trajectories, trajectories)
     metrics = train_warmstart(model_dir, [t.messages for t in kept], out_model, warmstart, threads=threads)
-    summary = {
-        **metrics,
-        "questions": len(questions),
-        "generated_questions": len(generated),  # scripted in the generated worlds
-        "kept_fraction": len(kept) / len(trajectories),
-        "script_seconds": round(script_seconds, 2),
-        "base_model": str(model_dir),
-        "tiny_model": True,
-    }
+    summary = _summary(
+        metrics, questions, generated, len(kept) / len(trajectories), script_seconds, model_dir
+    )
     _mark_warm(Path(model_dir), Path(out_model), summary)
     write_json(out_summary, summary)
     return summary
