@@ -304,3 +304,35 @@ def test_the_two_locks_agree_outside_the_gpu_stack():
     differ = {p for p in cpu.keys() & gpu.keys() if cpu[p] != gpu[p]}
     gpu_stack = re.compile(r"^(torch|torchvision|torchaudio|triton|setuptools|nvidia-.*|cuda-.*)$")
     assert {p for p in differ if not gpu_stack.match(p)} == set()
+
+
+#: Where no function may be longer than this (``def`` line to last line, docstring included): the
+#: package, the workflow's scripts and the benchmarks. Tests may be longer.
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(source: str, path: str) -> list[str]:
+    """``path:line name (n lines)`` of every function of ``source`` over MAX_FUNCTION_LINES."""
+    return [
+        f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    files = [p for d in ("src", "workflow", "bench") for p in sorted((REPO / d).rglob("*.py"))]
+    assert len(files) > 100
+    found = [f for p in files for f in long_functions(p.read_text(), str(p.relative_to(REPO)))]
+    assert not found, "split these into named steps:\n" + "\n".join(found)
+
+
+def test_the_function_length_check_counts_docstrings_and_nested_functions():
+    body = "\n".join(f"    x{i} = {i}" for i in range(57))
+    fits = f'def f():\n    """Doc."""\n{body}\n    return x0\n'  # 60 lines
+    assert long_functions(fits, "a.py") == []
+    longer = f'def f():\n    """Doc.\n\n    More."""\n{body}\n'
+    assert long_functions(longer, "a.py") == ["a.py:1 f (61 lines)"]
+    nested = "class C:\n    async def g(self):\n" + "\n".join(f"        y = {i}" for i in range(61)) + "\n"
+    assert long_functions(nested, "b.py") == ["b.py:2 g (62 lines)"]
