@@ -74,7 +74,10 @@ def write_data(root: Path) -> tuple[Path, Path, Path]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("variant", ["stepsearch", "r3rag"])
+# StepSearch's step is `long` (README): two PPO trainings with a critic took 8-15 minutes of the
+# suite; R3-RAG's (judge, critic, the step-level reward manager) stays in the default run, and
+# StepSearch's evidence and rewards are tested without verl (test_evidence.py, test_stepsearch.py).
+@pytest.mark.parametrize("variant", [pytest.param("stepsearch", marks=pytest.mark.long), "r3rag"])
 def test_one_training_step_on_the_cpu(variant, tiny_model, retrieval_service, tmp_path):
     from spader.training.run import TrainJob, run_training
 
