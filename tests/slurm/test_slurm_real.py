@@ -256,10 +256,6 @@ def cpu_hog():
         hog.wait()
 
 
-# `long`: a real CPU training across two or more SLURM allocations beside a CPU hog, about 10 minutes
-# of the 2 cores (README); the stop at a step boundary and the resumed retry are tested in the
-# default run by tests/training/test_run.py.
-@pytest.mark.long
 def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, cpu_hog, tmp_path):
     """A CPU training job of 2 steps under a 10-minute limit, warned 9 minutes before it (so within
     its first minute: SLURM checks the warning times about once a minute), beside a CPU hog: each
