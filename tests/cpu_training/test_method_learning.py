@@ -6,7 +6,8 @@ that one search shows two of them: finding more takes more searches. The warm st
 reads and answers with the villages it read, stopping after one, two or three searches equally
 often. From that one warm start, with the same seeds (rollouts are seeded by the training seed,
 the weight version and the prompt, so every run's first step samples the same trajectories),
-three runs of STEPS steps:
+three runs of STEPS steps (where the long learning assertion is left out, as in the default run,
+SPADER trains CHECK_STEPS steps and GRPO, asserted on by nothing, does not run):
 
 * ``spader`` - its step rewards (new entities found, a novelty premium, a cost per query) must be
   non-zero and differ between search steps, and its discovered entities per trajectory and mean
@@ -79,6 +80,10 @@ EXTRA = ["actor_rollout_ref.actor.optim.weight_decay=0.0"]
 ENTITY_RISE = 0.8  # discovered entities per trajectory (of six)
 REWARD_RISE = 0.15  # mean reward: step rewards plus the terminal reward
 CONTROL_STEPS = 2  # enough for two zero-gradient updates per step, twice
+# SPADER's steps when the learning assertion is not selected (the default run): enough for every
+# check of a training - two steps, each with two updates, a checkpoint, an export - at half the cost
+CHECK_STEPS = 2
+_LEARNING = "test_spader_finds_more_entities_and_earns_more_reward_than_at_its_step_1"
 
 
 def _metrics(job) -> dict[int, dict]:
@@ -102,20 +107,35 @@ def world(tmp_path_factory):
     return build_world(tmp_path_factory.mktemp("spread_world"))
 
 
+def _learning_selected(session) -> bool:
+    """Whether this session runs the (long) learning assertion: only it needs all STEPS of SPADER
+    and the GRPO run beside it; the default run's checks read SPADER's first CHECK_STEPS steps."""
+    return any(getattr(item, "originalname", None) == _LEARNING for item in session.items)
+
+
 @pytest.fixture(scope="module")
-def runs(world, tmp_path_factory):
-    """The three runs of STEPS steps from the same warm start, with the same seeds."""
+def spader_steps(request) -> int:
+    return STEPS if _learning_selected(request.session) else CHECK_STEPS
+
+
+@pytest.fixture(scope="module")
+def runs(world, tmp_path_factory, request, spader_steps):
+    """From the same warm start, with the same seeds: SPADER, the zero-advantage control and, where
+    the learning assertion runs, GRPO (reported beside SPADER, never asserted)."""
     import zero_advantage
 
     from spader.training.run import run_training
 
-    jobs = {}
-    for name, variant, extra in (
+    arms = [
         ("spader", "spader", []),
         ("grpo", "grpo", []),
         ("control", "spader", [f"algorithm.adv_estimator={zero_advantage.NAME}"]),
-    ):
-        steps = CONTROL_STEPS if name == "control" else STEPS
+    ]
+    if not _learning_selected(request.session):
+        arms = [arm for arm in arms if arm[0] != "grpo"]
+    jobs = {}
+    for name, variant, extra in arms:
+        steps = CONTROL_STEPS if name == "control" else spader_steps
         job = train_job(
             world,
             tmp_path_factory.mktemp(name),
@@ -134,9 +154,11 @@ def runs(world, tmp_path_factory):
     return {name: (job, _metrics(job)) for name, job in jobs.items()}
 
 
-def test_every_run_trained_every_step_from_the_same_first_rollouts(runs):
+def test_every_run_trained_every_step_from_the_same_first_rollouts(runs, spader_steps):
     for name, (_, steps) in runs.items():
-        assert sorted(steps) == list(range(1, (CONTROL_STEPS if name == "control" else STEPS) + 1)), name
+        assert sorted(steps) == list(range(1, (CONTROL_STEPS if name == "control" else spader_steps) + 1)), (
+            name
+        )
     spader, control = runs["spader"][1][1], runs["control"][1][1]
     # same weights and seeds before any update: the same trajectories, found entities and rewards
     for key in ("critic/score/mean", "spader/new_entities/mean", "spader/search_steps/mean"):
@@ -183,14 +205,16 @@ def test_the_zero_advantage_control_does_not_change_its_weights(runs, world):
         assert torch.equal(value, start[name]), name
 
 
-def test_the_first_step_has_a_finite_loss_and_changes_most_weights(runs, world):
+def test_the_first_step_has_a_finite_loss_and_changes_most_weights(runs, world, spader_steps):
     from transformers import AutoModelForCausalLM
 
     job, steps = runs["spader"]
     step1 = steps[1]
     assert math.isfinite(step1["actor/pg_loss"]) and math.isfinite(step1["actor/kl_loss"])
     assert step1["actor/grad_norm"] > 0
-    shard = next((job.ckpt_dir / f"global_step_{STEPS}" / "actor").glob("model_world_size_1_rank_0.pt"))
+    shard = next(
+        (job.ckpt_dir / f"global_step_{spader_steps}" / "actor").glob("model_world_size_1_rank_0.pt")
+    )
     trained = torch.load(shard, map_location="cpu", weights_only=False)
     start = AutoModelForCausalLM.from_pretrained(world.model).state_dict()
     changed = 0
@@ -201,21 +225,21 @@ def test_the_first_step_has_a_finite_loss_and_changes_most_weights(runs, world):
     assert changed > len(trained) // 2  # the update reaches most tensors
 
 
-def test_the_exported_checkpoint_loads_in_the_evaluation_engine(runs, tmp_path):
+def test_the_exported_checkpoint_loads_in_the_evaluation_engine(runs, tmp_path, spader_steps):
     from spader.agent.generation import Sampling, TransformersEngine
     from spader.models.local import TINY_MARKER
     from spader.training.hf_export import export_checkpoint
 
     job, _ = runs["spader"]
     meta = export_checkpoint(job.final_json, tmp_path / "model", tmp_path / "model.json")
-    assert meta["steps_done"] == STEPS and (tmp_path / "model" / TINY_MARKER).exists()
+    assert meta["steps_done"] == spader_steps and (tmp_path / "model" / TINY_MARKER).exists()
     engine = TransformersEngine(tmp_path / "model", device="cpu", threads=1)
     prompt = engine.tokenizer("Question: which villages?", add_special_tokens=False)["input_ids"]
     out = engine.generate([prompt], [8], Sampling(temperature=0.0))[0]
     assert out.error is None and out.completion_tokens > 0
 
 
-def test_the_gpu_smoke_tests_checks_pass_on_the_cpu_path(runs, world):
+def test_the_gpu_smoke_tests_checks_pass_on_the_cpu_path(runs, world, spader_steps):
     """scripts/gpu_smoke.sh's checks of a finished run (spader.training.smoke.check_run), on this
     SPADER run through the transformers replica: searches, closed turns and none run past the tag,
     rewards that differ, non-zero advantages, the replica's seed (training.seed + rank 0) and
@@ -223,7 +247,7 @@ def test_the_gpu_smoke_tests_checks_pass_on_the_cpu_path(runs, world):
     from spader.training.smoke import check_run
 
     job, _ = runs["spader"]
-    results = check_run(job, start_model=world.model, replicas=1, steps=STEPS)
+    results = check_run(job, start_model=world.model, replicas=1, steps=spader_steps)
     assert [r.name for r in results if not r.ok] == [], "\n".join(r.line() for r in results)
     assert len(results) == 7
 
@@ -232,7 +256,7 @@ def test_report_spader_against_grpo(runs, record_property):
     """Reported, not asserted: per step, each run's terminal reward (F1, -1 for an invalid answer),
     discovered entities and searches per trajectory, and valid-format rate."""
     report = {}
-    for name in ("spader", "grpo", "control"):
+    for name in runs:
         _, steps = runs[name]
         report[name] = {
             s: {
