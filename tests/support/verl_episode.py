@@ -56,11 +56,13 @@ def agent_episode(
     model_type: str = "qwen3",
     sampling: dict | None = None,
     response_length: int = 4096,
+    global_steps: int = 1,
 ):
     """One real ``SpaderToolAgentLoop`` episode against ``server``; returns its output.
 
     Args:
         config: further overrides of the composed ``spader`` config.
+        global_steps: the trainer's step, which verl's agent-loop worker passes with every row.
     """
     cfg = compose(
         "spader",
@@ -91,6 +93,7 @@ def agent_episode(
             reward_model={"ground_truth": gold},
             extra_info={},
             tools_kwargs={},
+            global_steps=global_steps,  # verl's agent-loop worker passes the trainer's step
         )
 
     return asyncio.run(episode())

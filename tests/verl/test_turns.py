@@ -114,7 +114,15 @@ class TokenEngine:
 
 
 def training_episode(
-    tokenizer, model_type, url, turns, *, response_length=4096, logprobs=False, cap=TURN_TOKENS
+    tokenizer,
+    model_type,
+    url,
+    turns,
+    *,
+    response_length=4096,
+    logprobs=False,
+    cap=TURN_TOKENS,
+    global_steps=1,
 ):
     """One real SpaderToolAgentLoop episode over the fake server; returns (output, server)."""
     server = TokenServer(tokenizer, turns)
@@ -129,6 +137,7 @@ def training_episode(
         model_type=model_type,
         sampling={"temperature": 1.0, "logprobs": logprobs},
         response_length=response_length,
+        global_steps=global_steps,
     )
     return output, server
 
@@ -293,8 +302,11 @@ def test_turn_token_count_keeps_the_token_that_completes_the_tag(tokenizer):
 
 def test_a_failing_episode_is_scored_zero_and_never_fails_the_batch(tokenizer, retrieval_service):
     # the fake server has no turn to give: generate raises inside the episode
-    output, _ = training_episode(tokenizer, "qwen3", retrieval_service.url, [], logprobs=True)
+    output, _ = training_episode(tokenizer, "qwen3", retrieval_service.url, [], logprobs=True, global_steps=3)
     assert "IndexError" in output.extra_fields[FAILURE_KEY]
+    # the weight versions verl's trainer reads as integers for every trajectory (a failed episode
+    # without them stopped a CPU training): step 3's rollouts run on weights version 2
+    assert (output.extra_fields["min_global_steps"], output.extra_fields["max_global_steps"]) == (2, 2)
     assert output.response_mask == [0] and output.response_logprobs == [0.0]
     assert output.prompt_ids == render_prompt(tokenizer, build_messages(QUESTION))
     score = compute_score("qampari", "", GOLD, dict(output.extra_fields))

@@ -303,6 +303,10 @@ class SpaderToolAgentLoop(ToolAgentLoop):
             prompt_ids = []
         filler = self.tokenizer.pad_token_id
         filler = self.tokenizer.eos_token_id if filler is None else filler
+        # verl's trainer reads every trajectory's weight versions as integers (the staleness
+        # metrics of trainer_base._compute_metrics): without them one failed episode stops the
+        # training. The synchronous trainer's rollouts of step k run on weights version k - 1.
+        version = max(int(kwargs.get("global_steps") or 1) - 1, 0)
         return AgentLoopOutput(
             prompt_ids=list(prompt_ids) or [filler],
             response_ids=[filler],
@@ -310,7 +314,14 @@ class SpaderToolAgentLoop(ToolAgentLoop):
             response_logprobs=[0.0] if sampling_params.get("logprobs") else None,
             num_turns=1,
             metrics={},
-            extra_fields={FAILURE_KEY: reason, FINAL_TURN_KEY: "", "turn_scores": [], "tool_rewards": []},
+            extra_fields={
+                FAILURE_KEY: reason,
+                FINAL_TURN_KEY: "",
+                "turn_scores": [],
+                "tool_rewards": [],
+                "min_global_steps": version,
+                "max_global_steps": version,
+            },
         )
 
     async def _handle_pending_state(
