@@ -100,15 +100,61 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"mean": mean, "sd": sd, "min": min(values), "max": max(values), "margin_1pct": mean - Z_1PCT * sd}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _distribution_rows(per_seed: dict, seeds: range, later: range) -> tuple[list[dict], list[list[str]]]:
+    """Print every quantity's distribution over the seeds; returns its record rows and table rows."""
+    print(f"{'quantity':<28}{'mean':>8}{'sd':>8}{'min':>8}{'max':>8}{'1% margin':>11}")
+    rows, table = [], []
+    for key in next(iter(per_seed.values())):
+        s = _summary([per_seed[seed][key] for seed in seeds])
+        cells = [f"{s[k]:.3f}" for k in ("mean", "sd", "min", "max", "margin_1pct")]
+        print(f"{key:<28}" + "".join(f"{c:>8}" for c in cells[:4]) + f"{cells[4]:>11}")
+        table.append([key, *cells])
+        rows.append(
+            {
+                "what": f"{key}, steps {later.start}..{later.stop - 1} minus step 1 (one seed)",
+                "result": f"mean {s['mean']:.3f}, sd {s['sd']:.3f}, min {s['min']:.3f}; "
+                f"1% margin {s['margin_1pct']:.3f} ({len(seeds)} seeds)",
+                "target": None,
+                "verdict": None,
+                "numbers": {**s, "per_seed": {seed: per_seed[seed][key] for seed in seeds}},
+            }
+        )
+    return rows, table
+
+
+def _verdict_row(verdicts: dict[int, list[str]], seeds: range) -> dict:
+    """Print on how many seeds the learning test's assertion holds; returns its record row."""
+    passed = sum(not f for f in verdicts.values())
+    text = f"{passed} of {len(seeds)} seeds"
+    print(f"\nthe learning test's assertion (margins {MARGINS}) holds on {text}")
+    for seed, failures in verdicts.items():
+        if failures:
+            print(f"  seed {seed}: {'; '.join(failures)}")
+    return {
+        "what": f"the method learning test's assertion (SPADER minus control >= {MARGINS}) on seeds "
+        f"{seeds.start}..{seeds.stop - 1}",
+        "result": f"holds on **{text}**",
+        "target": "every seed (a failure rate below 1%)",
+        "verdict": "met" if passed == len(seeds) else "not met",
+        "numbers": {"passed": passed, "failures": {s: f for s, f in verdicts.items() if f}},
+    }
+
+
+def _arms(parser: argparse.ArgumentParser, args) -> list[str]:
+    """The arms asked for, checked with the other arguments."""
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = sorted(set(arms) - set(ARMS))
     if unknown or not arms:
         parser.error(f"--arms: unknown {unknown} (of {', '.join(ARMS)})")
     if args.steps < 3 or args.seeds < 2:
         parser.error("--steps must be at least 3 (steps 3.. follow two updates) and --seeds at least 2")
+    return arms
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    arms = _arms(parser, args)
     import torch  # noqa: F401  (loaded before the JVM of the world's indexer)
     from spread_world import build_world
 
@@ -126,45 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             verdicts[seed] = learning_failures(
                 {q: per_seed[seed][f"spader - control {q}"] for q in QUANTITIES}
             )
-
-    keys = list(next(iter(per_seed.values())))
     print(
         f"\nseeds {seeds.start}..{seeds.stop - 1}, {args.steps} steps, steps {later.start}..{later.stop - 1} vs 1"
     )
-    print(f"{'quantity':<28}{'mean':>8}{'sd':>8}{'min':>8}{'max':>8}{'1% margin':>11}")
-    rows, table = [], []
-    for key in keys:
-        s = _summary([per_seed[seed][key] for seed in seeds])
-        cells = [f"{s[k]:.3f}" for k in ("mean", "sd", "min", "max", "margin_1pct")]
-        print(f"{key:<28}" + "".join(f"{c:>8}" for c in cells[:4]) + f"{cells[4]:>11}")
-        table.append([key, *cells])
-        rows.append(
-            {
-                "what": f"{key}, steps {later.start}..{later.stop - 1} minus step 1 (one seed)",
-                "result": f"mean {s['mean']:.3f}, sd {s['sd']:.3f}, min {s['min']:.3f}; "
-                f"1% margin {s['margin_1pct']:.3f} ({len(seeds)} seeds)",
-                "target": None,
-                "verdict": None,
-                "numbers": {**s, "per_seed": {seed: per_seed[seed][key] for seed in seeds}},
-            }
-        )
+    rows, table = _distribution_rows(per_seed, seeds, later)
     if testable:
-        passed = sum(not f for f in verdicts.values())
-        text = f"{passed} of {len(seeds)} seeds"
-        print(f"\nthe learning test's assertion (margins {MARGINS}) holds on {text}")
-        for seed, failures in verdicts.items():
-            if failures:
-                print(f"  seed {seed}: {'; '.join(failures)}")
-        rows.append(
-            {
-                "what": f"the method learning test's assertion (SPADER minus control >= {MARGINS}) on seeds "
-                f"{seeds.start}..{seeds.stop - 1}",
-                "result": f"holds on **{text}**",
-                "target": "every seed (a failure rate below 1%)",
-                "verdict": "met" if passed == len(seeds) else "not met",
-                "numbers": {"passed": passed, "failures": {s: f for s, f in verdicts.items() if f}},
-            }
-        )
+        rows.append(_verdict_row(verdicts, seeds))
     if not args.no_record:
         path = write_record(
             "bench/method_learning.py",

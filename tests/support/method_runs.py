@@ -49,6 +49,8 @@ ARMS = ("spader", "grpo", "control")
 #   mean reward: mean +0.159, sd 0.111, min -0.030 (one seed in ten below zero; 1% quantile -0.100):
 #     SPADER's reward gain over the control is real on average but no one-seed margin above zero
 #     holds at a 1% failure rate, so it is reported (the test prints it), not asserted.
+# On held-out seeds 200..209 the assertion held on 9 of 10 (seed 202: +0.75 entities): the fit
+# understated the tail, and the margin stays where it was set (the test stays `long`).
 STEPS = 4
 LATER = range(3, STEPS + 1)
 MARGINS: dict[str, float] = {"entities": 1.0}
