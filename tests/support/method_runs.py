@@ -17,8 +17,8 @@ trajectories.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 from cpu_world import cpu_training, train_job
 
@@ -56,22 +56,12 @@ LATER = range(3, STEPS + 1)
 MARGINS: dict[str, float] = {"entities": 1.0}
 
 
-@contextmanager
 def _zero_advantage_plugin():
     """verl loads the zero-advantage estimator in every process, like the project's plug-in."""
     import zero_advantage
 
-    saved = {k: os.environ.get(k) for k in ("VERL_USE_EXTERNAL_MODULES", "PYTHONPATH")}
-    os.environ["VERL_USE_EXTERNAL_MODULES"] = zero_advantage.__name__
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), saved["PYTHONPATH"]]))
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
+    return patch.dict(os.environ, {"VERL_USE_EXTERNAL_MODULES": zero_advantage.__name__, "PYTHONPATH": path})
 
 
 def train_arm(world, out: str | os.PathLike, arm: str, *, steps: int, seed: int = 1):
