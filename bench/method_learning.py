@@ -46,7 +46,7 @@ from method_runs import (  # noqa: E402
     step_metrics,
     train_arm,
 )
-from records import write_record  # noqa: E402  (bench/records.py: the script's directory is on sys.path)
+from records import write_seed_record  # noqa: E402  (bench/records.py: the script's directory is on sys.path)
 
 Z_1PCT = 2.326  # the normal quantile below which 1% of the mass lies
 
@@ -178,21 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, table = _distribution_rows(per_seed, seeds, later)
     if testable:
         rows.append(_verdict_row(verdicts, seeds))
-    if not args.no_record:
-        path = write_record(
-            "bench/method_learning.py",
-            rows,
-            argv=sys.argv[1:] if argv is None else argv,
-            tables={
-                f"seeds-{seeds.start}-{seeds.stop - 1}": {
-                    "title": f"Rises and paired effects over training seeds {seeds.start}..{seeds.stop - 1}",
-                    "columns": ["quantity", "mean", "sd", "min", "max", "1% margin"],
-                    "rows": table,
-                }
-            },
-            directory=args.records,
-        )
-        print(f"record: {path}")
+    title = f"Rises and paired effects over training seeds {seeds.start}..{seeds.stop - 1}"
+    columns = ["quantity", "mean", "sd", "min", "max", "1% margin"]
+    write_seed_record("bench/method_learning.py", rows, table, seeds, title, columns, args, argv)
     return 0
 
 

@@ -27,6 +27,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,23 @@ def write_record(
     text = yaml.safe_dump(_plain(record), sort_keys=False, allow_unicode=True, width=100)
     path.write_text(text, encoding="utf-8")  # rendered first: a record that cannot be written leaves no file
     return path
+
+
+def write_seed_record(
+    bench: str, rows, table, seeds: range, title: str, columns: Sequence[str], args, argv
+) -> None:
+    """The record of a bench run over ``seeds`` (:func:`write_record`), its table ``table`` kept as
+    ``seeds-<first>-<last>`` (the id docs quote it by), unless ``args.no_record``; ``args.records``
+    is the directory (None: ``bench/records``), ``argv`` the arguments (None: the command line's)."""
+    if args.no_record:
+        return
+    path = write_record(
+        bench,
+        rows,
+        argv=sys.argv[1:] if argv is None else argv,
+        tables={
+            f"seeds-{seeds.start}-{seeds.stop - 1}": {"title": title, "columns": list(columns), "rows": table}
+        },
+        directory=args.records,
+    )
+    print(f"record: {path}")

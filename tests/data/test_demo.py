@@ -104,7 +104,7 @@ def _chunks() -> list[dict]:
 
 def test_corpus_is_in_the_qampari_chunk_format():
     chunks = _chunks()
-    assert 300 <= len(chunks) <= 600
+    assert 300 <= len(chunks) <= 1200
     assert len({c["id"] for c in chunks}) == len(chunks)
     for c in chunks:
         assert re.fullmatch(r"\d+__\d+", c["id"])
@@ -131,16 +131,70 @@ def test_drops_cover_every_reason_and_the_demo_mix_builds(normalized):
     assert reasons == set(DROP_REASONS)
 
     mix = _config()["mix"]
-    cfg = MixConfig(**{k: v for k, v in mix.items() if k != "eval_limit"})
-    pools = {d: records_frame(normalized[d, "train"][0], record_schema(d)) for d in DATASETS}
+    train, val, stats = _mix(normalized)
     evals = {d: records_frame(normalized[d, "test"][0], record_schema(d)) for d in DATASETS}
-    train, val, stats = build_mix(pools, evals, cfg)
     assert len(train) == sum(mix["counts"].values()) and len(val) == 4 * mix["val_per_dataset"]
     assert stats["datasets"]["qampari"]["removed"]["eval_overlap"] == 1
     assert stats["datasets"]["qampari"]["removed"]["duplicate_question"] == 1
     assert len(verl_rows(train, "train")) == len(train)
     for d in DATASETS:
         assert len(eval_rows(evals[d], limit=mix["eval_limit"], seed=mix["seed"])) == mix["eval_limit"]
+
+
+def _mix(normalized):
+    mix = _config()["mix"]
+    cfg = MixConfig(**{k: v for k, v in mix.items() if k != "eval_limit"})
+    pools = {d: records_frame(normalized[d, "train"][0], record_schema(d)) for d in DATASETS}
+    evals = {d: records_frame(normalized[d, "test"][0], record_schema(d)) for d in DATASETS}
+    return build_mix(pools, evals, cfg)
+
+
+def test_every_evaluation_set_asks_at_least_fifty_questions(normalized):
+    """The demo evaluates 50 questions per dataset (``mix.eval_limit``): each test split holds at
+    least that many after its drops, so the paired tests can reach p well below 0.05."""
+    limit = _config()["mix"]["eval_limit"]
+    assert limit >= 50
+    for d in DATASETS:
+        records, _ = normalized[d, "test"]
+        assert len(records) >= limit, (d, len(records))
+
+
+def test_no_evaluation_topic_or_answer_reaches_training_or_the_warm_start(normalized):
+    """The demo world's two sides: every evaluation question asks about the evaluation side only,
+    and no name of that side (topic subject, answer entity or alias) occurs, as whole words up to
+    norm_v1, in a question or gold answer of the training mix (train and validation) or of the
+    warm start's scripted questions (the demo world's and the generated worlds'), taken here without
+    the evaluation filter the warm start applies besides (``exclude`` empty)."""
+    from spader.core.text import normalize
+    from spader.demo.trajectories import generated_questions, world_questions
+    from spader.demo.world import EVAL_TOPICS, SEED, build_world
+
+    world = build_world(n_eval=EVAL_TOPICS)
+    held = {
+        normalize(a) for t in world.eval_topics for e in (t.subject, *t.objects) for a in (e.name, *e.aliases)
+    }
+    first = {
+        normalize(a) for t in world.topics for e in (t.subject, *t.objects) for a in (e.name, *e.aliases)
+    }
+    assert held and not held & first
+    for d in DATASETS:
+        for r in normalized[d, "test"][0]:
+            # each answer is an evaluation-side entity (QUEST adds a title with its disambiguator)
+            stray = [aliases for aliases in r["answers"] if not {normalize(a) for a in aliases} & held]
+            assert r["answers"] and not stray, (d, r["question"], stray)
+
+    train, val, _ = _mix(normalized)
+    texts = [q for df in (train, val) for q in df["question"].to_list()]
+    texts += [a for df in (train, val) for aliases in df["answers"].to_list() for ans in aliases for a in ans]
+    warm = build_world()
+    generated = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())["backbones"]["demo"]["warmstart"]
+    seeds = [SEED + k for k in range(1, generated["generated_worlds"] + 1)]
+    questions = world_questions(warm, []) + [q for qs, _ in generated_questions(seeds, []) for q in qs]
+    assert len(questions) > 100
+    texts += [q.question for q in questions] + [a for q in questions for aliases in q.gold for a in aliases]
+    padded = [f" {normalize(t)} " for t in texts]
+    leaks = sorted({n for n in held if any(f" {n} " in t for t in padded)})
+    assert not leaks, f"evaluation names in training or warm-start text: {leaks[:10]}"
 
 
 def test_release_files_have_the_real_layouts():

@@ -97,6 +97,22 @@ def test_a_second_search_with_the_name_only_when_the_first_showed_nothing(fake_s
     assert single.searches == [[VARGA.question]] and not single.kept and single.answers == []
 
 
+def test_retry_when_incomplete_searches_again_until_every_gold_entity_was_shown(fake_search):
+    """``retry_when="incomplete"``: an episode whose first search showed some gold entities but not
+    all (VARGA: "Glass Harbour" is in no passage) searches the name too; one whose first search
+    showed every gold entity does not. The default retries only an episode that found none."""
+    complete = Question("q5", MORROW.question, [["Tamsen"], ["Ourel"]])
+    search = fake_search(topk=1)
+    varga, morrow = script_trajectories([VARGA, complete], search, retry_when="incomplete")
+    assert varga.searches == [[VARGA.question], ["Ilse Varga"]] and varga.kept
+    assert morrow.searches == [[MORROW.question]] and morrow.answers == ["Tamsen", "Ourel"]
+    assert search.calls == [[VARGA.question, MORROW.question], ["Ilse Varga"]]
+    default = script_trajectories([VARGA, complete], fake_search(topk=1))
+    assert [t.searches for t in default] == [[[VARGA.question]], [[MORROW.question]]]
+    with pytest.raises(ValueError, match="retry_when"):
+        script_trajectories([VARGA], fake_search(), retry_when="always")
+
+
 def test_an_episode_that_finds_nothing_is_not_kept(fake_search):
     (traj,) = script_trajectories([NOTHING], fake_search(topk=1, blind=(NOTHING.question, "Ansel Brek")))
     assert not traj.kept and traj.answers == []

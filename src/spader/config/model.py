@@ -444,8 +444,8 @@ class RetrievalConfig(Section):
 # ---------------------------------------------------------------------------------------------
 class WarmstartConfig(Section):
     """Supervised warm start of a tiny policy (CPU demo only): fine-tuning on scripted episodes of
-    the demo world (search with the question, then with the name in it if nothing was found,
-    answer with the gold entities the passages showed), so that a random tiny model writes valid
+    the demo world (search with the question, then with the name in it if nothing, or not
+    everything, was found, answer with the gold entities the passages showed), so that a random tiny model writes valid
     actions."""
 
     steps: StrictInt = Field(300, ge=1, le=MAX_COUNT, description="optimizer steps")
@@ -459,8 +459,13 @@ class WarmstartConfig(Section):
         2,
         ge=1,
         le=2,
-        description="search steps a scripted episode may take (the second only when the first showed "
-        "no gold entity)",
+        description="search steps a scripted episode may take (the second as `retry` says)",
+    )
+    retry: Literal["none_found", "incomplete"] = Field(
+        "none_found",
+        description="when a scripted episode searches a second time (with `max_searches` 2): "
+        "`none_found`, when its first search showed no gold entity; `incomplete`, when it did not "
+        "show every gold entity (a list question searched again for the rest)",
     )
     world_questions: bool = Field(
         True,

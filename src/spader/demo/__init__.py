@@ -17,7 +17,7 @@ from pathlib import Path
 from spader.data.layout import dump_jsonl, dump_mintaka_json
 from spader.demo.archive import write_tar_gz, write_zip
 from spader.demo.releases import mintaka_splits, qampari_splits, quest_splits, webqsp_splits
-from spader.demo.world import SEED, World, build_world
+from spader.demo.world import EVAL_TOPICS, SEED, World, build_world
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ _CHUNK_FILES = 3
 
 
 def chunk_lines(world: World) -> list[dict]:
-    """The world's passages as chunk records (docs/data.md 1.4 line format)."""
+    """The world's passages, both sides, as chunk records (docs/data.md 1.4 line format)."""
     out = []
-    for i, p in enumerate(world.passages):
+    for i, p in enumerate(world.corpus):
         out.append(
             {
                 "id": p.id,
@@ -68,7 +68,7 @@ def generate(outdir: str | os.PathLike, seed: int = SEED) -> list[Path]:
     """
     out = Path(outdir)
     (out / "quest").mkdir(parents=True, exist_ok=True)
-    world = build_world(seed)
+    world = build_world(seed, n_eval=EVAL_TOPICS)
     rng = random.Random(seed + 1)
 
     lines = chunk_lines(world)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from itertools import pairwise
 
 from spader.demo.world import KINDS, Entity, Topic, World
 
@@ -67,13 +68,14 @@ def qampari_splits(world: World) -> dict[str, list[dict]]:
         _qampari(x, 100 + i, "train", qtype="wikidata_simple" if i % 3 else "wikitables_simple")
         for i, x in enumerate(t[:20])
     ]
-    test = [_qampari(x, 500 + i, "test") for i, x in enumerate(t[20:28])]
+    test = [_qampari(x, 500 + i, "test") for i, x in enumerate(world.eval_topics)]
     dev = [_qampari(x, 700 + i, "dev") for i, x in enumerate(t[28:32])]
+    held = world.eval_topics[0]
     train += [
         # the same question as train[1] up to case and punctuation: removed by the mix's dedupe
         _qampari(t[1], 140, "train", question=t[1].question().lower().rstrip("?")),
         # a test question also in train: removed from the pool by the eval-overlap rule
-        _qampari(t[20], 141, "train", question=t[20].question()),
+        _qampari(held, 141, "train", question=held.question()),
         {
             "qid": "142__wikidata_comp__train",
             "question_text": "Which films were directed by nobody?",
@@ -147,17 +149,17 @@ def _entity_answer(entities: list[Entity], mention: str | None = None, english: 
     }
 
 
-def _one_answer_pairs(world: World, rng: random.Random) -> list[tuple[Topic, Entity]]:
-    """(topic, object) pairs for one-answer questions, shuffled by ``rng``.
+def _one_answer_pairs(topics: list[Topic], rng: random.Random) -> list[tuple[Topic, Entity]]:
+    """(topic, object) pairs of ``topics`` for one-answer questions, shuffled by ``rng``.
 
     Objects whose name is shared by two topics (the two films called "Heat") would give one
     question two different answers: they are left out of Mintaka's one-answer questions.
     """
     seen: dict[str, int] = {}
-    for t in world.topics:
+    for t in topics:
         for o in t.objects:
             seen[o.plain] = seen.get(o.plain, 0) + 1
-    pairs = [(t, o) for t in world.topics for o in t.objects if seen[o.plain] == 1]
+    pairs = [(t, o) for t in topics for o in t.objects if seen[o.plain] == 1]
     rng.shuffle(pairs)
     return pairs
 
@@ -217,8 +219,12 @@ def _mintaka_edge_cases(ids: Iterator[str], t: Topic) -> list[dict]:
     ]
 
 
+_HELD_MINTAKA = 60  # one-answer test questions (the evaluation side has over 300 objects)
+
+
 def mintaka_splits(world: World, rng: random.Random) -> dict[str, list[dict]]:
-    pairs = _one_answer_pairs(world, rng)
+    pairs = _one_answer_pairs(world.topics, rng)
+    held = _one_answer_pairs(world.eval_topics, rng)
     ids = iter(f"{rng.getrandbits(32):08x}" for _ in range(1000))
     train = [_mintaka_simple(ids, t, o) for t, o in pairs[:10]]
     train.append(_mintaka_listing(ids, world.topics[0]))
@@ -233,9 +239,9 @@ def mintaka_splits(world: World, rng: random.Random) -> dict[str, list[dict]]:
     train += _mintaka_edge_cases(ids, world.topics[2])
     dev = [_mintaka_simple(ids, t, o) for t, o in pairs[12:16]]
     test = (
-        [_mintaka_simple(ids, t, o) for t, o in pairs[16:23]]
-        + [_mintaka_listing(ids, world.topics[3])]
-        + _mintaka_edge_cases(ids, world.topics[4])[:2]
+        [_mintaka_simple(ids, t, o) for t, o in held[:_HELD_MINTAKA]]
+        + [_mintaka_listing(ids, world.eval_topics[3])]
+        + _mintaka_edge_cases(ids, world.eval_topics[4])[:2]
     )
     return {"train": train, "dev": dev, "test": test}
 
@@ -297,7 +303,7 @@ def webqsp_splits(world: World) -> dict[str, dict]:
                 parses = [
                     _parse(qid, 0, topic, _entity_answers(topic.objects[:2])),
                     _parse(qid, 1, topic, _entity_answers(topic.objects[1:])),
-                    _parse(qid, 2, topic, _entity_answers(world.topics[0].objects), quality="Partial"),
+                    _parse(qid, 2, topic, _entity_answers(topics[0].objects), quality="Partial"),
                 ]
                 out.append(_webqsp(qid, topic, parses))
             else:
@@ -329,8 +335,8 @@ def webqsp_splits(world: World) -> dict[str, dict]:
             question=f"when did {a.objects[0].plain} appear",
         )
     )  # drop: no_entity_answers
-    test = split("WebQTest", t[30:37], 10)
-    b = t[5]
+    test = split("WebQTest", world.eval_topics, 10)
+    b = world.eval_topics[5]
     test.append(
         _webqsp(
             "WebQTest-90",
@@ -379,6 +385,17 @@ def _quest(topics: list[Topic], annotated: bool) -> dict:
     }
 
 
+def _held_quest(world: World) -> list[dict]:
+    """The test queries: one per evaluation topic of a QUEST domain, then the union of each two
+    such topics of one kind next to each other ("films directed by A or films directed by B")."""
+    eligible = [t for t in world.eval_topics if t.kind in _DOMAIN]
+    queries = [_quest([t], annotated=i % 2 == 0) for i, t in enumerate(eligible)]
+    for kind in _DOMAIN:
+        same = [t for t in eligible if t.kind == kind]
+        queries += [_quest([a, b], annotated=False) for a, b in pairwise(same)]
+    return queries
+
+
 def quest_splits(world: World) -> dict[str, list[dict]]:
     eligible = [t for t in world.topics if t.kind in _DOMAIN]
     queries = [_quest([t], annotated=i % 2 == 0) for i, t in enumerate(eligible)]
@@ -398,4 +415,4 @@ def quest_splits(world: World) -> dict[str, list[dict]]:
             "attributions": None,
         },
     }  # drop: empty_answer_list
-    return {"train_aug": [*queries[:11], empty], "val": queries[11:14], "test": queries[14:22]}
+    return {"train_aug": [*queries[:11], empty], "val": queries[11:14], "test": _held_quest(world)}

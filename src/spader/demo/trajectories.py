@@ -6,9 +6,9 @@ results (the caller's search function is the project's retrieval service or its 
 1. ``<think>`` with a short plan, then a search step whose query is the question itself;
 2. the observation exactly as the agent loop shows it (:func:`spader.core.prompt.fit_observation`,
    as the user turn of :func:`spader.core.prompt.observation_message`);
-3. if that observation shows no gold entity (and ``max_searches`` allows), a second search step
-   with the entity-bearing phrase of the question (a name such as "Ilse Varga") and its
-   observation;
+3. if that observation shows no gold entity (or, with ``retry_when="incomplete"``, not every
+   gold entity) and ``max_searches`` allows, a second search step with the entity-bearing phrase
+   of the question (a name such as "Ilse Varga") and its observation;
 4. ``<think>``, then ``<answer>[...]</answer>`` listing the gold entities that occur in the
    observed passages (the one matcher, :func:`spader.core.rewards.passage_hits`), each written as
    the passages write it, in order of first appearance.
@@ -224,6 +224,21 @@ def _answer(traj: Trajectory, gold, shown: list[dict], too_long: bool, fits) -> 
     traj.messages.append({"role": "assistant", "content": answer_text(traj.answers)})
 
 
+RETRY_WHEN = ("none_found", "incomplete")
+
+
+def _check_searches(max_searches: int, retry_when: str) -> None:
+    if max_searches not in (1, 2):
+        raise ValueError(f"max_searches must be 1 or 2, got {max_searches!r}")
+    if retry_when not in RETRY_WHEN:
+        raise ValueError(f"retry_when must be one of {RETRY_WHEN}, got {retry_when!r}")
+
+
+def _searches_again(found, n_gold: int, retry_when: str) -> bool:
+    """Whether an episode whose first search showed the gold entities ``found`` searches again."""
+    return not found if retry_when == "none_found" else len(found) < n_gold
+
+
 def script_trajectories(
     questions: Sequence,
     search: SearchFn,
@@ -232,6 +247,7 @@ def script_trajectories(
     max_query_chars: int = 1000,
     max_searches: int = 2,
     first_queries: Sequence[str] = ("question",),
+    retry_when: str = "none_found",
     template=None,
     fits: Callable[[str], bool] | None = None,
 ) -> list[Trajectory]:
@@ -247,6 +263,8 @@ def script_trajectories(
         max_tool_response_chars: observation budget (``evaluation.max_tool_response_chars``).
         max_query_chars: longest query the service accepts.
         max_searches: 1 or 2 search steps at most.
+        retry_when: when the second step runs: ``"none_found"``, when the first showed no gold
+            entity; ``"incomplete"``, when it did not show every gold entity.
         first_queries: what the first search step asks: ``"question"`` (the question itself)
             and/or ``"name"`` (its entity-bearing phrase); the second step asks for the names
             the first did not.
@@ -256,8 +274,7 @@ def script_trajectories(
     Returns:
         One :class:`Trajectory` per question, in order; ``kept`` says whether it is training data.
     """
-    if max_searches not in (1, 2):
-        raise ValueError(f"max_searches must be 1 or 2, got {max_searches!r}")
+    _check_searches(max_searches, retry_when)
     fits = fits or (lambda text: True)
     trajs, plans, shown = [], [], []
     for q in questions:
@@ -273,7 +290,7 @@ def script_trajectories(
         retry = [
             (i, plans[i][1], RETRY_THINK)
             for i, q in enumerate(questions)
-            if plans[i][1] and not passage_hits([shown[i]], q.gold)
+            if plans[i][1] and _searches_again(passage_hits([shown[i]], q.gold), len(q.gold), retry_when)
         ]
         _search_step(trajs, shown, retry, search, max_tool_response_chars)
     for i, q in enumerate(questions):
@@ -292,7 +309,8 @@ def _mentions(names: Sequence[str], texts: Sequence[str]) -> bool:
 def world_questions(world, exclude: Sequence) -> list:
     """Training questions of the demo world that share nothing with ``exclude``.
 
-    Per topic: the list question in each dataset's wording (QAMPARI, WebQSP, QUEST) with the
+    Per topic of the world's training side (``world.topics``; the evaluation side's topics are
+    never scripted): the list question in each dataset's wording (QAMPARI, WebQSP, QUEST) with the
     topic's objects as gold, and for each object the Mintaka-style question whose answer is the
     subject. A topic is left out when its subject or one of its objects is asked about or answered
     by an excluded question (the evaluation sets), so that no evaluation answer is learned in
@@ -386,17 +404,17 @@ def generated_questions(seeds: Sequence[int], exclude: Sequence) -> list[tuple[l
 
     Per seed: :func:`spader.demo.world.build_world` with that seed, its questions as
     :func:`world_questions` writes them (a topic that shares a name with an ``exclude`` question
-    is left out, and so is any topic whose names the demo world uses, so that the demo's own
-    answers are never learned from these worlds), ids ``gen<seed>:<topic>:<n>``.
+    is left out, and so is any topic whose names the demo world uses on either side, so that the
+    demo's own answers are never learned from these worlds), ids ``gen<seed>:<topic>:<n>``.
 
     Returns:
         ``(questions, search)`` per seed, ``search`` being the world's :class:`WorldSearch`.
     """
     from spader.agent.loop import Question
-    from spader.demo.world import SEED, build_world
+    from spader.demo.world import EVAL_TOPICS, SEED, build_world
 
-    demo = build_world(SEED)
-    demo_names = [e.plain for t in demo.topics for e in (t.subject, *t.objects)]
+    demo = build_world(SEED, n_eval=EVAL_TOPICS)
+    demo_names = [e.plain for t in (*demo.topics, *demo.eval_topics) for e in (t.subject, *t.objects)]
     banned = [Question("demo", "", [[n] for n in demo_names])]
     out = []
     for seed in seeds:

@@ -125,6 +125,7 @@ def _scripting(model_dir, warmstart: WarmstartSettings, agent, retrieval, prompt
         "max_tool_response_chars": agent.max_tool_response_chars,
         "max_query_chars": retrieval.max_query_chars,
         "max_searches": warmstart.max_searches,
+        "retry_when": warmstart.retry,
         "template": template,
         "fits": turn_fits(AutoTokenizer.from_pretrained(str(model_dir)), agent.max_turn_tokens),
     }

@@ -9,11 +9,15 @@ letters, a no-break space, articles, apostrophes, hyphens, ``&``, ``?``).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["Entity", "Passage", "Topic", "World", "build_world", "name_parts"]
+__all__ = ["EVAL_TOPICS", "Entity", "Passage", "Topic", "World", "build_world", "name_parts"]
 
 SEED = 20210101
+#: evaluation topics of the bundled demo (``build_world(n_eval=EVAL_TOPICS)``): each dataset's test
+#: split asks 50 or more questions about them, and nothing else does
+EVAL_TOPICS = 70
 
 # kind: (subject noun, object noun, question, webqsp question, quest phrase, quest title suffix)
 KINDS = {
@@ -279,8 +283,19 @@ class Passage:
 
 @dataclass
 class World:
+    """Two sides that share no name: ``topics`` and ``passages`` are what training, the warm start
+    and the tiny tokenizer may see; ``eval_topics`` and ``eval_passages`` are the evaluation
+    side, asked about only in the datasets' test splits (the corpus holds both sides)."""
+
     topics: list[Topic]
     passages: list[Passage] = field(default_factory=list)
+    eval_topics: list[Topic] = field(default_factory=list)
+    eval_passages: list[Passage] = field(default_factory=list)
+
+    @property
+    def corpus(self) -> list[Passage]:
+        """Every passage of both sides, as the bundled dump holds them."""
+        return [*self.passages, *self.eval_passages]
 
 
 class _Names:
@@ -333,6 +348,23 @@ class _Names:
         if kind == "plant":
             return self._unique(lambda: f"{subject} {self.rng.choice(_EPITHET)}")
         return self.word()
+
+
+class _HeldNames(_Names):
+    """Names of the evaluation side: besides every name taken, a name is refused when it differs
+    from a taken one only by a leading "The" (the alias the world gives such a title)."""
+
+    @staticmethod
+    def _variants(name: str) -> set[str]:
+        low = name.lower()
+        return {low, f"the {low}", low.removeprefix("the ")}
+
+    def _unique(self, make) -> str:
+        while True:
+            name = make()
+            if not self._variants(name) & self.taken:
+                self.taken |= self._variants(name)
+                return name
 
 
 def name_parts() -> list[str]:
@@ -415,23 +447,10 @@ def _listing(names: list[str]) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
-def build_world(seed: int = SEED, n_generated: int = 34, n_distractors: int = 80) -> World:
-    """The demo world: 6 hand-written topics plus ``n_generated`` generated ones, their passages
-    (one per answer entity, two per topic subject) and ``n_distractors`` unrelated passages."""
-    rng = random.Random(seed)
-    fixed_names = [s for _, s, _ in _FIXED] + [o for _, _, objs in _FIXED for o, _ in objs]
-    names = _Names(rng, fixed_names + _PLACE)
-    counter = iter(range(1, 10_000))
-
-    def entity(name: str, aliases: list[str], kind: str) -> Entity:
-        n = next(counter)
-        return Entity(name, aliases, kind, rng.randint(1925, 1995), f"Q{7000 + n}", f"m.0{n:04x}d")
-
+def _generated_topics(names: _Names, entity, kinds: list[str], n: int, rng: random.Random) -> list[Topic]:
+    """``n`` generated topics, kinds in turn, 3-7 objects each."""
     topics = []
-    for kind, subject, objects in _FIXED:
-        topics.append(Topic(kind, entity(subject, [], kind), [entity(o, a, kind) for o, a in objects]))
-    kinds = list(KINDS)
-    for i in range(n_generated):
+    for i in range(n):
         kind = kinds[i % len(kinds)]
         subject = names.subject(kind)
         objects = [entity(names.object(kind, subject), [], kind) for _ in range(rng.randint(3, 7))]
@@ -439,24 +458,67 @@ def build_world(seed: int = SEED, n_generated: int = 34, n_distractors: int = 80
             if o.name.startswith("The "):
                 o.aliases.append(o.name[4:])
         topics.append(Topic(kind, entity(subject, [], kind), objects))
+    return topics
 
-    world = World(topics)
-    page = iter(range(10_000, 100_000, 37))
+
+def _topic_passages(rng: random.Random, topics: list[Topic], page: Iterator[int]) -> list[Passage]:
+    """One passage per answer entity and two per topic subject."""
+    out = []
     for t in topics:
         s = t.subject.plain
         for o in t.objects:
             key = _fill(rng, _KEY[t.kind], o=o.plain, s=s, year=o.year)
-            world.passages.append(Passage(next(page), 0, o.plain, _passage_text(rng, key, _FILLER)))
+            out.append(Passage(next(page), 0, o.plain, _passage_text(rng, key, _FILLER)))
         pid = next(page)
         intro = _fill(
             rng, _SUBJECT[t.kind], s=s, year=t.subject.year, list=_listing([o.plain for o in t.objects])
         )
-        world.passages.append(Passage(pid, 0, s, _passage_text(rng, intro, _FILLER)))
+        out.append(Passage(pid, 0, s, _passage_text(rng, intro, _FILLER)))
         more = _fill(rng, "In {year2}, {s} was the subject of an exhibition in {place}.", s=s)
-        world.passages.append(Passage(pid, 1, s, _passage_text(rng, more, _FILLER)))
+        out.append(Passage(pid, 1, s, _passage_text(rng, more, _FILLER)))
+    return out
+
+
+def build_world(seed: int = SEED, n_generated: int = 34, n_distractors: int = 80, n_eval: int = 0) -> World:
+    """The demo world: 6 hand-written topics plus ``n_generated`` generated ones, their passages
+    (one per answer entity, two per topic subject) and ``n_distractors`` unrelated passages; then
+    ``n_eval`` generated evaluation topics and their passages, drawn from a stream of their own
+    with names the first side never uses (so that side is the same whatever ``n_eval`` is)."""
+    rng = random.Random(seed)
+    fixed_names = [s for _, s, _ in _FIXED] + [o for _, _, objs in _FIXED for o, _ in objs]
+    names = _Names(rng, fixed_names + _PLACE)
+    counter = iter(range(1, 10_000))
+
+    def entity_from(r: random.Random):
+        def entity(name: str, aliases: list[str], kind: str) -> Entity:
+            n = next(counter)
+            return Entity(name, aliases, kind, r.randint(1925, 1995), f"Q{7000 + n}", f"m.0{n:04x}d")
+
+        return entity
+
+    entity = entity_from(rng)
+    topics = []
+    for kind, subject, objects in _FIXED:
+        topics.append(Topic(kind, entity(subject, [], kind), [entity(o, a, kind) for o, a in objects]))
+    kinds = list(KINDS)
+    topics += _generated_topics(names, entity, kinds, n_generated, rng)
+
+    world = World(topics)
+    page = iter(range(10_000, 1_000_000, 37))
+    world.passages += _topic_passages(rng, topics, page)
     for _ in range(n_distractors):
         first = _fill(rng, rng.choice(_DISTRACT), year=rng.randint(1850, 1990))
         world.passages.append(
             Passage(next(page), 0, rng.choice(_PLACE), _passage_text(rng, first, _DISTRACT + _FILLER))
         )
+    if n_eval:
+        held = random.Random(f"{seed}:evaluation")
+        first_side = [e.name for t in topics for e in (t.subject, *t.objects)]
+        first_side += [a for t in topics for o in t.objects for a in o.aliases]
+        held_names = _HeldNames(held, [])
+        held_names.taken = set(names.taken)  # no evaluation name is a name or alias of the first side
+        for name in first_side:
+            held_names.taken |= _HeldNames._variants(name)
+        world.eval_topics = _generated_topics(held_names, entity_from(held), kinds, n_eval, held)
+        world.eval_passages = _topic_passages(held, world.eval_topics, page)
     return world
