@@ -2,6 +2,11 @@
 entities, and ~100-word encyclopedia passages that mention them, so that a search for a question
 finds its answers. Everything is generated from one seed; nothing is copied from a real source.
 
+The world has two sides that share no name: the training side (``World.topics``, ``passages``)
+and the evaluation side (``eval_topics``, ``eval_passages``), drawn after it from a stream of its
+own, so the training side is the same whatever the evaluation side's size. The bundled demo asks
+about the evaluation side only in the datasets' test splits.
+
 The hand-written entities carry the spelling cases of docs/data.md 7.2 (diacritics, dotted and stroked
 letters, a no-break space, articles, apostrophes, hyphens, ``&``, ``?``).
 """
