@@ -42,18 +42,20 @@ ARMS = ("spader", "grpo", "control")
 # The learning assertion (tests/cpu_training/test_method_learning.py): after STEPS steps from the
 # one warm start, SPADER's mean over steps 3..STEPS (the steps after two updates) minus the
 # zero-advantage control's, same training seed (so the same first step), must reach MARGINS.
-# Set from bench/method_learning.py over training seeds 100..109 (2026-12-04, record
-# 2026-12-04-05ed0b8-method_learning.yaml; docs/cpu-training.md, "The method learning test"):
-#   discovered entities per trajectory: mean +1.536, sd 0.209, min +1.219 (1% quantile of a normal
-#     fit: +1.051); margin 1.0, which a seed misses with probability 0.5% under that fit;
-#   mean reward: mean +0.159, sd 0.111, min -0.030 (one seed in ten below zero; 1% quantile -0.100):
-#     SPADER's reward gain over the control is real on average but no one-seed margin above zero
-#     holds at a 1% failure rate, so it is reported (the test prints it), not asserted.
-# On held-out seeds 200..209 the assertion held on 9 of 10 (seed 202: +0.75 entities): the fit
-# understated the tail, and the margin stays where it was set (the test stays `long`).
+# First set from bench/method_learning.py over training seeds 100..109 (2026-12-04, record
+# 2026-12-04-05ed0b8-method_learning.yaml): entities mean +1.536, sd 0.209, margin 1.0 (0.5% under a
+# normal fit). On held-out seeds 200..209 it held on 9 of 10 (seed 202: +0.75): ten seeds understated
+# the tail. Recalibrated by a rule written down before seeds 300..309 ran (docs/cpu-training.md,
+# "The method learning test"): the normal fit's 1% quantile over the thirty seeds 100..109, 200..209
+# and 300..309 (record 2026-12-04-ee6a7b5-method_learning.yaml), rounded down to 0.05:
+#   discovered entities per trajectory: mean +1.467, sd 0.274, min +0.75 (seed 202, the one of the
+#     thirty below the margin); 1% quantile +0.829 -> margin 0.8;
+#   mean reward: SPADER's gain over the control is real on average (+0.16, +0.17, +0.12 per ten
+#     seeds) but no one-seed margin above zero holds at a 1% failure rate: printed, not asserted.
+# Held-out seeds 400..409 were run after this margin was committed (their record says how many held).
 STEPS = 4
 LATER = range(3, STEPS + 1)
-MARGINS: dict[str, float] = {"entities": 1.0}
+MARGINS: dict[str, float] = {"entities": 0.8}
 
 
 def _zero_advantage_plugin():
