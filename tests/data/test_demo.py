@@ -167,15 +167,11 @@ def test_no_evaluation_topic_or_answer_reaches_training_or_the_warm_start(normal
     the evaluation filter the warm start applies besides (``exclude`` empty)."""
     from spader.core.text import normalize
     from spader.demo.trajectories import generated_questions, world_questions
-    from spader.demo.world import EVAL_TOPICS, SEED, build_world
+    from spader.demo.world import EVAL_TOPICS, SEED, build_world, topic_names
 
     world = build_world(n_eval=EVAL_TOPICS)
-    held = {
-        normalize(a) for t in world.eval_topics for e in (t.subject, *t.objects) for a in (e.name, *e.aliases)
-    }
-    first = {
-        normalize(a) for t in world.topics for e in (t.subject, *t.objects) for a in (e.name, *e.aliases)
-    }
+    held = {normalize(n) for n in topic_names(world.eval_topics)}
+    first = {normalize(n) for n in topic_names(world.topics)}
     assert held and not held & first
     for d in DATASETS:
         for r in normalized[d, "test"][0]:

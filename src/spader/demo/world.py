@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["EVAL_TOPICS", "Entity", "Passage", "Topic", "World", "build_world", "name_parts"]
+__all__ = ["EVAL_TOPICS", "Entity", "Passage", "Topic", "World", "build_world", "name_parts", "topic_names"]
 
 SEED = 20210101
 #: evaluation topics of the bundled demo (``build_world(n_eval=EVAL_TOPICS)``): each dataset's test
@@ -452,6 +452,11 @@ def _listing(names: list[str]) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
+def topic_names(topics: list[Topic]) -> list[str]:
+    """Every name ``topics`` use: each subject's and object's name and each alias."""
+    return [n for t in topics for e in (t.subject, *t.objects) for n in (e.name, *e.aliases)]
+
+
 def _generated_topics(names: _Names, entity, kinds: list[str], n: int, rng: random.Random) -> list[Topic]:
     """``n`` generated topics, kinds in turn, 3-7 objects each."""
     topics = []
@@ -518,11 +523,9 @@ def build_world(seed: int = SEED, n_generated: int = 34, n_distractors: int = 80
         )
     if n_eval:
         held = random.Random(f"{seed}:evaluation")
-        first_side = [e.name for t in topics for e in (t.subject, *t.objects)]
-        first_side += [a for t in topics for o in t.objects for a in o.aliases]
         held_names = _HeldNames(held, [])
         held_names.taken = set(names.taken)  # no evaluation name is a name or alias of the first side
-        for name in first_side:
+        for name in topic_names(topics):
             held_names.taken |= _HeldNames._variants(name)
         world.eval_topics = _generated_topics(held_names, entity_from(held), kinds, n_eval, held)
         world.eval_passages = _topic_passages(held, world.eval_topics, page)
