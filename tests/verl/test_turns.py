@@ -388,3 +388,38 @@ def test_observation_text_without_special_strings_keeps_the_template_s_ids(style
         assert (
             observation_ids(tok, text) == full[len(render_ids(tok, _PREFIX, add_generation_prompt=False)) :]
         )
+
+
+def test_observations_read_as_text_beside_other_episodes_neither_fail_nor_change_their_ids(tokenizer):
+    """verl's agent loop runs every episode's tokenizer calls in one shared thread pool. An
+    observation holding special-token strings, tokenized while other episodes render their prompts
+    with the same tokenizer, must not fail ("Already borrowed": the shared tokenizer switched to
+    reading special tokens as text under another thread) nor change the others' ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spader.agent.conversation import render_ids
+
+    hostile = f"{INJECTED['text']} {INJECTED['title']} " * 8
+    expected_observation = observation_ids(tokenizer, hostile)
+    messages = build_messages(QUESTION)
+    expected_prompt = render_ids(tokenizer, messages)
+    done = False
+
+    def observe() -> list[list[int]]:
+        return [observation_ids(tokenizer, hostile) for _ in range(50)]
+
+    def render() -> int:
+        wrong = 0
+        while not done:
+            wrong += render_ids(tokenizer, messages) != expected_prompt
+        return wrong
+
+    with ThreadPoolExecutor(4) as pool:
+        renders = [pool.submit(render) for _ in range(2)]
+        observations = [pool.submit(observe) for _ in range(2)]
+        try:
+            seen = [ids for future in observations for ids in future.result()]
+        finally:
+            done = True
+        assert sum(future.result() for future in renders) == 0
+    assert seen == [expected_observation] * 100

@@ -127,9 +127,32 @@ def _added_tokens(tokenizer) -> tuple[re.Pattern | None, re.Pattern | None]:
     return pattern([a.content for a in added] + specials), pattern(specials)
 
 
+@functools.lru_cache(maxsize=8)
+def _text_backend(tokenizer):
+    """A private copy of a fast tokenizer's Rust backend that reads special-token strings as text,
+    or None for a tokenizer without one.
+
+    ``split_special_tokens=True`` on the tokenizer itself would switch its shared backend to
+    reading special tokens as text for the length of the call: verl's agent loop runs every
+    episode's tokenizer calls in one thread pool, so the switch fails ("Already borrowed") while
+    another episode encodes, or changes that episode's ids. The copy is set once and never shared.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    text = type(backend).from_str(backend.to_str())
+    text.no_truncation()
+    text.no_padding()
+    text.encode_special_tokens = True
+    return text
+
+
 def _encode(tokenizer, text: str, *, specials_as_text: bool = False) -> list[int]:
     if not text:
         return []
+    backend = _text_backend(tokenizer) if specials_as_text else None
+    if backend is not None:
+        return list(backend.encode(text, add_special_tokens=False).ids)
     kwargs = {"split_special_tokens": True} if specials_as_text else {}
     return _ids(tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"])
 
