@@ -159,6 +159,16 @@ def test_every_evaluation_set_asks_at_least_fifty_questions(normalized):
         assert len(records) >= limit, (d, len(records))
 
 
+def test_question_ids_stay_unique_for_a_larger_evaluation_side():
+    """WebQSP's dropped test question takes an id past the split's, whatever its size."""
+    from spader.demo.releases import webqsp_splits
+    from spader.demo.world import SEED, build_world
+
+    for n_eval in (70, 81, 95):
+        ids = [q["QuestionId"] for q in webqsp_splits(build_world(SEED, n_eval=n_eval))["test"]["Questions"]]
+        assert len(ids) == len(set(ids)) == n_eval + 1, n_eval
+
+
 def test_no_evaluation_topic_or_answer_reaches_training_or_the_warm_start(normalized):
     """The demo world's two sides: every evaluation question asks about the evaluation side only,
     and no name of that side (topic subject, answer entity or alias) occurs, as whole words up to
