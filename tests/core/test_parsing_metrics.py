@@ -23,6 +23,9 @@ from spader.core.parsing import final_answer, parse_answer, parse_tool_call, par
         ('<answer>["A", 3]</answer>', False, [], "answer_not_json_list"),  # not all strings
         ('<answer>{"a": 1}</answer>', False, [], "answer_not_json_list"),
         ('<answer>["old"]</answer> then <answer>["new"]</answer>', True, ["new"], ""),  # last block wins
+        ('<answer>["A"] <answer>["B"]</answer>', False, [], "unclosed_answer"),  # opened again first
+        ('<answer>["A"] </answer><answer>["B"] <answer>["C"]</answer>', False, [], "unclosed_answer"),
+        ('<answer>["A"]</answer> <answer>[</answer> <answer>["C"]</answer>', True, ["C"], ""),
     ],
 )
 def test_parse_answer_table(text, valid, answers, reason):

@@ -132,12 +132,28 @@ class AnswerParse:
     reason: str = ""
 
 
+def _answers_closed(text: str, last: int) -> bool:
+    """Whether every ``<answer>`` before position ``last`` closes before the next one opens."""
+    pos = 0
+    while (start := text.find(_ANSWER_OPEN, pos, last)) >= 0:
+        close = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
+        following = text.find(_ANSWER_OPEN, start + len(_ANSWER_OPEN))
+        if close < 0 or following < close:  # ``following`` exists: ``last`` opens after ``start``
+            return False
+        pos = close + len(_ANSWER_CLOSE)
+    return True
+
+
 def parse_answer(text: str) -> AnswerParse:
     """Parse the answer step of a trajectory (the last assistant turn, already ended by
     :func:`end_of_turn`).
 
-    Uses the last ``<answer>`` block. Reasons for invalid: ``no_answer``, ``unclosed_answer``,
-    ``unbalanced_think``, ``answer_not_json_list``.
+    Uses the last ``<answer>`` block. Every ``<answer>`` must close before the next opens: one
+    opened again before its ``</answer>`` is unclosed. Reasons for invalid: ``no_answer``,
+    ``unclosed_answer``, ``unbalanced_think``, ``answer_not_json_list``.
+
+    >>> parse_answer('<answer>["A"] <answer>["B"]</answer>').reason
+    'unclosed_answer'
     """
     if not think_tags_balanced(text):
         return AnswerParse(False, reason="unbalanced_think")
@@ -145,7 +161,7 @@ def parse_answer(text: str) -> AnswerParse:
     if start < 0:
         return AnswerParse(False, reason="no_answer")
     end = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
-    if end < 0:
+    if end < 0 or not _answers_closed(text, start):
         return AnswerParse(False, reason="unclosed_answer")
     answers = _json_string_list(text[start + len(_ANSWER_OPEN) : end])
     if answers is None:
