@@ -69,6 +69,32 @@ def test_tool_records_hits_on_passages_never_on_queries(retrieval_service):
     assert metrics == {"queries": 2, "hits": 1, "error": False}
 
 
+def test_searches_leave_the_loop_s_default_executor_to_the_tokenizer_work(retrieval_service):
+    """verl runs every episode's tokenizer work in the event loop's default executor: a search
+    waiting on the service must not hold one of its threads (a busy default executor here, one
+    thread held until the search is done, would otherwise stall the search forever)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    tool = _tool(retrieval_service.url)
+    data = _AgentData(turns=1)
+    release = threading.Event()
+
+    async def searched_while_the_default_executor_is_busy():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        held = loop.run_in_executor(None, release.wait, 30)
+        try:
+            return await asyncio.wait_for(_call(tool, {"queries": ["Salt Orchard"]}, data), 20)
+        finally:
+            release.set()
+            await held
+
+    response, _, metrics = asyncio.run(searched_while_the_default_executor_is_busy())
+    assert metrics == {"queries": 1, "hits": 1, "error": False}
+    assert "Ilse Varga directed The Salt Orchard" in response.text
+
+
 def test_tool_caps_queries_and_sends_repeats_once(retrieval_service):
     tool = _tool(retrieval_service.url, max_queries_per_call=3)
     data = _AgentData(turns=1)

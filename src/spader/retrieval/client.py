@@ -64,6 +64,8 @@ class RetrievalClient:
     """
 
     def __init__(self, base_url: str, *, timeout: float, retries: int, backoff: float = 0.5):
+        #: requests the client sends at once (its connection pool): callers size their threads by it
+        self.connections = _CONNECTIONS
         self.base_url = base_url.rstrip("/")
         self.retries = int(retries)
         self.backoff = float(backoff)
@@ -76,7 +78,9 @@ class RetrievalClient:
             timeout=timeout,
             trust_env=not is_loopback(base_url),
             limits=httpx.Limits(
-                max_connections=_CONNECTIONS, max_keepalive_connections=_CONNECTIONS, keepalive_expiry=60.0
+                max_connections=self.connections,
+                max_keepalive_connections=self.connections,
+                keepalive_expiry=60.0,
             ),
         )
 

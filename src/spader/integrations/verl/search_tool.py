@@ -30,6 +30,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import uuid4
 
@@ -161,6 +162,10 @@ class SearchTool(BaseTool):
         self.client = RetrievalClient(
             url, timeout=setting("timeout", float, 120.0), retries=setting("retries", int, 3)
         )
+        # Blocking requests wait in the tool's own threads, as many as the client sends at once:
+        # verl runs every episode's tokenizer work in the loop's default executor, which a few
+        # dozen searches waiting on the service would otherwise hold.
+        self._requests = ThreadPoolExecutor(self.client.connections, thread_name_prefix="search")
         self._instances: dict[str, list[list[str]]] = {}
 
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
@@ -207,7 +212,9 @@ class SearchTool(BaseTool):
         hits: set[int] = set()
         if error is None:
             try:
-                passages = await asyncio.to_thread(self._search, queries)
+                passages = await asyncio.get_running_loop().run_in_executor(
+                    self._requests, self._search, queries
+                )
                 if self.observation_format == "authors":
                     text, shown = fit_authors_observation(queries, passages, self.max_chars)
                 else:
