@@ -75,6 +75,30 @@ def test_chunked_tokenization_gives_the_same_scores(reranker, monkeypatch):
     np.testing.assert_allclose(reranker.score(pairs), whole, atol=1e-6)  # other batches: float noise only
 
 
+def test_scoring_never_reconfigures_the_shared_tokenizer(reranker):
+    """Pairs are truncated by a private copy of the tokenizer: the replica's tokenizer keeps its
+    settings, so cutting queries in one thread while pairs are tokenized in another neither fails
+    ("Already borrowed") nor changes either's ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = (reranker.tokenizer.backend_tokenizer.truncation, reranker.tokenizer.backend_tokenizer.padding)
+    long_queries = [" ".join(WORDS * 30), *(q for q, _ in _pairs(20, seed=4))]
+    pairs = _pairs(40, seed=5, passage_words=(200, 700))
+    cut, encoded = reranker.cut_queries(long_queries), reranker._encode(*map(list, zip(*pairs, strict=True)))
+    assert (
+        reranker.tokenizer.backend_tokenizer.truncation,
+        reranker.tokenizer.backend_tokenizer.padding,
+    ) == settings
+
+    with ThreadPoolExecutor(2) as pool:
+        cuts = pool.submit(lambda: [reranker.cut_queries(long_queries) for _ in range(200)])
+        encodes = pool.submit(
+            lambda: [reranker._encode(*map(list, zip(*pairs, strict=True))) for _ in range(200)]
+        )
+        assert cuts.result() == [cut] * 200
+        assert encodes.result() == [encoded] * 200
+
+
 def test_long_query_is_cut_like_flagembedding(reranker):
     pairs = [(" ".join(WORDS * 30), "lucene builds an inverted index")]  # > 3/4 of max_length tokens
     reference = reranker.flag_reranker().compute_score([list(pairs[0])])

@@ -123,6 +123,23 @@ def default_device() -> str:
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
+def _pair_backend(tokenizer, max_length: int):
+    """A private copy of a fast tokenizer's Rust backend that truncates (query, passage) pairs to
+    ``max_length`` tokens, passage first, and pads nothing; None for a slow tokenizer.
+
+    Setting truncation on the tokenizer's own backend per call would change what its other calls
+    (:meth:`CrossEncoderReranker.cut_queries`, FlagEmbedding's ``compute_score``) see, and fails
+    ("Already borrowed") while another thread encodes with it. The copy is set once.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    pairs = type(backend).from_str(backend.to_str())
+    pairs.no_padding()
+    pairs.enable_truncation(max_length, strategy="only_second")
+    return pairs
+
+
 class CrossEncoderReranker:
     """Score (query, passage) pairs with an encoder-only cross-encoder.
 
@@ -175,6 +192,7 @@ class CrossEncoderReranker:
                 f"reranker {model} cannot be loaded: {type(exc).__name__}: {detail}"
             ) from exc
         self.tokenizer = self._flag.tokenizer
+        self._pair_backend = _pair_backend(self.tokenizer, self.max_length)
         self.model = self._flag.model
         self._pad_id = self.tokenizer.pad_token_id
         if self.fp16:
@@ -239,8 +257,8 @@ class CrossEncoderReranker:
     ) -> None:
         """Score the pairs ``zip(queries, passages)[chunk]`` of every chunk into ``out[chunk]``.
 
-        The next chunk is tokenized (Rust, GIL released) while the model scores this one. Only
-        that one thread touches this replica's tokenizer: it is not safe to share between threads.
+        The next chunk is tokenized (Rust, GIL released) while the model scores this one, by the
+        replica's private pair tokenizer, whose settings no call changes.
 
         Args:
             chunks: slices of the pair lists, scored in this order.
@@ -261,7 +279,7 @@ class CrossEncoderReranker:
                 out[chunk] = self._forward(encoded)
 
     def _encode(self, queries: list[str], passages: list[str]) -> list[list[int]]:
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        backend = self._pair_backend
         if backend is None:  # a slow (Python) tokenizer
             return self.tokenizer(
                 queries,
@@ -274,9 +292,7 @@ class CrossEncoderReranker:
             )["input_ids"]
         # The Rust tokenizer directly: the same encodings as the call above (the wrapper sets the
         # same truncation and calls encode_batch), without the wrapper's per-call Python work,
-        # which is about a third of tokenization time. Only the tokenizing thread uses it.
-        backend.no_padding()
-        backend.enable_truncation(self.max_length, strategy="only_second")
+        # which is about a third of tokenization time.
         # encode_batch_fast skips the character offsets nobody reads here (~40% of the time).
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
         return [e.ids for e in encode(list(zip(queries, passages, strict=False)), add_special_tokens=True)]
