@@ -181,6 +181,27 @@ def test_watchdog_stops_what_a_dead_job_started(tmp_path, end):
         _kill_marked(mark)
 
 
+def test_the_watchdog_keeps_the_job_s_stderr_and_not_its_stdout(tmp_path):
+    """A caller reading a job's output to its end is not kept waiting for the watchdog, which
+    still writes its line to the job's log."""
+    ready = tmp_path / "ready"
+    body = (
+        "import time\nfrom spader.infra.procs import start_watchdog\n"
+        f"dog = start_watchdog(grace_s=2)\nopen({str(ready)!r}, 'w').write(str(dog.pid))\ntime.sleep(300)\n"
+    )
+    job = subprocess.Popen(
+        [sys.executable, "-c", body], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        _wait_for(ready, job, 60, tmp_path / "none")
+        dog = int(ready.read_text())
+        assert os.readlink(f"/proc/{dog}/fd/1") == "/dev/null"
+        assert os.readlink(f"/proc/{dog}/fd/2") == os.readlink(f"/proc/{job.pid}/fd/2")
+    finally:
+        job.kill()
+        job.communicate(timeout=30)
+
+
 # A job as the workflow glue runs it: started by Snakemake through a shell, watching its workflow,
 # with a child of its own (a service, say) and a grandchild that left its session.
 WORKFLOW_JOB = """

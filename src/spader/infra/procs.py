@@ -355,8 +355,12 @@ def start_watchdog(grace_s: float = 10.0) -> subprocess.Popen:
     token = uuid.uuid4().hex
     os.environ[JOB_TOKEN_ENV] = token
     argv = [sys.executable, "-m", "spader.infra.procs", "--watch", token, "--parent", str(os.getpid())]
+    # stderr stays the job's (its log gets the watchdog's one line); stdout is not held open
     return subprocess.Popen(
-        [*argv, "--grace", str(grace_s)], stdin=subprocess.DEVNULL, start_new_session=True
+        [*argv, "--grace", str(grace_s)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
