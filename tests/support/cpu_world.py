@@ -58,6 +58,22 @@ def _answer(names: list[str]) -> str:
     return "<think>I know them.</think>\n<answer>" + json.dumps(names, ensure_ascii=False) + "</answer>"
 
 
+def indexed_corpus(root: Path, chunks) -> Path:
+    """Write ``chunks`` (corpus records) to ``root/corpus/chunks.jsonl`` and index them in
+    ``root/index`` (kept when it exists); returns the index directory."""
+    from spader.retrieval.index import build_bm25_index
+
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    with open(corpus / "chunks.jsonl", "w", encoding="utf-8") as f:
+        for rec in chunks:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    index = root / "index"
+    if not index.exists():
+        build_bm25_index(corpus, index, threads=1)
+    return index
+
+
 def build_world(
     root: str | os.PathLike, *, n_train: int = 4, n_val: int = 2, warm_steps: int = 60, warm_lr: float = 3e-3
 ) -> TrainWorld:
@@ -76,18 +92,10 @@ def build_world(
     from spader.data.export import verl_rows
     from spader.demo import chunk_lines
     from spader.demo.world import build_world as demo_world
-    from spader.retrieval.index import build_bm25_index
 
     root = Path(root)
     world = demo_world()
-    corpus = root / "corpus"
-    corpus.mkdir(parents=True, exist_ok=True)
-    with open(corpus / "chunks.jsonl", "w", encoding="utf-8") as f:
-        for rec in chunk_lines(world):
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    index = root / "index"
-    if not index.exists():
-        build_bm25_index(corpus, index, threads=1)
+    index = indexed_corpus(root, chunk_lines(world))
 
     template = PromptTemplate(SHORT_TEMPLATE, source="cpu training test world")
     topics = world.topics[: n_train + n_val]

@@ -27,7 +27,7 @@ import random
 import shutil
 from pathlib import Path
 
-from cpu_world import SHORT_TEMPLATE, TrainWorld, _retrieval_settings
+from cpu_world import SHORT_TEMPLATE, TrainWorld, _retrieval_settings, indexed_corpus
 
 FACETS = ("north", "south", "east")
 PER_FACET = 2
@@ -130,18 +130,10 @@ def build_world(
     from spader.core.prompt import PromptTemplate
     from spader.data.export import verl_rows
     from spader.retrieval.backend import Bm25RerankBackend, SearchSettings
-    from spader.retrieval.index import build_bm25_index
 
     root = Path(root)
     all_topics = topics(n_train + n_val)
-    corpus = root / "corpus"
-    corpus.mkdir(parents=True, exist_ok=True)
-    with open(corpus / "chunks.jsonl", "w", encoding="utf-8") as f:
-        for rec in passages(all_topics):
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    index = root / "index"
-    if not index.exists():
-        build_bm25_index(corpus, index, threads=1)
+    index = indexed_corpus(root, passages(all_topics))
 
     template = PromptTemplate(SHORT_TEMPLATE, source="spread training world")
     records = [
