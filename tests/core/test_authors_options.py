@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from spader.core.metrics import alias_blind, authors_correct_count, authors_query_count, prf
+from spader.core.matching import authors_text_hits, find_hits
+from spader.core.metrics import alias_blind, authors_correct_count, authors_prf, authors_query_count, prf
 from spader.core.parsing import authors_answer, authors_tool_call, parse_turn
 from spader.core.prompt import (
     AUTHORS_SERVER_CHARS,
@@ -86,6 +87,36 @@ def test_alias_blind_gold_never_matches_an_entity_with_two_aliases():
     assert prf(["Paris", "Lyon"], alias_blind(gold))[2] == 0.5
     # their evaluation matches aliases (entity recall), with their normalization
     assert authors_correct_count(["paname", "LYON"], gold) == 2
+
+
+@pytest.mark.parametrize(
+    ("predicted", "ours", "theirs"),
+    [
+        # two aliases of one entity: one hit and a false positive here, two correct predictions there
+        (["Paris", "Paname"], (0.5, 0.5), (1.0, 0.5)),
+        (["Paris", "Lyon"], (1.0, 1.0), (1.0, 1.0)),
+        (["Paris", "Paname", "Rome"], (1 / 3, 0.5), (2 / 3, 0.5)),
+        (["Rome"], (0.0, 0.0), (0.0, 0.0)),
+        ([], (0.0, 0.0), (0.0, 0.0)),
+    ],
+)
+def test_their_precision_counts_every_prediction_equal_to_a_gold_alias(predicted, ours, theirs):
+    gold = [["Paris", "Paname"], ["Lyon"], ["Paris", "PANAME"]]  # the third is the first again
+    for (p, r, f), (want_p, want_r) in ((prf(predicted, gold), ours), (authors_prf(predicted, gold), theirs)):
+        assert (p, r) == pytest.approx((want_p, want_r))
+        assert f == pytest.approx(2 * p * r / (p + r) if p + r else 0.0)
+    assert authors_prf(predicted, [])[2] == 0.0
+
+
+def test_their_discovery_is_a_substring_of_the_whole_observation():
+    """Their reward finds an entity anywhere in the observation text: inside a longer word, and in
+    the queries the observation echoes; the default matching finds neither."""
+    gold = [["Lyon"], ["Ari"], ["Nice"], ["Saint-Malo"]]
+    text = 'Results for "Lyon films":\nDoc 1 (Title: Aristotle) Born in Saint Malo.'
+    assert authors_text_hits(text, gold) == {0, 1}  # the query's Lyon, Ari of Aristotle
+    assert find_hits(["Aristotle", "Born in Saint Malo."], gold) == set()
+    assert authors_text_hits(text.replace("Saint Malo", "Saint-Malo"), gold) == {0, 1, 3}
+    assert authors_text_hits("", gold) == set()
 
 
 def _passages(n: int, words: int = 120) -> list[dict]:

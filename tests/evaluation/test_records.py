@@ -44,6 +44,20 @@ def test_instance_scores(answer, p, r):
     assert (rec["precision"], rec["recall"], rec["f1"]) == pytest.approx((p, r, f))
 
 
+def test_the_authors_metrics_count_two_aliases_of_one_entity_as_two_correct_predictions():
+    """``evaluation.metrics: authors`` scores the record as their script does; the rest of the
+    record is the same, and a metrics name that does not exist is refused."""
+    ep = finished('<answer>["Paris", "Paname", "Nice"]</answer>')
+    ours, theirs = episode_record(ep), episode_record(ep, metrics="authors")
+    assert (ours["precision"], ours["recall"]) == pytest.approx((1 / 3, 1 / 3))
+    assert (theirs["precision"], theirs["recall"]) == pytest.approx((2 / 3, 1 / 3))
+    assert theirs["f1"] == pytest.approx(2 * (2 / 3) * (1 / 3) / (2 / 3 + 1 / 3))
+    rest = {k for k in ours if k not in ("precision", "recall", "f1")}
+    assert {k: ours[k] for k in rest} == {k: theirs[k] for k in rest}
+    with pytest.raises(ValueError, match="evaluation.metrics"):
+        episode_record(ep, metrics="micro")
+
+
 def test_failures_and_invalid_formats_are_zeros_and_kept_in_the_macro_average():
     good = episode_record(finished('<answer>["Paris", "Lyon", "Marseille"]</answer>'))  # F1 1
     half = episode_record(finished('<answer>["Paris", "Nice"]</answer>'))  # P 1/2, R 1/3, F1 0.4

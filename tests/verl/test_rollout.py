@@ -69,6 +69,17 @@ def test_tool_records_hits_on_passages_never_on_queries(retrieval_service):
     assert metrics == {"queries": 2, "hits": 1, "error": False}
 
 
+def test_the_authors_discovery_credits_an_entity_the_query_names(retrieval_service):
+    """``discovery: substring`` (the authors' reward): the observation echoes the query, so the
+    entity no passage contains is found; the passages' own entity is found as before."""
+    tool = _tool(retrieval_service.url, discovery="substring")
+    data = _AgentData(turns=2)
+    asyncio.run(_call(tool, {"queries": ["Quiet Meadow", "Salt Orchard"]}, data))
+    assert data.extra_fields[STEPS_KEY] == [{"turn": 2, "queries": 2, "hits": [0, 3], "error": None}]
+    with pytest.raises(ValueError, match="'discovery' must be one of"):
+        _tool(retrieval_service.url, discovery="words")
+
+
 def test_searches_leave_the_loop_s_default_executor_to_the_tokenizer_work(retrieval_service):
     """verl runs every episode's tokenizer work in the event loop's default executor: a search
     waiting on the service must not hold one of its threads (a busy default executor here, one
@@ -203,6 +214,7 @@ def test_write_tool_config_is_loaded_by_verl(tmp_path, retrieval_service):
         retrieval=retrieval,
         max_chars=11000,
         max_queries_per_call=10,
+        discovery="substring",
     )
     (tool,) = initialize_tools_from_config(str(path))
     assert isinstance(tool, SearchTool) and tool.name == "search"
@@ -213,6 +225,7 @@ def test_write_tool_config_is_loaded_by_verl(tmp_path, retrieval_service):
         10,
         500,
     )
+    assert tool.discovery == "substring"
     with pytest.raises(ValueError, match="retrieval.topk"):
         write_tool_config(
             tmp_path / "x.yaml",

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spader.core.metrics import authors_prf
+
 pytestmark = pytest.mark.slow
 
 DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
@@ -105,6 +107,12 @@ def test_demo_sets_the_authors_run_beside_the_default_run(demo):
     )
     records = [json.loads(line) for line in (root / "results/demo/eval/react/qampari.jsonl").open()]
     assert all(r["conversation_queries"] >= 2 for r in records)  # the authors' prompt's example call
+    # scored as their script scores (evaluation.metrics: authors)
+    assert summary["settings"]["metrics"] == "authors"
+    for r in records:
+        assert (r["precision"], r["recall"], r["f1"]) == pytest.approx(
+            authors_prf(r["predictions"], r["gold"])
+        )
 
 
 def test_demo_leaves_benchmark_files_of_the_costly_rules(demo):

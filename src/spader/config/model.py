@@ -642,6 +642,13 @@ class DivergencesConfig(Section):
         "authors' code: each alias list becomes one string, so an entity with two or more aliases "
         "never matches, in the F1 and in step discovery)",
     )
+    discovery: Literal["passages", "substring"] = Field(
+        "passages",
+        description="how the training reward finds an entity at a search step: passages (an alias "
+        "occurs as whole words in the normalised text of the passages shown, paper) or substring (the "
+        "authors' code: an alias, normalised by their normalize_answer, occurs anywhere in the whole "
+        "observation text, which echoes the queries)",
+    )
     cost_warmup: CostWarmup | None = Field(
         None, description="tool-cost warm-up by training step (code); null: none"
     )
@@ -952,6 +959,13 @@ class EvaluationConfig(Section):
         "through the chat template each turn, the last turn's call runs, an episode stopped by a "
         "generation error is scored on what it wrote, an episode that failed otherwise is left out "
         "of the means)",
+    )
+    metrics: Literal["spader", "authors"] = Field(
+        "spader",
+        description="precision, recall and F1 of an instance: spader (norm_v1, each gold entity matched "
+        "once by one prediction) or authors (their script: their normalize_answer, a prediction is "
+        "correct when it equals any gold alias, so two aliases of one entity are two correct "
+        "predictions in precision)",
     )
     seed: StrictInt = Field(
         0,

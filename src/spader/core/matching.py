@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from spader.core.text import normalize
+from spader.core.text import normalize, normalize_spader_compat
 
-__all__ = ["find_hits", "passage_hits"]
+__all__ = ["DISCOVERY", "authors_text_hits", "find_hits", "passage_hits"]
+
+#: How the training reward finds an entity at a search step (``training.divergences.discovery``):
+#: in the passages shown (:func:`passage_hits`) or, as the authors' code, anywhere in the
+#: observation text (:func:`authors_text_hits`).
+DISCOVERY = ("passages", "substring")
 
 
 def _normalized_aliases(entities: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -54,3 +59,24 @@ def passage_hits(shown: Sequence[Sequence[dict]], entities: Sequence[Sequence[st
     """
     texts = [s for passages in shown for p in passages for s in (p.get("title", ""), p.get("text", ""))]
     return find_hits(texts, entities) if texts and entities else set()
+
+
+def authors_text_hits(text: str, entities: Sequence[Sequence[str]]) -> set[int]:
+    """Entities hit as the authors' training reward finds them (``training.divergences.discovery:
+    substring``): an alias, normalised by their ``normalize_answer``
+    (:func:`spader.core.text.normalize_spader_compat`), occurs anywhere in the normalised
+    observation text, word boundaries or not. The text is the whole observation, so the queries it
+    echoes count: writing an entity into a query finds it.
+
+    >>> sorted(authors_text_hits('Results for "Paris":\\nDoc 1 Aristotle', [["Paris"], ["Ari"], ["Nice"]]))
+    [0, 1]
+    """
+    haystack = normalize_spader_compat(text)
+    hits: set[int] = set()
+    if not haystack:
+        return hits
+    for i, aliases in enumerate(entities):
+        norms = (normalize_spader_compat(a) for a in ([aliases] if isinstance(aliases, str) else aliases))
+        if any(a and a in haystack for a in norms):
+            hits.add(i)
+    return hits

@@ -18,6 +18,7 @@ from spader.core.text import normalize, normalize_spader_compat
 __all__ = [
     "alias_blind",
     "authors_correct_count",
+    "authors_prf",
     "authors_query_count",
     "correct_count",
     "gold_alias_sets",
@@ -218,6 +219,19 @@ def authors_query_count(text: str) -> int:
     return count
 
 
+def _authors_sets(
+    predicted: Sequence[str] | None, gold: Sequence[Sequence[str]]
+) -> tuple[set[str], list[frozenset[str]]]:
+    """The authors' normalised prediction set and gold alias sets (equal alias sets once)."""
+    preds = {n for n in (normalize_spader_compat(p) for p in predicted or []) if n}
+    entities: list[frozenset[str]] = []
+    for aliases in gold:
+        norm = frozenset(a for a in (normalize_spader_compat(x) for x in aliases) if a)
+        if norm and norm not in entities:
+            entities.append(norm)
+    return preds, entities
+
+
 def authors_correct_count(predicted: Sequence[str] | None, gold: Sequence[Sequence[str]]) -> int:
     """Gold entities named by the predictions as the authors' evaluation matches them: their
     ``normalize_answer`` (:func:`spader.core.text.normalize_spader_compat`), an entity counted
@@ -226,15 +240,28 @@ def authors_correct_count(predicted: Sequence[str] | None, gold: Sequence[Sequen
     >>> authors_correct_count(["Paris", "Paname"], [["Paris", "Paname"], ["Lyon"]])
     1
     """
-    preds = {n for n in (normalize_spader_compat(p) for p in predicted or []) if n}
-    seen: set[frozenset[str]] = set()
-    count = 0
-    for aliases in gold:
-        norm = frozenset(a for a in (normalize_spader_compat(x) for x in aliases) if a)
-        if norm and norm not in seen:
-            seen.add(norm)
-            count += bool(norm & preds)
-    return count
+    preds, entities = _authors_sets(predicted, gold)
+    return sum(bool(norm & preds) for norm in entities)
+
+
+def authors_prf(predicted: Sequence[str] | None, gold: Sequence[Sequence[str]]) -> tuple[float, float, float]:
+    """Precision, recall and F1 of one instance as the authors' evaluation computes them
+    (``compute_score_qampari``; ``evaluation.metrics: authors``): a prediction is correct when it
+    equals any alias of any gold entity, so two aliases of one entity are two correct predictions
+    in precision; an entity is recalled when any of its aliases is predicted. Their
+    ``normalize_answer`` throughout.
+
+    >>> authors_prf(["Paris", "Paname", "Rome"], [["Paris", "Paname"], ["Lyon"]])
+    (0.6666666666666666, 0.5, 0.5714285714285715)
+    """
+    preds, entities = _authors_sets(predicted, gold)
+    if not preds or not entities:
+        return 0.0, 0.0, 0.0
+    every_alias = frozenset().union(*entities)
+    precision = len(preds & every_alias) / len(preds)
+    recall = sum(bool(norm & preds) for norm in entities) / len(entities)
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
 
 
 def alias_blind(gold: Iterable[Sequence[str]]) -> list[list[str]]:

@@ -24,6 +24,7 @@ from typing import Any
 from spader.agent.loop import Episode, Question
 from spader.core.metrics import (
     authors_correct_count,
+    authors_prf,
     authors_query_count,
     correct_count,
     macro_average,
@@ -34,6 +35,7 @@ from spader.core.parsing import authors_answers
 from spader.infra.atomic import atomic_path
 
 __all__ = [
+    "METRICS",
     "EvalSetError",
     "authors_counting",
     "episode_record",
@@ -43,6 +45,10 @@ __all__ = [
     "summarize",
     "write_jsonl",
 ]
+
+
+#: How an instance's precision, recall and F1 are computed (``evaluation.metrics``).
+METRICS = ("spader", "authors")
 
 
 class EvalSetError(ValueError):
@@ -113,8 +119,10 @@ def authors_counting(ep: Episode) -> tuple[int, int]:
     return authors_query_count("\n".join(messages)), authors_correct_count(predicted, ep.question.gold)
 
 
-def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
-    """The per-instance JSONL record of one finished episode.
+def episode_record(ep: Episode, data_source: str = "", metrics: str = "spader") -> dict[str, Any]:
+    """The per-instance JSONL record of one finished episode; precision, recall and F1 as
+    ``metrics`` (``evaluation.metrics``) computes them: ``spader`` (:func:`spader.core.metrics.prf`)
+    or ``authors`` (:func:`spader.core.metrics.authors_prf`).
 
     Fields: question, predictions, gold, precision/recall/f1 and the number of gold entities
     predicted (``correct_entities``), format validity (and why not), searches issued (search
@@ -129,7 +137,9 @@ def episode_record(ep: Episode, data_source: str = "") -> dict[str, Any]:
     ``conversation_queries_per_correct_entity``, 0 when either is 0: :func:`authors_counting`).
     """
     preds = ep.predictions
-    p, r, f = prf(preds, ep.question.gold)
+    if metrics not in METRICS:
+        raise ValueError(f"evaluation.metrics must be one of {METRICS}, got {metrics!r}")
+    p, r, f = (prf if metrics == "spader" else authors_prf)(preds, ep.question.gold)
     correct = correct_count(preds, ep.question.gold)
     written = sum(len(s.queries) + s.skipped_queries for s in ep.steps if s.kind != "retrieval")
     new_per_turn = [len(s.new_entities) for s in ep.steps]

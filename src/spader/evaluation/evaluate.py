@@ -139,6 +139,7 @@ def evaluate_method(
     method: str,
     progress: bool = True,
     template: PromptTemplate | None = None,
+    metrics: str = "spader",
 ) -> list[dict[str, Any]]:
     """Run and score every instance; failures are kept as zeros (see ``records``).
 
@@ -150,6 +151,7 @@ def evaluate_method(
         engine: generation engine; search: batched search function.
         settings: loop budgets and decoding; method: ``rag``, ``react`` or a trained variant.
         template: the user-prompt template (default: the project's).
+        metrics: how an instance is scored (``evaluation.metrics``: ``spader`` or ``authors``).
     Returns:
         One record per instance, in input order.
     """
@@ -157,8 +159,7 @@ def evaluate_method(
     episodes = run_episodes(
         questions, engine, search, settings, method=method, progress=progress, template=template
     )
-    records = [episode_record(ep, source) for ep, (_, source) in zip(episodes, items, strict=True)]
-    return records
+    return [episode_record(ep, source, metrics) for ep, (_, source) in zip(episodes, items, strict=True)]
 
 
 def evaluate_seeds(
@@ -170,16 +171,18 @@ def evaluate_seeds(
     method: str,
     seeds: Sequence[int] | None = None,
     template: PromptTemplate | None = None,
+    metrics: str = "spader",
 ) -> list[dict[str, Any]]:
     """:func:`evaluate_method` once per sampling seed (``evaluation.seeds``; None: the settings'
     seed alone). With seeds, every record carries its ``seed``: the tables average each question
     over its seeds and report the spread of the scores over seeds."""
+    scored = {"method": method, "template": template, "metrics": metrics}
     if not seeds:
-        return evaluate_method(items, engine, search, settings, method=method, template=template)
+        return evaluate_method(items, engine, search, settings, **scored)
     records: list[dict[str, Any]] = []
     for seed in seeds:
         seeded = dataclasses.replace(settings, seed=int(seed))
-        run = evaluate_method(items, engine, search, seeded, method=method, template=template)
+        run = evaluate_method(items, engine, search, seeded, **scored)
         records += [{**r, "seed": int(seed)} for r in run]
         log.info("%s, seed %d: F1 %.4f", method, seed, sum(r["f1"] for r in run) / max(1, len(run)))
     return records
@@ -285,7 +288,7 @@ def _checked_episodes(
     try:
         records, requests = _episodes_beside_the_service(
             items, engine_load, index_dir, retrieval, settings,
-            method=method, template=template, seeds=evaluation.seeds,
+            method=method, template=template, seeds=evaluation.seeds, metrics=evaluation.metrics,
             threads=threads, service_log=service_log, log_path=log_path,
         )  # fmt: skip
     finally:
@@ -375,7 +378,7 @@ class _EngineLoad:
 
 def _episodes_beside_the_service(
     items, engine_load: _EngineLoad, index_dir, retrieval: SearchSettings, settings: AgentSettings,
-    *, method: str, template: PromptTemplate, seeds, threads, service_log, log_path,
+    *, method: str, template: PromptTemplate, seeds, metrics: str, threads, service_log, log_path,
 ) -> tuple[list[dict], int]:  # fmt: skip
     """Start the job's retrieval service, run every episode against it, stop it.
 
@@ -388,7 +391,14 @@ def _episodes_beside_the_service(
         engine = engine_load.get()
         try:
             records = evaluate_seeds(
-                items, engine, search, settings, method=method, template=template, seeds=seeds
+                items,
+                engine,
+                search,
+                settings,
+                method=method,
+                template=template,
+                seeds=seeds,
+                metrics=metrics,
             )
         except GenerationFailure as exc:
             where = f"; see {log_path}" if log_path else ""

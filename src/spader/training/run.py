@@ -631,6 +631,7 @@ def train(
             max_queries_per_call=job.agent.max_queries_per_call,
             record_turns=job.scorer.record_turns,
             observation_format=job.agent.observation_format,
+            discovery=job.training.divergences.discovery,
         )
         with (
             judge_endpoint(

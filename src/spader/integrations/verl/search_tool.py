@@ -7,7 +7,9 @@ character budget by dropping the lowest-ranked passages first, and records what 
 passages contain: a :class:`spader.core.spader_densify.StepRecord` (turn, number of queries, ground-truth
 entities hit by :func:`spader.core.matching.find_hits`) appended to the trajectory's
 ``agent_data.extra_fields`` under :data:`spader.core.spader_densify.STEPS_KEY`. Matching runs on passage titles
-and texts only, never on the queries the agent wrote.
+and texts only, never on the queries the agent wrote; with ``discovery: substring``
+(``training.divergences.discovery``, the authors' code) an alias anywhere in the whole observation
+text counts instead (:func:`spader.core.matching.authors_text_hits`), the queries it echoes included.
 
 The ground-truth entities come in ``create_kwargs["entities"]`` (the ``spader_tool_agent`` loop
 fills it from the row's ``reward_model.ground_truth``). verl's ``ToolAgentLoop`` calls
@@ -21,7 +23,7 @@ Tool YAML ``config`` keys (see :mod:`.tool_config`): ``retrieval_service_url`` (
 ``retrieval_service_urls`` (host name -> URL: one replica per node of a multi-node job, each on its
 node's loopback; the tool uses the one of the host it runs on), ``topk``, ``initial_k``,
 ``timeout``, ``retries``, ``max_queries_per_call`` (null: no cap), ``max_queries_per_request``,
-``max_query_chars``, ``max_chars``, ``record_turns``, ``observation_format``.
+``max_query_chars``, ``max_chars``, ``record_turns``, ``observation_format``, ``discovery``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from uuid import uuid4
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from spader.core.matching import passage_hits
+from spader.core.matching import DISCOVERY, authors_text_hits, passage_hits
 from spader.core.metrics import gold_count, unique_gold
 from spader.core.prompt import (
     OBSERVATION_FORMATS,
@@ -157,6 +159,11 @@ class SearchTool(BaseTool):
                 f"search tool config: 'observation_format' must be one of {OBSERVATION_FORMATS}, "
                 f"got {self.observation_format!r}"
             )
+        self.discovery = setting("discovery", str, "passages")
+        if self.discovery not in DISCOVERY:
+            raise ValueError(
+                f"search tool config: 'discovery' must be one of {DISCOVERY}, got {self.discovery!r}"
+            )
         # the step-level baselines (StepSearch, R3-RAG) also need each turn's passages and text
         self.record_turns = setting("record_turns", bool, False)
         self.client = RetrievalClient(
@@ -219,12 +226,15 @@ class SearchTool(BaseTool):
                     text, shown = fit_authors_observation(queries, passages, self.max_chars)
                 else:
                     text, shown = fit_observation(queries, passages, self.max_chars)
-                hits = passage_hits(shown, entities)
+                if self.discovery == "passages":
+                    hits = passage_hits(shown, entities)
             except Exception as exc:  # noqa: BLE001 (the step becomes an error observation, counted)
                 log.warning("search failed for %d queries: %s: %s", len(queries), type(exc).__name__, exc)
                 error = f"search service unavailable ({type(exc).__name__})"
         if error is not None:
             text = error_observation(error, self.observation_format, self.max_chars)
+        if self.discovery == "substring":  # the authors' reward: the whole observation, queries echoed
+            hits = authors_text_hits(text, entities)
         record = StepRecord(turn=max(turn, 1), queries=len(issued), hits=tuple(sorted(hits)), error=error)
         if agent_data is not None:
             entry = record.as_dict()

@@ -63,6 +63,7 @@ def write_tool_config(
     max_chars: int,
     record_turns: bool = False,
     observation_format: str = "spader",
+    discovery: str = "passages",
 ) -> Path:
     """Write verl's tool YAML for :class:`spader.integrations.verl.search_tool.SearchTool`.
 
@@ -78,6 +79,7 @@ def write_tool_config(
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
         observation_format: ``spader`` or ``authors`` (``agent.observation_format``).
+        discovery: ``passages`` or ``substring`` (``training.divergences.discovery``).
     Returns:
         The written path.
     """
@@ -99,6 +101,7 @@ def write_tool_config(
             "max_chars": int(max_chars),
             "record_turns": bool(record_turns),
             "observation_format": str(observation_format),
+            "discovery": str(discovery),
         }
     except KeyError as exc:
         raise ValueError(
