@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spader.core.prompt import observation_message
+from spader.infra.tokenizers import backend_copy
 
 __all__ = [
     "Conversation",
@@ -130,20 +131,15 @@ def _added_tokens(tokenizer) -> tuple[re.Pattern | None, re.Pattern | None]:
 @functools.lru_cache(maxsize=8)
 def _text_backend(tokenizer):
     """A private copy of a fast tokenizer's Rust backend that reads special-token strings as text,
-    or None for a tokenizer without one.
+    or None for a tokenizer without one (:func:`spader.infra.tokenizers.backend_copy`).
 
     ``split_special_tokens=True`` on the tokenizer itself would switch its shared backend to
-    reading special tokens as text for the length of the call: verl's agent loop runs every
-    episode's tokenizer calls in one thread pool, so the switch fails ("Already borrowed") while
-    another episode encodes, or changes that episode's ids. The copy is set once and never shared.
+    reading special tokens as text for the length of the call, and verl's agent loop runs every
+    episode's tokenizer calls in one thread pool.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    text = type(backend).from_str(backend.to_str())
-    text.no_truncation()
-    text.no_padding()
-    text.encode_special_tokens = True
+    text = backend_copy(tokenizer)
+    if text is not None:
+        text.encode_special_tokens = True
     return text
 
 

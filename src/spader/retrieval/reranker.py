@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spader.infra.tokenizers import backend_copy
 from spader.retrieval.errors import RerankerUnavailableError, ServiceClosingError
 
 log = logging.getLogger(__name__)
@@ -125,18 +126,14 @@ def default_device() -> str:
 
 def _pair_backend(tokenizer, max_length: int):
     """A private copy of a fast tokenizer's Rust backend that truncates (query, passage) pairs to
-    ``max_length`` tokens, passage first, and pads nothing; None for a slow tokenizer.
-
-    Setting truncation on the tokenizer's own backend per call would change what its other calls
-    (:meth:`CrossEncoderReranker.cut_queries`, FlagEmbedding's ``compute_score``) see, and fails
-    ("Already borrowed") while another thread encodes with it. The copy is set once.
+    ``max_length`` tokens, passage first, and pads nothing; None for a slow tokenizer
+    (:func:`spader.infra.tokenizers.backend_copy`). Truncation set on the tokenizer's own backend
+    would change what its other calls (:meth:`CrossEncoderReranker.cut_queries`, FlagEmbedding's
+    ``compute_score``) see.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    pairs = type(backend).from_str(backend.to_str())
-    pairs.no_padding()
-    pairs.enable_truncation(max_length, strategy="only_second")
+    pairs = backend_copy(tokenizer)
+    if pairs is not None:
+        pairs.enable_truncation(max_length, strategy="only_second")
     return pairs
 
 
