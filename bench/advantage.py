@@ -30,7 +30,8 @@ from spader.core.advantage import (
     steps_to_tokens,
 )
 from spader.core.rewards import StepRewardWeights
-from spader.core.spader_densify import StepRecord, densify_rewards
+from spader.methods.spader.densify import densify_rewards
+from spader.methods.steps import StepRecord
 
 # the slow per-token loop version lives with the tests, which check the vectorised code against it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))

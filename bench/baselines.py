@@ -6,7 +6,7 @@ step and its evidence building, side by side with the straightforward designs.
    5 passages per query (~100 words, Zipf vocabulary), 5 evidence passages per question (the
    mix's 60k entities over 12k questions), each rollout drawing its passages from a pool per
    question as rollouts of one prompt do. Timed end to end through
-   :func:`spader.core.scorer_densify.stepsearch_dense_rewards` (records -> dense token rewards):
+   :func:`spader.methods.stepsearch.densify.stepsearch_dense_rewards` (records -> dense token rewards):
    (a) ours in the trainer process; (b) ours with the TF-IDF on a pool of ``--workers``
    processes (the training default); (c) StepSearch's design: a TF-IDF vectoriser fitted for
    every returned passage (scikit-learn, as its code does), timed on a sample and scaled to the
@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from records import write_record  # bench/records.py (the script's own directory is on sys.path)
 
-from spader.core.scorer_densify import TurnDetails, stepsearch_dense_rewards
+from spader.methods.steps import TurnDetails
+from spader.methods.stepsearch.densify import stepsearch_dense_rewards
 
 VOCAB = 20_000
 

@@ -125,7 +125,7 @@ SETTINGS = [
     ("src/spader/evaluation/tables.py", "Uncertainty"),
     ("src/spader/integrations/verl/scorer_rewards.py", "JudgeSettings"),
     ("src/spader/integrations/verl/scorer_rewards.py", "StepSearchSettings"),
-    ("src/spader/integrations/verl/settings.py", "SpaderSettings"),
+    ("src/spader/methods/spader/rewards.py", "SpaderSettings"),
 ]
 #: Settings that are config sections themselves (their defaults are the model's): ``(file, name)``.
 SECTIONS = [

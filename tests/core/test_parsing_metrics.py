@@ -142,7 +142,7 @@ def test_macro_average():
 
 def test_pure_core_imports_no_framework():
     code = (
-        "import sys, spader.core.text, spader.core.rewards, spader.core.advantage, spader.core.spader_densify, spader.core.metrics, "
+        "import sys, spader.core.text, spader.core.rewards, spader.core.advantage, spader.methods.steps, spader.core.metrics, "
         "spader.core.parsing, spader.core.prompt\n"
         "bad = [m for m in ('verl', 'ray', 'sglang', 'snakemake') if m in sys.modules]\n"
         "assert not bad, bad"

@@ -7,7 +7,8 @@ import torch
 from loop_reference import reference_dense_rewards
 
 from spader.core.rewards import StepRewardWeights
-from spader.core.spader_densify import StepRecord, densify_rewards, parse_step_records
+from spader.methods.spader.densify import densify_rewards
+from spader.methods.steps import StepRecord, parse_step_records
 
 WEIGHTS = StepRewardWeights(alpha=1.0, beta=4.0, cost=0.01)
 

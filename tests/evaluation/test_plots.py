@@ -5,12 +5,14 @@ per curve that names the runs that did not log it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 from matplotlib.colors import to_hex
 
+from spader.config import PROMPTING, resolved_config
 from spader.evaluation.plots import (
-    KNOWN_METHODS,
     curves_figure,
     efficiency_figure,
     f1_figure,
@@ -22,7 +24,9 @@ from spader.evaluation.plots import (
 )
 
 DATASETS = ["qampari", "mintaka", "webqsp", "quest", "all"]
-METHODS = list(KNOWN_METHODS)  # 14: rag, react, the ten SPADER variants and ablations, 2 step baselines
+# 14: rag, react, then the paper config's variants (SPADER, its ablations and beta sweep, GRPO, PPO,
+# the 2 step baselines) in config order, the order every figure's styles follow
+METHODS = [*PROMPTING, *resolved_config(Path(__file__).parents[2] / "config" / "config.yaml")["variants"]]
 
 
 def _efficiency(methods=METHODS) -> pl.DataFrame:
@@ -64,9 +68,15 @@ def test_every_method_has_its_own_colour_and_marker():
 
 
 def test_a_method_keeps_its_style_whatever_else_is_plotted():
+    import matplotlib.pyplot as plt
+
     full = method_styles(METHODS)
-    demo = method_styles(["react", "spader", "rag", "grpo"])
-    assert all(demo[m] == full[m] for m in demo)
+    fig = efficiency_figure(_efficiency(["react", "spader", "rag", "grpo"]), styles=full)
+    try:
+        demo = _drawn(fig)
+    finally:
+        plt.close(fig)
+    assert all(demo[m][:2] == (full[m].colour, full[m].marker) for m in demo)
 
 
 @pytest.mark.parametrize("build, table", [(efficiency_figure, _efficiency), (temporal_figure, _temporal)])

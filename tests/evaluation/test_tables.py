@@ -18,20 +18,20 @@ from spader.evaluation.tables import (
     NOT_RUN,
     Estimates,
     Uncertainty,
-    ablation_table,
-    beta_sweep_table,
     efficiency_table,
     f1_ci_table,
     f1_table,
     prf_table,
     question_scores,
+    role_table,
     significance_table,
     temporal_table,
 )
+from spader.methods import table_rows
 
 DATASETS = ["qampari", "mintaka", "webqsp", "quest"]
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = resolved_config(ROOT / "config" / "config.yaml")["variants"]
+VARIANTS = table_rows(resolved_config(ROOT / "config" / "config.yaml")["variants"])
 
 
 def rec(f1, p=None, r=None, calls=0, queries=0, per_turn=(), correct=0, cut=False):
@@ -93,7 +93,7 @@ def test_prf_table_is_long_form_with_counts():
 
 def test_ablation_and_beta_rows_say_which_runs_this_backbone_has():
     runs = make_runs(METHODS)
-    abl = ablation_table(runs, METHODS, VARIANTS, DATASETS)
+    abl = role_table("ablation", runs, METHODS, VARIANTS, DATASETS)
     intervals = ["avg_lo", "avg_hi", "avg_p_vs_reference", "avg_p_holm", "avg_p_min"]
     assert abl.columns == ["method", "setting", "status", *DATASETS, "avg", *intervals]
     assert abl["method"].to_list() == ["spader", "no_spa", "no_np", "no_ig"]
@@ -108,7 +108,7 @@ def test_ablation_and_beta_rows_say_which_runs_this_backbone_has():
     no_np = abl.filter(pl.col("method") == "no_np").row(0, named=True)
     assert 0 < no_np["avg_p_vs_reference"] <= no_np["avg_p_holm"] <= 1
     assert no_np["avg_p_min"] == pytest.approx(2 / 2**8)  # 8 questions: all 256 sign patterns
-    beta = beta_sweep_table(runs, METHODS, VARIANTS, DATASETS)
+    beta = role_table("beta_sweep", runs, METHODS, VARIANTS, DATASETS)
     assert beta.columns == ["method", "beta", "status", *DATASETS, "avg", *intervals]
     assert beta["method"].to_list() == ["beta_0", "beta_1", "beta_4", "beta_8"]
     assert beta["beta"].to_list() == [0.0, 1.0, 4.0, 8.0]
@@ -118,9 +118,9 @@ def test_ablation_and_beta_rows_say_which_runs_this_backbone_has():
 
 def test_ablation_and_beta_tables_for_a_backbone_without_variants_keep_their_columns():
     runs = make_runs(["rag", "react"])
-    abl = ablation_table(runs, ["rag", "react"], VARIANTS, DATASETS)
+    abl = role_table("ablation", runs, ["rag", "react"], VARIANTS, DATASETS)
     assert abl.height == 4 and set(abl["status"]) == {NOT_RUN}
-    assert beta_sweep_table(runs, ["rag", "react"], {}, DATASETS).columns == [
+    assert role_table("beta_sweep", runs, ["rag", "react"], [], DATASETS).columns == [
         "method",
         "beta",
         "status",

@@ -60,12 +60,12 @@ def fake_tq(monkeypatch):
     import transfer_queue
     import verl.trainer.ppo.v1.trainer_base as trainer_base
 
-    import spader.integrations.verl.scorer_rewards as scorer_rewards
+    import spader.integrations.verl.step_rewards as step_rewards
     import spader.integrations.verl.trainer as spader_trainer
     import spader.integrations.verl.turn_gae as turn_gae
 
     queue = InMemoryTransferQueue()
-    for module in (trainer_base, spader_trainer, scorer_rewards, turn_gae):
+    for module in (trainer_base, spader_trainer, step_rewards, turn_gae):
         monkeypatch.setattr(module, "tq", queue)
     # and for code that imports the module where it runs
     monkeypatch.setattr(transfer_queue, "kv_batch_get", queue.kv_batch_get)

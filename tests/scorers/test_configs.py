@@ -15,7 +15,8 @@ pytest.importorskip("verl")
 from spader.config import ConfigError, check_config, resolved_config
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import method_overrides
-from spader.integrations.verl.scorer_rewards import check_scorer_config
+from spader.integrations.verl.step_rewards import check_step_rewards
+from spader.methods import verl_yaml
 from spader.training.scorer_launch import judge_endpoint, judge_params, judge_settings, scorer_launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ def composed():
         spec = CONFIG["variants"][name]
         judge = scorer_launch(spec, judge=CONFIG["judge"]).overrides if name == "r3rag" else []
         cfg = compose(
-            spec["verl_config"],
+            verl_yaml(spec),
             ["actor_rollout_ref.model.path=/m", *method_overrides(spec, CONFIG["training"]), *judge],
         )
         out[name] = OmegaConf.to_container(cfg, resolve=True)
@@ -115,9 +116,9 @@ def test_method_overrides_refuse_mismatches(variant, message):
 )
 def test_validation_refuses_malformed_baselines(name, overrides, message, composed):
     cfg = OmegaConf.merge(OmegaConf.create(composed[name]), OmegaConf.from_dotlist(overrides))
-    check_scorer_config(composed[name])  # the shipped config passes
+    check_step_rewards(composed[name])  # the shipped config passes
     with pytest.raises(ValueError, match=message):
-        check_scorer_config(cfg)
+        check_step_rewards(cfg)
 
 
 def test_verl_validation_runs_the_baseline_checks(tiny_model):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from openai_test_server import TestServer, create_app
 
-from spader.core.r3rag import judge_messages
+from spader.methods.r3rag.scoring import judge_messages
 from spader.scorers.judge import JudgeClient, JudgeError, JudgeUnavailableError
 from spader.scorers.judge_server import running_judge, split_gpus, visible_gpus
 

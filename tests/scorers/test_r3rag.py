@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from spader.core.r3rag import (
+from spader.methods.r3rag.densify import r3rag_dense_rewards
+from spader.methods.r3rag.scoring import (
     classify_final_turn,
     judge_messages,
     parse_relevance,
@@ -16,7 +17,7 @@ from spader.core.r3rag import (
     reranker_relevance,
     turn_reasoning,
 )
-from spader.core.scorer_densify import TurnDetails, r3rag_dense_rewards
+from spader.methods.steps import TurnDetails
 
 RHO = [0.5, 0.25, 0.75]  # process scores of three turns (the last one only counts without an answer)
 
@@ -183,8 +184,8 @@ def test_doc_examples():
 
     for name in (
         "spader.core.parsing",  # malformed_turn: the turns R3-RAG's original samples again
-        "spader.core.r3rag",
-        "spader.core.stepsearch",
+        "spader.methods.r3rag.scoring",
+        "spader.methods.stepsearch.gain",
         "spader.scorers.evidence",
         "spader.scorers.judge_server",
     ):

@@ -12,9 +12,8 @@ pytest.importorskip("verl")
 
 from verl_episode import call_tool, search_tool
 
-from spader.core.scorer_densify import parse_turn_details
-from spader.core.spader_densify import FINAL_TURN_KEY, STEPS_KEY, parse_step_records
 from spader.integrations.verl.tool_config import write_tool_config
+from spader.methods.steps import FINAL_TURN_KEY, STEPS_KEY, parse_step_records, parse_turn_details
 
 ENTITIES = [["The Salt Orchard"], ["Winter Quay"]]
 TURN = '<think>Find Varga\'s films first.</think><tool_call>["ilse varga film", "salt orchard"]</tool_call>'

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from spader.core.scorer_densify import TurnDetails, stepsearch_dense_rewards
-from spader.core.stepsearch import (
+from spader.core.text import normalize
+from spader.methods.steps import TurnDetails
+from spader.methods.stepsearch.densify import stepsearch_dense_rewards
+from spader.methods.stepsearch.gain import (
     EvidenceIndex,
     SearchTurn,
     batch_match_degrees,
@@ -22,7 +24,6 @@ from spader.core.stepsearch import (
     stepsearch_rewards,
     tfidf_tokens,
 )
-from spader.core.text import normalize
 
 # Two gold entities with evidence g1, g2; three search turns, then the answer (F1 0.5).
 EVIDENCE = ["Alpha Beta", "Gamma Delta"]

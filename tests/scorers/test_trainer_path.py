@@ -23,12 +23,11 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 from verl.trainer.ppo.v1 import get_trainer_cls
 
-from spader.core.r3rag import turn_gae
-from spader.core.scorer_densify import TurnDetails
-from spader.core.spader_densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY, StepRecord
 from spader.integrations.verl import plugin  # noqa: F401  (registration)
 from spader.integrations.verl.compose import compose
 from spader.integrations.verl.scorer_rewards import R3RagRewards, StepSearchRewards
+from spader.methods.r3rag.scoring import turn_gae
+from spader.methods.steps import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY, StepRecord, TurnDetails
 
 EVIDENCE = ["Alpha Beta", "Gamma Delta"]
 
@@ -111,7 +110,7 @@ def test_stepsearch_through_verl_gae(fake_tq, evidence_file):
         "stepsearch",
         [f"algorithm.stepsearch.evidence_path={evidence_file}", "algorithm.stepsearch.workers=0"],
     )
-    assert isinstance(t.step_rewards, StepSearchRewards) and t.spader is None
+    assert isinstance(t.step_rewards.rewards, StepSearchRewards)
     steps = [record(1, [("p1", "alpha beta")]), record(2, [("p1", "alpha beta"), ("p3", "gamma delta")])]
     # a second trajectory of another length answers at once with an invalid format (verl's
     # TransferQueue path needs rows of different lengths to store them as nested tensors)
@@ -154,7 +153,7 @@ def test_stepsearch_needs_evidence_for_every_question(fake_tq, evidence_file):
 
 def test_r3rag_with_the_reranker_judge_through_the_turn_gae(fake_tq):
     t = trainer("r3rag", ["algorithm.r3rag.judge.kind=reranker"])
-    assert isinstance(t.step_rewards, R3RagRewards) and t.step_rewards.client is None
+    assert isinstance(t.step_rewards.rewards, R3RagRewards) and t.step_rewards.rewards.client is None
     answered = sample(
         [2, 2, 3], 1.0, [record(1, [("p1", "x"), ("p2", "y")], scores=[0.0, 2.0])], '<answer>["a"]</answer>'
     )

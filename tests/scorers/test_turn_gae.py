@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
-from spader.core.r3rag import turn_gae, turn_returns
 from spader.integrations.verl import plugin  # noqa: F401  (registration)
 from spader.integrations.verl.turn_gae import TURN_GAE, critic_values, turn_gae_advantage
+from spader.methods.r3rag.scoring import turn_gae, turn_returns
 
 
 def random_batch(seed: int, b: int = 6, length: int = 40):

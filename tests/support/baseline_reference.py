@@ -1,5 +1,5 @@
 """Slow loop references of the step-level baselines' advantage, written from the definitions
-(docs/baselines.md) with plain Python loops, independently of :mod:`spader.core.r3rag`."""
+(docs/baselines.md) with plain Python loops, independently of :mod:`spader.methods.r3rag.scoring`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Slow, loop-based reference of the SPADER reward densification and SPA advantage.
 
 Written straight from docs/method.md with plain Python loops over tokens and steps, independently of
-the vectorised code in :mod:`spader.core.advantage` and :mod:`spader.core.spader_densify`. The tests check that
+the vectorised code in :mod:`spader.core.advantage` and :mod:`spader.methods.steps`. The tests check that
 both agree on random batches, and ``bench/advantage.py`` times one against the other. Never used
 in training.
 """
@@ -43,7 +43,7 @@ def reference_dense_rewards(
     novelty: str = "inverse",
     cost_scale: float = 1.0,
 ) -> list[list[float]]:
-    """Loop version of :func:`spader.core.spader_densify.densify_rewards` (records are ``StepRecord``-like)."""
+    """Loop version of :func:`spader.methods.spader.densify.densify_rewards` (records are ``StepRecord``-like)."""
     b = len(response_mask)
     runs = [_runs(row) for row in response_mask]
     # search steps of each trajectory: hits and queries by position; missing or extra records handled

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from spader.integrations.verl.hydra import hydra_value
+from spader.methods import verl_yaml
 from spader.training.checkpoints import Checkpoint
 from spader.training.launch import (
     compose_config,
@@ -164,7 +165,7 @@ def _job(config: dict, variant: str, tmp_path: Path, model_dir: Path) -> TrainJo
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_composed_command_of_each_variant(variant, paper_config, tiny_model, tmp_path):
-    from spader.integrations.verl.overrides import ESTIMATORS
+    from spader.methods import advantage_spec
 
     job = _job(paper_config, variant, tmp_path, tiny_model)
     spec, training = paper_config["variants"][variant], paper_config["training"]
@@ -177,12 +178,12 @@ def test_composed_command_of_each_variant(variant, paper_config, tiny_model, tmp
         "--config-path",
         str(REPO / "config" / "verl"),
         "--config-name",
-        spec["verl_config"],
+        verl_yaml(spec),
     ]
     assert plan.env["MLFLOW_RUN_ID"] == "run123" and plan.env["VERL_FILE_LOGGER_PATH"] == str(metrics)
 
     cfg = compose_config(plan)  # Hydra composition + verl's validate_config + the plug-in registries
-    assert cfg.algorithm.adv_estimator == ESTIMATORS[spec["advantage"]]
+    assert cfg.algorithm.adv_estimator == advantage_spec(spec["advantage"]).estimator
     if spec["advantage"] in ("spa", "grpo_return"):
         assert (cfg.algorithm.spader.alpha, cfg.algorithm.spader.beta, cfg.algorithm.spader.cost) == (
             spec["alpha"],

@@ -61,10 +61,12 @@ def fake_tq(monkeypatch):
     """Route the trainer's TransferQueue calls (ours and verl's) to an in-memory store."""
     import verl.trainer.ppo.v1.trainer_base as trainer_base
 
+    import spader.integrations.verl.step_rewards as step_rewards
     import spader.integrations.verl.trainer as spader_trainer
 
     queue = InMemoryTransferQueue()
     monkeypatch.setattr(spader_trainer, "tq", queue)
+    monkeypatch.setattr(step_rewards, "tq", queue)
     monkeypatch.setattr(trainer_base, "tq", queue)
     return queue
 

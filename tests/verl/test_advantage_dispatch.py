@@ -21,10 +21,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
-from spader.core.spader_densify import N_GOLD_KEY, STEPS_KEY
 from spader.integrations.verl import plugin  # noqa: F401
 from spader.integrations.verl.compose import compose
 from spader.integrations.verl.trainer import SpaderTrainerSync
+from spader.methods.steps import N_GOLD_KEY, STEPS_KEY
 
 
 def rollout(runs, score, steps=(), n_gold=10):
@@ -253,7 +253,7 @@ def test_estimators_through_compute_advantage_dispatch():
 
 
 def test_estimators_need_the_group_uid():
-    from spader.integrations.verl.estimators import spader_spa_advantage
+    from spader.methods.spader.advantage import spader_spa_advantage
 
     with pytest.raises(ValueError, match="uid"):
         spader_spa_advantage(torch.zeros(1, 3), torch.ones(1, 3), index=None, config={"gamma": 0.9})

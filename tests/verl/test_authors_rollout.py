@@ -14,9 +14,9 @@ from verl.workers.rollout.replica import TokenOutput
 from verl_episode import agent_episode, call_tool, search_tool
 
 from spader.core.metrics import alias_blind
-from spader.core.spader_densify import STEPS_KEY
 from spader.integrations.verl.agent_loop import AuthorsToolParser, SpaderToolParser
 from spader.integrations.verl.reward import compute_score
+from spader.methods.steps import STEPS_KEY
 
 GOLD = {"entities": [["The Salt Orchard", "Salt Orchard"], ["Winter Quay"], ["Harbour Lights"]]}
 AUTHORS = [

@@ -15,12 +15,12 @@ from spader.config import resolved_config, verl_config_chain
 from spader.integrations.verl.compose import compose, validate
 from spader.integrations.verl.overrides import (
     AGENT_KEYS,
-    ESTIMATORS,
     TRAINING_KEYS,
     config_overrides,
     method_overrides,
     method_settings,
 )
+from spader.methods import advantage_spec, verl_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = resolved_config(REPO / "config" / "config.yaml")
@@ -51,7 +51,7 @@ def composed():
         return scorer_launch(spec, judge=CONFIG["judge"]).overrides if spec["reward"] == "r3rag" else []
 
     return {
-        name: compose(spec["verl_config"], [*config_overrides(spec, TRAINING, AGENT), *judge(spec)])
+        name: compose(verl_yaml(spec), [*config_overrides(spec, TRAINING, AGENT), *judge(spec)])
         for name, spec in VARIANTS.items()
     }
 
@@ -62,7 +62,7 @@ def test_every_variant_composes_and_passes_verl_validation(name, tiny_model, com
     spec = VARIANTS[name]
     cfg = OmegaConf.merge(composed[name], OmegaConf.from_dotlist(launch_overrides(tiny_model)))
     validate(cfg)
-    assert cfg.algorithm.adv_estimator == ESTIMATORS[spec["advantage"]]
+    assert cfg.algorithm.adv_estimator == advantage_spec(spec["advantage"]).estimator
     assert cfg.trainer.v1.trainer_mode == ("sync" if spec["reward"] == "terminal" else "spader_sync")
     assert cfg.trainer.use_v1 is True
     if spec["advantage"] == "gae":
@@ -89,7 +89,7 @@ def test_the_yamls_carry_no_number_of_config_yaml():
     found = {}
     for name, spec in VARIANTS.items():
         from_config = {override_key(o) for o in config_overrides(spec, TRAINING, AGENT)} - structure
-        for path in verl_config_chain(spec["verl_config"], REPO / "config" / "verl"):
+        for path in verl_config_chain(verl_yaml(spec), REPO / "config" / "verl"):
             doc = yaml.safe_load(Path(path).read_text()) or {}
             for key in _flat_keys({k: v for k, v in doc.items() if k not in ("defaults", "hydra")}):
                 if key in from_config or any(key.startswith(k + ".") for k in from_config):
@@ -189,8 +189,8 @@ def test_method_overrides_reject_bad_variants(variant, message):
 
 
 def test_config_chain_lists_the_project_parents():
-    chain = [Path(p).name for p in verl_config_chain("no_np", REPO / "config" / "verl")]
-    assert chain == ["no_np.yaml", "spader_base.yaml", "base.yaml"]
+    chain = [Path(p).name for p in verl_config_chain("stepsearch", REPO / "config" / "verl")]
+    assert chain == ["stepsearch.yaml", "step_baselines.yaml", "base.yaml"]
     assert [Path(p).name for p in verl_config_chain("ppo", REPO / "config" / "verl")] == [
         "ppo.yaml",
         "base.yaml",
@@ -251,9 +251,7 @@ def test_the_packed_path_composes_with_token_capped_micro_batches(name, tiny_mod
         **{**TRAINING, "remove_padding": True, "max_token_len_per_gpu": 12000}
     ).model_dump()
     spec = VARIANTS[name]
-    cfg = compose(
-        spec["verl_config"], [*config_overrides(spec, training, AGENT), *launch_overrides(tiny_model)]
-    )
+    cfg = compose(verl_yaml(spec), [*config_overrides(spec, training, AGENT), *launch_overrides(tiny_model)])
     validate(cfg)
     s = gpu_path_settings(cfg)
     assert s["actor_rollout_ref.model.use_remove_padding"] is True
@@ -376,12 +374,14 @@ def test_shared_runs_follow_what_hydra_composes(tmp_path):
     config_dir = tmp_path / "verl"
     shutil.copytree(REPO / "config" / "verl", config_dir)
     pair = ["spader", "beta_4"]
+    # beta_4 with a YAML of its own, SPADER's to begin with
+    specs = {**VARIANTS, "beta_4": {**VARIANTS["beta_4"], "verl_config": "beta_4"}}
 
     def runs():
-        return overrides.shared_training_runs(pair, VARIANTS, TRAINING, config_dir)
+        return overrides.shared_training_runs(pair, specs, TRAINING, config_dir)
 
     beta_4 = config_dir / "beta_4.yaml"
-    text = beta_4.read_text()
+    text = (config_dir / "spader.yaml").read_text()
     beta_4.write_text(text + "\nactor_rollout_ref:\n  actor:\n    clip_ratio: 0.2  # verl's default\n")
     assert runs() == {"spader": "spader", "beta_4": "spader"}
     beta_4.write_text(text + "\nactor_rollout_ref:\n  actor:\n    clip_ratio: 0.3\n")

@@ -21,12 +21,12 @@ from verl.workers.rollout.replica import TokenOutput
 from verl_episode import agent_episode, call_tool, search_tool
 
 from spader.core.prompt import fit_observation
-from spader.core.spader_densify import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY
 from spader.integrations.verl.agent_loop import SpaderToolParser
 from spader.integrations.verl.compose import compose
 from spader.integrations.verl.reward import compute_score
 from spader.integrations.verl.search_tool import SearchTool
 from spader.integrations.verl.tool_config import TOOL_SCHEMA, write_tool_config
+from spader.methods.steps import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY
 
 GOLD = {
     "target": ["The Salt Orchard", "Winter Quay", "Harbour Lights", "Quiet Meadow"],

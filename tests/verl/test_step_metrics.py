@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from spader.core.rewards import StepRewardWeights
-from spader.core.spader_densify import STEPS_KEY, StepRecord, densify_rewards
 from spader.integrations.verl.episode_metrics import episode_metrics
+from spader.methods.spader.densify import densify_rewards
+from spader.methods.steps import STEPS_KEY, StepRecord
 
 
 def test_search_reward_range_of_a_batch():

@@ -29,9 +29,9 @@ from spader.agent.generation import Generation
 from spader.agent.loop import Question, render_prompt, run_episodes
 from spader.agent.search import RetrievalSearch
 from spader.core.prompt import build_messages
-from spader.core.spader_densify import FAILURE_KEY, FINAL_TURN_KEY, STEPS_KEY
 from spader.integrations.verl.agent_loop import turn_token_count
 from spader.integrations.verl.reward import compute_score
+from spader.methods.steps import FAILURE_KEY, FINAL_TURN_KEY, STEPS_KEY
 from spader.retrieval.client import RetrievalClient
 
 QUESTION = "Which films did Ilse Varga direct?"

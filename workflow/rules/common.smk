@@ -17,6 +17,7 @@ from spader.config import (
     verl_config_dir,
 )
 from spader.core.prompt import load_template
+from spader.methods import table_rows, verl_yaml
 from spader.infra.failures import failure_report
 from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
@@ -274,16 +275,17 @@ def training_run(backbone, variant):
     return TRAINING_RUN[backbone][variant]
 
 
+def variant_params(variant):
+    """A variant's training settings, its verl YAML resolved (its method's when it names none)."""
+    params = section_params("train_policy", "variants", variant)
+    return canonical({**params, "verl_config": verl_yaml(config["variants"][variant])})
+
+
 def table_variants():
-    """What the ablation and beta-sweep tables read of `variants`: every configured name (a row
-    that a backbone did not run says so) and the beta of the `beta_*` rows, nothing else, so that
-    editing a variant's training settings does not rerun the tables of backbones that skip it."""
-    return canonical(
-        {
-            name: {"beta": spec["beta"]} if name.startswith("beta_") else {}
-            for name, spec in config["variants"].items()
-        }
-    )
+    """`[[variant, table row], ...]` of every configured variant in config order
+    (spader.methods.table_rows): the ablation and beta-sweep rows and the plots' order, nothing of
+    a variant's training, so that editing it does not rerun the tables of backbones that skip it."""
+    return canonical(table_rows(config["variants"]))
 
 
 def shared_runs_of(backbone):
@@ -359,7 +361,7 @@ def get_mix_files(split):
 # ---------------------------------------------------------------------------------------------
 def get_verl_configs(wildcards):
     """The variant's verl YAML and the project YAMLs it inherits from (shipped with the workflow)."""
-    chain = verl_config_chain(config["variants"][wildcards.variant]["verl_config"], VERL_CONFIG_DIR)
+    chain = verl_config_chain(verl_yaml(config["variants"][wildcards.variant]), VERL_CONFIG_DIR)
     return [workflow_file(p) for p in chain]
 
 

@@ -50,7 +50,7 @@ rule train_policy:
         train_attempt=lambda wc, attempt: attempt,
     params:
         backbone=lambda wc: backbone_params(wc.backbone),
-        variant=lambda wc: section_params("train_policy", "variants", wc.variant),
+        variant=lambda wc: variant_params(wc.variant),
         training=training_params(),
         agent=agent_params(),
         retrieval=retrieval_params("train_policy"),

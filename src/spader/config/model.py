@@ -32,10 +32,23 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     ValidationInfo,
+    create_model,
     model_validator,
 )
 
-from spader.core.methods import ADVANTAGES, REWARDS, pairing_errors, pairing_rule, reward_spec
+from spader.methods import (
+    ADVANTAGES,
+    REWARDS,
+    TABLES,
+    Method,
+    bundled_keys,
+    load_plugins,
+    method_of,
+    pairing_errors,
+    pairing_rule,
+    reward_spec,
+    verl_yaml,
+)
 
 __all__ = [
     "CROSS_KEY_RULES",
@@ -548,40 +561,37 @@ class BackboneConfig(Section):
         return self.model.startswith("tiny:")
 
 
-#: The variant keys a reward may read (each reward reads some of them, :data:`REWARDS`).
-_REWARD_KEYS = tuple(dict.fromkeys(k for spec in REWARDS.values() for k in spec.keys))
-
-
 def _registry_text(registry) -> str:
     return "; ".join(f"{spec.name}: {spec.description}" for spec in registry.values())
 
 
-class VariantConfig(Section):
-    """One trained variant (docs/method.md, "Ablations and baselines"). A key that the variant's
-    reward does not read keeps its default."""
+#: The variant keys of the bundled methods' rewards (:func:`spader.methods.bundled_keys`): every
+#: variant has them, and a key its reward does not read keeps its default.
+_BUNDLED_KEYS = bundled_keys()
 
-    verl_config: Name = Field(description="name of the verl YAML in config/verl/")
-    advantage: Literal[tuple(ADVANTAGES)] = Field(  # type: ignore[valid-type]
-        "spa", description=f"{_registry_text(ADVANTAGES)}; pairing: {pairing_rule()}"
+
+class _Variant(Section):
+    """One trained variant (docs/method.md, "Ablations and baselines"): an advantage and a reward
+    of the method registry (:mod:`spader.methods`) with the keys the reward reads. A key that the
+    variant's reward does not read keeps its default; a reward of a method from outside the
+    repository (an entry point) adds its own keys to its variants only."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+    verl_config: Name | None = Field(
+        None,
+        description="name of the verl YAML in config/verl/ the variant composes from; null: its "
+        "method's (the method of its reward, or of its advantage for the terminal reward)",
     )
-    reward: Literal[tuple(REWARDS)] = Field(  # type: ignore[valid-type]
-        "step", description=f"{_registry_text(REWARDS)} (docs/baselines.md)"
+    advantage: Name = Field(
+        "spa",
+        description=f"an advantage of the method registry: {_registry_text(ADVANTAGES)}; pairing: "
+        f"{pairing_rule(tuple(ADVANTAGES))}; or one of a method from an entry point (docs/methods.md)",
     )
-    alpha: StrictFloat = Field(
-        1.0, ge=0, le=100, description="information-gain weight alpha (reward step only)"
-    )
-    beta: StrictFloat = Field(4.0, ge=0, le=100, description="novelty-premium weight beta (reward step only)")
-    cost: StrictFloat = Field(0.01, ge=0, le=100, description="tool cost c per query (reward step only)")
-    lambda_s: StrictFloat = Field(
-        0.6,
-        ge=0,
-        le=100,
-        description="StepSearch step-reward scale (0.6 nominal; 1.6 as its code applies; reward stepsearch only)",
-    )
-    judge: Literal["llm", "reranker"] = Field(
-        "llm",
-        description="R3-RAG process scorer: llm (the judge block) or reranker (sigmoid of the "
-        "reranker score); reward r3rag only",
+    reward: Name = Field(
+        "step",
+        description=f"a reward of the method registry: {_registry_text(REWARDS)} (docs/baselines.md); "
+        "or one of a method from an entry point (docs/methods.md)",
     )
     nodes: int | None = Field(
         None,
@@ -597,25 +607,91 @@ class VariantConfig(Section):
         description="terminal reward of an invalid format (paper: -1; the authors' code gives 0 in "
         "SPADER's reward manager and its ablations, -1 in their GRPO)",
     )
+    table: Literal[TABLES] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="a table of results/{backbone}/ the variant is a row of besides f1.tsv and the "
+        "others every method has: ablation (labelled by `label`) or beta_sweep (by its beta); "
+        "its method must offer it (SPADER offers both); null: none",
+    )
+    label: str | None = Field(
+        None, min_length=1, max_length=80, description="the variant's name in its `table` (ablation rows)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_keys(cls, data: Any) -> Any:
+        """Keys beyond the model's fields: those of a plug-in method's reward, validated by its
+        settings (defaults filled in); any other is refused."""
+        if not isinstance(data, dict):
+            return data
+        load_plugins()
+        extra = [k for k in data if k not in cls.model_fields]
+        for key, registry in (("reward", REWARDS), ("advantage", ADVANTAGES)):
+            value = data.get(key, cls.model_fields[key].default)
+            if not isinstance(value, str) or value not in registry:
+                names = [repr(n) for n in registry]
+                either = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+                raise ValueError(f"{key}: Input should be {either} (the method registry's), got {value!r}")
+        reward = data.get("reward", cls.model_fields["reward"].default)
+        settings = REWARDS[reward].settings
+        plugin = settings is not None and not set(settings.model_fields) <= set(_BUNDLED_KEYS)
+        if not plugin:
+            if extra:
+                raise ValueError(f"unknown keys {sorted(extra)} (reward {reward!r} reads no such key)")
+            return data
+        unknown = [k for k in extra if k not in settings.model_fields]
+        if unknown:
+            raise ValueError(
+                f"unknown keys {sorted(unknown)}: reward {reward!r} reads {', '.join(settings.model_fields)}"
+            )
+        own = settings.model_validate({k: data[k] for k in extra}).model_dump(mode="json")
+        return {**{k: v for k, v in data.items() if k not in extra}, **own}
 
     @model_validator(mode="after")
-    def _advantage_trains_reward(self) -> VariantConfig:
+    def _advantage_trains_reward(self) -> _Variant:
         errors = [f"advantage: {e}" for e in pairing_errors(self.advantage, self.reward)]
         read = reward_spec(self.reward).keys
-        for name in _REWARD_KEYS:
+        for name in _BUNDLED_KEYS:
             if name not in read and getattr(self, name) != type(self).model_fields[name].default:
                 errors.append(
                     f"{name}: reward {self.reward!r} does not read it (set it only for a reward that "
                     f"does, or leave it out); got {getattr(self, name)!r}"
                 )
+        method = method_of(self.advantage, self.reward)
+        offered = {role.table for role in method.tables}
+        if self.table is not None and self.table not in offered:
+            errors.append(
+                f"table: method {method.name!r} offers {sorted(offered) or 'no table'}, got {self.table!r}"
+            )
+        if self.table == "ablation" and self.label is None:
+            errors.append("label: an ablation row needs its label")
         if errors:
             raise ValueError("\n".join(errors))
         return self
 
     @property
+    def method(self) -> Method:
+        """The method the variant belongs to (:func:`spader.methods.method_of`)."""
+        return method_of(self.advantage, self.reward)
+
+    def settings(self) -> BaseModel:
+        """The keys its reward reads, as the reward's settings model."""
+        spec = reward_spec(self.reward)
+        return spec.settings.model_validate({k: getattr(self, k) for k in spec.keys})
+
+    @property
     def serves_judge(self) -> bool:
         """An R3-RAG variant scored by the LLM judge."""
         return self.reward == "r3rag" and self.judge == "llm"
+
+
+VariantConfig = create_model(
+    "VariantConfig",
+    __base__=_Variant,
+    __module__=__name__,
+    __doc__=_Variant.__doc__,
+    **{name: (info.annotation, info) for name, info in _BUNDLED_KEYS.items()},
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1303,7 +1379,7 @@ class Config(Section):
                     errors.append(f"config key 'backbones.{b}.variants': '{v}' is not a key of 'variants'")
         for v, spec in self.variants.items():
             if verl_config_dir is not None:
-                path = Path(verl_config_dir) / f"{spec.verl_config}.yaml"
+                path = Path(verl_config_dir) / f"{verl_yaml(spec.model_dump())}.yaml"
                 if not path.exists():
                     errors.append(f"config key 'variants.{v}.verl_config': {path} does not exist")
             if spec.reward == "r3rag" and spec.judge == "reranker" and not self.retrieval.reranker.enabled:

@@ -12,21 +12,28 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spader.config import PROMPTING
 from spader.evaluation.curves import curves_table, missing_curves, run_labels
 from spader.evaluation.episodes import read_jsonl
 from spader.evaluation.evaluate import TINY_NOTE
-from spader.evaluation.plots import plot_curves, plot_efficiency, plot_f1, plot_temporal
+from spader.evaluation.plots import (
+    MethodStyle,
+    method_styles,
+    plot_curves,
+    plot_efficiency,
+    plot_f1,
+    plot_temporal,
+)
 from spader.evaluation.tables import (
     AVG,
     METRICS,
     Estimates,
     Uncertainty,
-    ablation_table,
-    beta_sweep_table,
     efficiency_table,
     f1_ci_table,
     f1_table,
     prf_table,
+    role_table,
     significance_table,
     temporal_table,
 )
@@ -149,7 +156,7 @@ def _load(
 def _tables(
     runs,
     methods: Sequence[str],
-    variants: Mapping[str, Any],
+    variants: Sequence[Sequence[Any]],
     datasets: Sequence[str],
     est: Estimates,
     u: Uncertainty,
@@ -163,8 +170,8 @@ def _tables(
         "prf": prf_table(runs, methods, datasets, est),
         "significance": significance_table(runs, methods, datasets, est),
         "f1_ci": f1_ci_table(runs, methods, datasets, est),
-        "ablation": ablation_table(runs, methods, variants, datasets, est),
-        "beta_sweep": beta_sweep_table(runs, methods, variants, datasets, est),
+        "ablation": role_table("ablation", runs, methods, variants, datasets, est),
+        "beta_sweep": role_table("beta_sweep", runs, methods, variants, datasets, est),
         "efficiency": efficiency_table(runs, methods, datasets, u),
         "temporal": temporal_table(runs, methods, datasets, u),
         "curves": curves_table(training_steps, backbone=backbone, labels=labels),
@@ -179,21 +186,25 @@ def _write_plots(
     reference: str,
     backbone: str,
     note: str,
+    styles: dict[str, MethodStyle],
 ) -> None:
     """Draw the backbone's plots (F1, efficiency, temporal dynamics, learning curves) from its tables."""
     label = f" ({backbone})" if backbone else ""
     plot_f1(
         _f1_plot_rows(tables["prf"], est, datasets), outputs["f1_plot"], reference=reference,
-        title=f"F1 per test set{label}", note=note,
+        title=f"F1 per test set{label}", note=note, styles=styles,
     )  # fmt: skip
     plot_efficiency(
-        tables["efficiency"], outputs["efficiency_plot"], title=f"Search efficiency{label}", note=note
-    )
+        tables["efficiency"], outputs["efficiency_plot"], title=f"Search efficiency{label}", note=note,
+        styles=styles,
+    )  # fmt: skip
     plot_temporal(
         tables["temporal"], outputs["temporal_plot"], datasets=[*datasets, "all"],
-        title=f"Temporal dynamics of entity discovery{label}", note=note,
+        title=f"Temporal dynamics of entity discovery{label}", note=note, styles=styles,
     )  # fmt: skip
-    plot_curves(tables["curves"], outputs["curves_plot"], title=f"Learning curves{label}", note=note)
+    plot_curves(
+        tables["curves"], outputs["curves_plot"], title=f"Learning curves{label}", note=note, styles=styles
+    )
 
 
 def aggregate_results(
@@ -202,7 +213,7 @@ def aggregate_results(
     outputs: Mapping[str, str | os.PathLike],
     *,
     methods: Sequence[str],
-    variants: Mapping[str, Any],
+    variants: Sequence[Sequence[Any]],
     datasets: Sequence[str],
     backbone: str = "",
     shared_runs: Mapping[str, str] | None = None,
@@ -217,7 +228,9 @@ def aggregate_results(
             temporal, curves`` (TSV) and ``f1_plot, efficiency_plot, temporal_plot, curves_plot``
             (PNG); optionally ``runs`` (TSV).
         methods: the backbone's methods (trained variants and baselines).
-        variants: ``config["variants"]`` (ablation and beta-sweep rows, beta values).
+        variants: ``[[variant, table row], ...]`` of every configured variant, in config order
+            (:func:`spader.methods.table_rows`): the rows of the ablation and the beta sweep, and
+            the order that gives each method its style in the plots (after the prompting methods).
         datasets: column order (``qampari, mintaka, webqsp, quest``).
         shared_runs: ``{variant: the variant whose training run it evaluates}``; with an output
             ``runs``, written as :func:`training_runs_table`.
@@ -238,7 +251,8 @@ def aggregate_results(
         "intervals: %d bootstrap resamples (seed %d) at %.0f%%; tests against %r",
         u.samples, u.seed, 100 * u.level, u.reference,
     )  # fmt: skip
-    shared = shared_runs or {m: m for m in variants if m in methods}
+    names = [name for name, _ in variants]
+    shared = shared_runs or {m: m for m in names if m in methods}
     labels = run_labels({v: r for v, r in shared.items() if r in (training_steps or {})})
     tables = _tables(runs, methods, variants, datasets, est, u, training_steps or {}, backbone, labels)
     for run, curves in missing_curves(tables["curves"], list(labels.values())).items():
@@ -249,5 +263,6 @@ def aggregate_results(
     for name, df in tables.items():
         _write_tsv(df, outputs[name])
         log.info("%s: %d rows -> %s", name, df.height, outputs[name])
-    _write_plots(tables, outputs, est, datasets, u.reference, backbone, note)
+    styles = method_styles([*PROMPTING, *names, *methods])
+    _write_plots(tables, outputs, est, datasets, u.reference, backbone, note, styles)
     return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in tables["f1"].to_dicts()}

@@ -2,7 +2,7 @@
 analyses and the training runs' learning curves (matplotlib, Agg backend).
 
 Every method gets one style, a colour and a marker (and, in line plots, a dash pattern), chosen
-from its name by :func:`method_styles`: the same method looks the same in both figures and for
+from its place among the configured methods by :func:`method_styles`: the same method looks the same in both figures and for
 every backbone, and 12+ methods stay distinguishable (20 colours x 16 markers, no pair repeated
 below 80 methods).
 """
@@ -28,24 +28,6 @@ __all__ = [
     "temporal_figure",
 ]
 
-#: The paper's methods in the order of its tables; they keep these style slots in every figure.
-KNOWN_METHODS = (
-    "rag",
-    "react",
-    "spader",
-    "no_spa",
-    "no_np",
-    "no_ig",
-    "beta_0",
-    "beta_1",
-    "beta_4",
-    "beta_8",
-    "grpo",
-    "ppo",
-    "stepsearch",
-    "r3rag",
-)
-
 # matplotlib's tab20 palette, dark shades first, so that the first ten methods differ in hue.
 _COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -66,7 +48,9 @@ class MethodStyle:
 
 
 def method_styles(methods: Iterable[str]) -> dict[str, MethodStyle]:
-    """A distinct style per method: known methods by their fixed slot, others after them in order.
+    """A distinct style per method, by its position in ``methods``: given every method of the
+    configuration in one order (the prompting methods, then ``variants``), each method keeps its
+    style in every figure and for every backbone.
 
     Args:
         methods: method names (duplicates ignored).
@@ -74,17 +58,23 @@ def method_styles(methods: Iterable[str]) -> dict[str, MethodStyle]:
         ``{method: MethodStyle}``; no two methods share a colour-marker pair.
     """
     methods = list(dict.fromkeys(methods))
-    extra = [m for m in methods if m not in KNOWN_METHODS]
-    slot = {m: i for i, m in enumerate(KNOWN_METHODS)}
-    slot.update({m: len(KNOWN_METHODS) + i for i, m in enumerate(extra)})
     return {
         m: MethodStyle(
-            _COLOURS[slot[m] % len(_COLOURS)],
-            _MARKERS[slot[m] % len(_MARKERS)],
-            _DASHES[(slot[m] // len(_COLOURS)) % len(_DASHES)],
+            _COLOURS[slot % len(_COLOURS)],
+            _MARKERS[slot % len(_MARKERS)],
+            _DASHES[(slot // len(_COLOURS)) % len(_DASHES)],
         )
-        for m in methods
+        for slot, m in enumerate(methods)
     }
+
+
+def _styles(methods: Iterable[str], styles: dict[str, MethodStyle] | None) -> dict[str, MethodStyle]:
+    """``styles`` with a style for each of ``methods`` it lacks (after the given ones)."""
+    styles = dict(styles or {})
+    extra = [m for m in dict.fromkeys(methods) if m not in styles]
+    if extra:
+        styles = method_styles([*styles, *extra])
+    return styles
 
 
 def _pyplot():
@@ -113,9 +103,16 @@ def _save(fig, out: str | os.PathLike) -> None:
     _pyplot().close(fig)
 
 
-def plot_efficiency(table: pl.DataFrame, out: str | os.PathLike, *, title: str = "", note: str = "") -> None:
+def plot_efficiency(
+    table: pl.DataFrame,
+    out: str | os.PathLike,
+    *,
+    title: str = "",
+    note: str = "",
+    styles: dict[str, MethodStyle] | None = None,
+) -> None:
     """Write :func:`efficiency_figure` to ``out`` (PNG)."""
-    _save(efficiency_figure(table, title=title, note=note), out)
+    _save(efficiency_figure(table, title=title, note=note, styles=styles), out)
 
 
 def plot_temporal(
@@ -125,12 +122,15 @@ def plot_temporal(
     datasets: Sequence[str] | None = None,
     title: str = "",
     note: str = "",
+    styles: dict[str, MethodStyle] | None = None,
 ) -> None:
     """Write :func:`temporal_figure` to ``out`` (PNG)."""
-    _save(temporal_figure(table, datasets=datasets, title=title, note=note), out)
+    _save(temporal_figure(table, datasets=datasets, title=title, note=note, styles=styles), out)
 
 
-def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
+def efficiency_figure(
+    table: pl.DataFrame, *, title: str = "", note: str = "", styles: dict[str, MethodStyle] | None = None
+):
     """Dot plot of the authors' search efficiency (queries per correctly predicted entity, mean
     over instances, ``search_efficiency``), one column per dataset, one marker per method (on a
     stem from zero, so the value reads like a bar), with error bars from the bootstrap interval
@@ -142,7 +142,7 @@ def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
     Returns:
         The matplotlib figure (open; the caller saves and closes it).
     """
-    methods, datasets, styles, fig, ax, width = _grouped_axes(table)
+    methods, datasets, styles, fig, ax, width = _grouped_axes(table, styles)
     handles = []
     for i, m in enumerate(methods):
         style = styles[m]
@@ -184,7 +184,12 @@ def efficiency_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
 
 
 def temporal_figure(
-    table: pl.DataFrame, *, datasets: Sequence[str] | None = None, title: str = "", note: str = ""
+    table: pl.DataFrame,
+    *,
+    datasets: Sequence[str] | None = None,
+    title: str = "",
+    note: str = "",
+    styles: dict[str, MethodStyle] | None = None,
 ):
     """One panel per dataset: mean cumulative distinct valid entities found by turn, per method,
     with the bootstrap interval of each turn's mean as a band (when the table has ``ci_lo``/``ci_hi``).
@@ -201,7 +206,7 @@ def temporal_figure(
 
     datasets = list(datasets or dict.fromkeys(table["dataset"].to_list()))
     methods = list(dict.fromkeys(table["method"].to_list()))
-    styles = method_styles(methods)
+    styles = _styles(methods, styles)
     cols = min(3, max(1, len(datasets)))
     rows = (len(datasets) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
@@ -233,13 +238,26 @@ def temporal_figure(
 
 
 def plot_f1(
-    table: pl.DataFrame, out: str | os.PathLike, *, reference: str = "", title: str = "", note: str = ""
+    table: pl.DataFrame,
+    out: str | os.PathLike,
+    *,
+    reference: str = "",
+    title: str = "",
+    note: str = "",
+    styles: dict[str, MethodStyle] | None = None,
 ) -> None:
     """Write :func:`f1_figure` to ``out`` (PNG)."""
-    _save(f1_figure(table, reference=reference, title=title, note=note), out)
+    _save(f1_figure(table, reference=reference, title=title, note=note, styles=styles), out)
 
 
-def f1_figure(table: pl.DataFrame, *, reference: str = "", title: str = "", note: str = ""):
+def f1_figure(
+    table: pl.DataFrame,
+    *,
+    reference: str = "",
+    title: str = "",
+    note: str = "",
+    styles: dict[str, MethodStyle] | None = None,
+):
     """F1 of every method on every dataset and their average, with error bars from the bootstrap
     interval; a method that does not differ significantly from ``reference`` has a hollow marker.
 
@@ -251,7 +269,7 @@ def f1_figure(table: pl.DataFrame, *, reference: str = "", title: str = "", note
     Returns:
         The matplotlib figure (open; the caller saves and closes it).
     """
-    methods, datasets, styles, fig, ax, width = _grouped_axes(table)
+    methods, datasets, styles, fig, ax, width = _grouped_axes(table, styles)
     handles = []
     for i, m in enumerate(methods):
         style = styles[m]
@@ -292,12 +310,21 @@ def f1_figure(table: pl.DataFrame, *, reference: str = "", title: str = "", note
     return fig
 
 
-def plot_curves(table: pl.DataFrame, out: str | os.PathLike, *, title: str = "", note: str = "") -> None:
+def plot_curves(
+    table: pl.DataFrame,
+    out: str | os.PathLike,
+    *,
+    title: str = "",
+    note: str = "",
+    styles: dict[str, MethodStyle] | None = None,
+) -> None:
     """Write :func:`curves_figure` to ``out`` (PNG)."""
-    _save(curves_figure(table, title=title, note=note), out)
+    _save(curves_figure(table, title=title, note=note, styles=styles), out)
 
 
-def curves_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
+def curves_figure(
+    table: pl.DataFrame, *, title: str = "", note: str = "", styles: dict[str, MethodStyle] | None = None
+):
     """Learning curves: one panel per curve (answer F1, SPADER's search-step reward, valid-format
     rate, searches, entities, response length, KL), one line per training run, by training step.
     Every panel holds one quantity measured the same way for every run in it: the answer F1 of all
@@ -318,7 +345,7 @@ def curves_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
 
     plt = _pyplot()
     runs = list(dict.fromkeys(table["run"].to_list()))
-    styles = method_styles([r.split(" ", 1)[0] for r in runs])
+    styles = _styles([r.split(" ", 1)[0] for r in runs], styles)
     cols = 3
     rows = (len(CURVES) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.1 * rows), squeeze=False)
@@ -355,11 +382,11 @@ def curves_figure(table: pl.DataFrame, *, title: str = "", note: str = ""):
     return fig
 
 
-def _grouped_axes(table: pl.DataFrame):
+def _grouped_axes(table: pl.DataFrame, styles: dict[str, MethodStyle] | None = None):
     """A figure with one group per dataset and one slot per method in each group: the methods and
     datasets in table order, their styles, the figure, its axes and a slot's width."""
     plt = _pyplot()
     methods = list(dict.fromkeys(table["method"].to_list()))
     datasets = list(dict.fromkeys(table["dataset"].to_list()))
     fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.22 * len(datasets) * max(1, len(methods)))), 4.2))
-    return methods, datasets, method_styles(methods), fig, ax, 0.8 / max(1, len(methods))
+    return methods, datasets, _styles(methods, styles), fig, ax, 0.8 / max(1, len(methods))

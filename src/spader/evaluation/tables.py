@@ -5,9 +5,11 @@ Every table is computed from the records of ``results/{backbone}/eval/{method}/{
 * ``f1``: rows = methods (prompting baselines first, then trained variants), columns = the four
   datasets and ``avg`` (unweighted mean of the four macro F1s).
 * ``prf``: long form ``method, dataset, precision, recall, f1, n`` (macro averages).
-* ``ablation`` / ``beta_sweep``: every row of the paper's tables (SPADER, w/o SPA, w/o NP, w/o IG;
-  beta in the ``beta_*`` variants) with a ``status`` column; a run this backbone does not train
-  has status ``not run for this backbone`` and empty F1 cells: no number is ever invented.
+* ``ablation`` / ``beta_sweep``: every variant that is a row of the table
+  (``variants.<name>.table``: the ablation by its ``label``, the beta sweep by its beta, in the
+  paper config SPADER, w/o SPA, w/o NP, w/o IG and beta 0, 1, 4, 8) with a ``status`` column; a
+  run this backbone does not train has status ``not run for this backbone`` and empty F1 cells: no
+  number is ever invented.
 * ``efficiency``: search efficiency as the authors compute it (``search_efficiency``: per
   instance, the queries the agent wrote divided by the gold entities it predicted correctly, 0
   when none; averaged over instances), per method and dataset (plus ``all``), beside the pooled
@@ -64,23 +66,20 @@ from spader.evaluation.stats import (
 )
 
 __all__ = [
-    "ABLATION_ROWS",
     "NOT_RUN",
+    "ROLE_COLUMNS",
     "Uncertainty",
-    "ablation_table",
-    "beta_sweep_table",
     "efficiency_table",
     "f1_ci_table",
     "f1_table",
     "method_order",
     "prf_table",
     "question_scores",
+    "role_table",
     "significance_table",
     "temporal_table",
 ]
 
-#: The ablation table's rows (docs/method.md, "Ablations and baselines"): variant name -> paper label.
-ABLATION_ROWS = {"spader": "SPADER", "no_spa": "w/o SPA", "no_np": "w/o NP", "no_ig": "w/o IG"}
 NOT_RUN = "not run for this backbone"
 EVALUATED = "evaluated"
 ALL = "all"
@@ -505,36 +504,37 @@ def _status_rows(
     return rows
 
 
-def ablation_table(
+#: The tables a variant can be a row of (``variants.<name>.table``, :data:`spader.methods.TABLES`):
+#: the leading column after ``method`` that names a row, and its type.
+ROLE_COLUMNS = {"ablation": ("setting", pl.String), "beta_sweep": ("beta", pl.Float64)}
+
+
+def role_table(
+    table: str,
     runs: Runs,
     methods: Sequence[str],
-    variants: Mapping[str, Any],
+    variants: Sequence[Sequence[Any]],
     datasets: Sequence[str],
     estimates: Estimates | None = None,
 ) -> pl.DataFrame:
-    """``method, setting, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference,
-    avg_p_holm, avg_p_min`` for the ablation runs defined in ``variants``."""
-    names = [v for v in ABLATION_ROWS if v in variants]
-    rows = _status_rows(runs, names, methods, datasets, lambda v: {"setting": ABLATION_ROWS[v]}, estimates)
-    leading = {"method": pl.String, "setting": pl.String, "status": pl.String}
-    return pl.DataFrame(rows, schema={**_f1_schema(datasets, leading), **_INTERVAL_COLUMNS})
+    """``method, <column>, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference,
+    avg_p_holm, avg_p_min`` for the variants that are rows of ``table``.
 
-
-def beta_sweep_table(
-    runs: Runs,
-    methods: Sequence[str],
-    variants: Mapping[str, Any],
-    datasets: Sequence[str],
-    estimates: Estimates | None = None,
-) -> pl.DataFrame:
-    """``method, beta, status, <datasets...>, avg, avg_lo, avg_hi, avg_p_vs_reference,
-    avg_p_holm, avg_p_min`` for the ``beta_*`` variants, by beta."""
-    names = sorted((v for v in variants if v.startswith("beta_")), key=lambda v: float(variants[v]["beta"]))
-    rows = _status_rows(
-        runs, names, methods, datasets, lambda v: {"beta": float(variants[v]["beta"])}, estimates
-    )
-    leading = {"method": pl.String, "beta": pl.Float64, "status": pl.String}
-    return pl.DataFrame(rows, schema={**_f1_schema(datasets, leading), **_INTERVAL_COLUMNS})
+    Args:
+        table: ``ablation`` or ``beta_sweep`` (:data:`ROLE_COLUMNS`).
+        variants: ``[[variant, row], ...]`` (:func:`spader.methods.table_rows`): the rows of
+            ``table`` in that order, or by value where the role says so; a row this backbone does
+            not run says so.
+    """
+    column, dtype = ROLE_COLUMNS[table]
+    rows = [(name, row) for name, row in variants if row.get("table") == table]
+    if any(row["ordered"] for _, row in rows):
+        rows.sort(key=lambda item: item[1]["value"])
+    values = {name: (float(row["value"]) if dtype == pl.Float64 else row["value"]) for name, row in rows}
+    names = [name for name, _ in rows]
+    out = _status_rows(runs, names, methods, datasets, lambda v: {column: values[v]}, estimates)
+    leading = {"method": pl.String, column: dtype, "status": pl.String}
+    return pl.DataFrame(out, schema={**_f1_schema(datasets, leading), **_INTERVAL_COLUMNS})
 
 
 def _pooled(

@@ -284,6 +284,12 @@ TABLE: tuple[Rerun, ...] = (
         "which methods a backbone runs: a new one runs, the tables are rebuilt, nothing is retrained",
         scope="that backbone",
     ),
+    Rerun(
+        ("variants.*.table", "variants.*.label"),
+        ("aggregate_results",),
+        "which table a variant is a row of, and its label there: the tables are rebuilt, nothing is retrained",
+        scope="the backbones that run it",
+    ),
     Rerun(("variants.*.*",), _TRAINED, "a variant's training", scope="that variant (and a run it shares)"),
     Rerun(
         (

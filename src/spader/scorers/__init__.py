@@ -5,7 +5,7 @@
 * :mod:`.judge_server` - the judge served by sglang on GPUs of the training node (started by
   :mod:`spader.training.scorer_launch`).
 
-The rewards themselves are in :mod:`spader.core.stepsearch`, :mod:`spader.core.r3rag` and
-:mod:`spader.core.scorer_densify`; the verl glue in :mod:`spader.integrations.verl.scorer_rewards`.
+The rewards themselves are in :mod:`spader.methods.stepsearch.gain`, :mod:`spader.methods.r3rag.scoring` and
+:mod:`spader.methods.steps`; the verl glue in :mod:`spader.integrations.verl.scorer_rewards`.
 This ``__init__`` imports nothing.
 """

@@ -1,7 +1,7 @@
 """R3-RAG's step judge: a client of an OpenAI-compatible chat-completions endpoint.
 
-One request per search turn, with the prompt of :func:`spader.core.r3rag.judge_messages`; the
-reply's ``Relevance: x.xx`` is the turn's process score (:func:`spader.core.r3rag.parse_relevance`;
+One request per search turn, with the prompt of :func:`spader.methods.r3rag.scoring.judge_messages`; the
+reply's ``Relevance: x.xx`` is the turn's process score (:func:`spader.methods.r3rag.scoring.parse_relevance`;
 an unparsable reply scores 0 and is logged). The endpoint is sglang serving the judge model on GPUs
 of the training node (:mod:`spader.scorers.judge_server`), or any URL given in the config.
 
@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 import openai
 
-from spader.core.r3rag import parse_relevance
 from spader.infra.retry import retrying
+from spader.methods.r3rag.scoring import parse_relevance
 
 __all__ = ["JUDGE_KEY_ENV", "JudgeClient", "JudgeError", "JudgeUnavailableError", "Verdict"]
 

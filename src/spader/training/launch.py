@@ -37,6 +37,7 @@ from typing import Any
 from spader.config.model import TrainingConfig, VariantConfig
 from spader.infra.procs import STOP_REQUEST_ENV, STOP_SIGNALS, Terminated, raise_on_signals, supervised_argv
 from spader.integrations.verl.hydra import hydra_value
+from spader.methods import verl_yaml
 from spader.training import ENTRY_MODULE
 
 log = logging.getLogger(__name__)
@@ -411,7 +412,7 @@ def build_plan(
     ]
     plan = LaunchPlan(
         config_dir=Path(config_dir),
-        config_name=str(variant["verl_config"]),
+        config_name=verl_yaml(variant),
         overrides=merge_overrides(method, job, resume, extra),
         env=dict(env or {}),
     )

@@ -53,6 +53,7 @@ from typing import Any
 
 from spader.config.command import add_config_arguments, configured, repository, run_command
 from spader.config.model import RerankerConfig
+from spader.methods import verl_yaml
 from spader.training.calibration import Calibration, Measured, load_calibration
 
 log = logging.getLogger(__name__)
@@ -1101,7 +1102,7 @@ def _variant_jobs(inputs: _PlanInputs, b: str, spec: Any, v: str, shape: Shape, 
         *config_overrides(variant, inputs.training, inputs.agent),
         *device_overrides(inputs.training, threads=1, workers=gpus),
     ]
-    cfg = _compose_resolved(variant["verl_config"], overrides, Path(inputs.verl_config_dir))
+    cfg = _compose_resolved(verl_yaml(variant), overrides, Path(inputs.verl_config_dir))
     on_gpus = inputs.replica if reranker_on_gpus(inputs.retrieval) else 0.0
     judge_shape = load_shape(judge["model"], inputs.models.get(judge["model"])) if served else None
     job = training_job(

@@ -40,9 +40,9 @@ The agent loop is verl's ``ToolAgentLoop`` with these additions, all through pub
   empty ``stop``): a turn runs to its end, its last ``<tool_call>`` is the call, and the
   observation is in ``spader_agent.observation_format``;
 * the text of the last assistant turn (the part inside the response budget) is kept in the
-  rollout's extra fields (:data:`spader.core.spader_densify.FINAL_TURN_KEY`) for the terminal reward;
+  rollout's extra fields (:data:`spader.methods.steps.FINAL_TURN_KEY`) for the terminal reward;
 * an episode that raises for any reason is returned as a failed episode (one masked token,
-  :data:`spader.core.spader_densify.FAILURE_KEY` holding the reason) that scores 0, trains nothing and
+  :data:`spader.methods.steps.FAILURE_KEY` holding the reason) that scores 0, trains nothing and
   is no peer in any group (the estimators leave rows without a generated token out) - except a
   rollout engine that hangs or died: a generation that does not answer within
   ``spader_agent.rollout_timeout_s`` (config.yaml ``training.rollout_timeout_s``), or whose
@@ -72,10 +72,10 @@ from spader.config.model import AgentConfig
 from spader.core.metrics import alias_blind
 from spader.core.parsing import malformed_turn, parse_turn
 from spader.core.prompt import observation_message
-from spader.core.spader_densify import FAILURE_KEY, FINAL_TURN_KEY
 from spader.integrations.verl.episode_metrics import SEED_FIELD, TURN_STATS
 from spader.integrations.verl.reward import gold_entities
 from spader.integrations.verl.tool_config import TOOL_NAME
+from spader.methods.steps import FAILURE_KEY, FINAL_TURN_KEY
 
 __all__ = [
     "AGENT_LOOP",

@@ -29,7 +29,6 @@ __all__ = [
     "VERL_CONFIG_PACKAGE",
     "compose",
     "gpu_path_settings",
-    "spader_settings",
     "validate",
     "verl_trainer_config_dir",
 ]
@@ -139,20 +138,13 @@ def gpu_path_settings(cfg: DictConfig) -> dict:
     return out
 
 
-def spader_settings(cfg: DictConfig):
-    """The validated ``algorithm.spader`` block of a config (see :class:`SpaderSettings`)."""
-    from spader.integrations.verl.settings import SpaderSettings
-
-    return SpaderSettings.from_config(cfg)
-
-
 def validate(cfg: DictConfig) -> None:
     """Validate a composed config as verl's training entry point would, plus our plug-in names.
 
     Raises:
         ValueError / AssertionError: from verl's ``validate_config`` (batch sizes, required
             fields), or naming the unknown estimator / trainer mode / parser / agent loop, or the
-            bad ``algorithm.spader`` field.
+            bad field of the step rewards' settings (:attr:`spader.methods.Reward.checks`).
     """
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.experimental.agent_loop.tool_parser import ToolParser
@@ -185,10 +177,7 @@ def validate(cfg: DictConfig) -> None:
         and not resolved.actor_rollout_ref.rollout.agent.agent_loop_config_path
     ):
         raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop: unknown agent loop '{agent}'")
-    from spader.integrations.verl.overrides import ESTIMATORS
-    from spader.integrations.verl.scorer_rewards import check_scorer_config, step_reward_kind
+    if trainer_mode == "spader_sync":  # the step rewards' own checks (the method registry's)
+        from spader.integrations.verl.step_rewards import check_step_rewards
 
-    if trainer_mode == "spader_sync" and step_reward_kind(resolved) != "spader":
-        check_scorer_config(resolved)  # StepSearch / R3-RAG step rewards
-    elif trainer_mode == "spader_sync" or estimator in (ESTIMATORS["spa"], ESTIMATORS["grpo_return"]):
-        spader_settings(resolved)  # the estimators of SPADER's step rewards read algorithm.spader
+        check_step_rewards(resolved)

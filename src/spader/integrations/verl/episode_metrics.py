@@ -66,7 +66,7 @@ def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[st
     Returns:
         ``{prefix + name: value}`` (see the module docstring); NaN where a field is missing.
     """
-    from spader.core.spader_densify import FAILURE_KEY, STEPS_KEY
+    from spader.methods.steps import FAILURE_KEY, STEPS_KEY
 
     data = kv_batch_get(
         keys=batch.keys,

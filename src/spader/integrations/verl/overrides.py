@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from spader.config.model import AgentConfig, DivergencesConfig, TrainingConfig, VariantConfig
-from spader.core.methods import ADVANTAGES, reward_spec
 from spader.integrations.verl.hydra import hydra_value
+from spader.methods import REWARDS, advantage_spec, reward_spec, verl_yaml
 
 __all__ = [
     "AGENT_KEYS",
-    "ESTIMATORS",
     "TRAINING_KEYS",
     "actor_path_overrides",
     "agent_overrides",
@@ -42,9 +41,6 @@ __all__ = [
     "training_identity",
     "training_overrides",
 ]
-
-#: config.yaml ``variants.<v>.advantage`` -> verl ``algorithm.adv_estimator`` (the registry's).
-ESTIMATORS = {name: spec.estimator for name, spec in ADVANTAGES.items()}
 
 #: config.yaml ``training.<key>`` -> the verl key that receives it (every one exists in verl's ppo_trainer).
 TRAINING_KEYS = {
@@ -74,16 +70,20 @@ TRAINING_KEYS = {
 }
 
 #: Keys of the project's own blocks, which verl's ppo_trainer does not define: their overrides are
-#: written ``++key=value`` (set, or add when missing), so they compose over any project YAML.
+#: written ``++key=value`` (set, or add when missing), so they compose over any project YAML. The
+#: rewards' own blocks (:attr:`spader.methods.Reward.verl_blocks`) are added by :func:`_project_key`.
 _PROJECT_KEYS = (
-    "algorithm.gamma",
-    "algorithm.spader.",
     "algorithm.step_reward",
-    "algorithm.stepsearch.",
-    "algorithm.r3rag.",
     "reward.custom_reward_function.reward_kwargs.",
     "spader_agent.",
 )
+
+
+def _project_key(key: str) -> bool:
+    """Whether ``key`` is one of the project's own verl keys (written ``++key=value``)."""
+    blocks = tuple(b for r in REWARDS.values() for b in r.verl_blocks)
+    return key.startswith((*_PROJECT_KEYS, *blocks))
+
 
 #: config.yaml ``agent.<key>`` -> verl key: what one turn is, the same as in evaluation. The
 #: ``spader_agent`` block is read by the ``spader_tool_agent`` loop; ``max_queries_per_call``
@@ -112,7 +112,8 @@ def method_settings(
     variant: VariantConfig | Mapping[str, Any], training: TrainingConfig | Mapping[str, Any]
 ) -> dict[str, Any]:
     """The verl keys a config.yaml variant sets, with their values (what :func:`method_overrides`
-    renders as overrides and :func:`training_identity` hashes).
+    renders as overrides and :func:`training_identity` hashes): the estimator and terminal reward
+    every variant has, then what its reward adds (:attr:`spader.methods.Reward.verl_settings`).
 
     Args:
         variant: ``config["variants"][name]`` (validated as a :class:`VariantConfig`; its
@@ -124,16 +125,19 @@ def method_settings(
         ValueError: the variant or section is invalid (an advantage that does not train the reward, ...).
     """
     variant = variant if isinstance(variant, VariantConfig) else VariantConfig.model_validate(dict(variant))
-    divergences = (
-        training.divergences
-        if isinstance(training, TrainingConfig)
-        else DivergencesConfig.model_validate(dict(training["divergences"]))
-    )
-    gamma = training.gamma if isinstance(training, TrainingConfig) else training["gamma"]
+    if isinstance(training, TrainingConfig):
+        training = training.model_dump(mode="json")
+    else:
+        training = {
+            **training,
+            "divergences": DivergencesConfig.model_validate(dict(training["divergences"])).model_dump(
+                mode="json"
+            ),
+        }
     reward = reward_spec(variant.reward)
-    aliases = divergences.aliases
+    aliases = training["divergences"]["aliases"]
     out: dict[str, Any] = {
-        "algorithm.adv_estimator": ESTIMATORS[variant.advantage],
+        "algorithm.adv_estimator": advantage_spec(variant.advantage).estimator,
         "reward.custom_reward_function.reward_kwargs.invalid_format_reward": _num(
             variant.invalid_format_reward, "variant invalid_format_reward"
         ),
@@ -144,26 +148,8 @@ def method_settings(
         out["trainer.v1.trainer_mode"] = "sync"
         return out
     out["trainer.v1.trainer_mode"] = "spader_sync"
-    if reward.name == "stepsearch":  # docs/baselines.md; structure and constants in their YAMLs
-        out["algorithm.step_reward"] = reward.step_reward
-        out["algorithm.stepsearch.lambda_s"] = _num(variant.lambda_s, "variant lambda_s")
-        return out
-    if reward.name == "r3rag":
-        out["algorithm.step_reward"] = reward.step_reward
-        out["algorithm.r3rag.judge.kind"] = variant.judge
-        return out
-    warmup = divergences.cost_warmup
-    out.update(
-        {
-            "algorithm.gamma": _num(gamma, "training.gamma"),
-            "algorithm.spader.alpha": _num(variant.alpha, "variant alpha"),
-            "algorithm.spader.beta": _num(variant.beta, "variant beta"),
-            "algorithm.spader.cost": _num(variant.cost, "variant cost"),
-            "algorithm.spader.novelty": divergences.novelty,
-            "algorithm.spader.cost_warmup": None if warmup is None else warmup.model_dump(),
-            "algorithm.spader.epsilon": divergences.epsilon,
-        }
-    )
+    out["algorithm.step_reward"] = reward.step_reward
+    out.update(reward.verl_settings(variant.settings(), training))
     return out
 
 
@@ -185,7 +171,7 @@ def method_overrides(variant: Mapping[str, Any], training: Mapping[str, Any]) ->
     """
     out = []
     for key, value in method_settings(variant, training).items():
-        prefix = "++" if key.startswith(_PROJECT_KEYS) else ""
+        prefix = "++" if _project_key(key) else ""
         out.append(f"{prefix}{key}={hydra_value(value)}")
     return out
 
@@ -201,7 +187,7 @@ def agent_overrides(agent: Mapping[str, Any]) -> list[str]:
         if name not in agent:
             raise KeyError(f"config key 'agent.{name}' is missing (verl's {key})")
         value = agent[name]
-        prefix = "++" if key.startswith(_PROJECT_KEYS) else ""
+        prefix = "++" if _project_key(key) else ""
         out.append(f"{prefix}{key}={hydra_value(list(value) if name == 'stop' else value)}")
     parser = agent["parser"]
     if parser not in PARSER_FORMATS:
@@ -322,7 +308,7 @@ def training_identity(
         A sha256 hex digest; equal digests mean the same composed training config.
     """
     config_dir = Path(config_dir).resolve()
-    name = str(variant["verl_config"])
+    name = verl_yaml(variant)
     overrides = method_overrides(variant, training)
     key = (str(config_dir), name, _chain_fingerprint(name, config_dir), *overrides)
     if key not in _IDENTITIES:
@@ -377,7 +363,7 @@ def shared_training_runs(
             identities.update({m: f"alone:{m}" for m in members})
             continue
         try:
-            docs = {m: _chain_documents(str(specs[m]["verl_config"]), Path(config_dir)) for m in members}
+            docs = {m: _chain_documents(verl_yaml(specs[m]), Path(config_dir)) for m in members}
         except (OSError, ValueError, KeyError):
             identities.update({m: f"unresolved:{m}" for m in members})
             continue

@@ -7,8 +7,9 @@ start instead of later as "Unknown advantage estimator". Nothing here catches ex
 
 Registers:
 
-* advantage estimators ``spader_spa``, ``spader_traj`` and ``spader_grpo`` (:mod:`.estimators`)
-  and R3-RAG's ``r3rag_turn_gae`` (:mod:`.turn_gae`);
+* the advantage estimators of the method registry that name a function (``spader_spa``,
+  ``spader_traj`` and those of methods from entry points, :func:`.estimators.register_methods`),
+  ``spader_grpo`` (:mod:`.estimators`) and R3-RAG's ``r3rag_turn_gae`` (:mod:`.turn_gae`);
 * v1 trainer mode ``spader_sync`` (:mod:`.trainer`);
 * tool parser ``spader`` and agent loop ``spader_tool_agent`` (:mod:`.agent_loop`);
 * the critic's value-model loader honours the configured attention implementation
@@ -47,6 +48,7 @@ from spader.integrations.verl import sglang_replica  # noqa: E402
 sglang_replica.register()
 
 from spader.integrations.verl import agent_loop, attention, estimators, trainer, turn_gae  # noqa: E402  (registration)
+from spader.methods import load_plugins  # noqa: E402
 
 # the critic's value model loads with critic.model.override_config.attn_implementation (.attention)
 attention.install()
@@ -59,8 +61,12 @@ packed_attention.register()
 # verl's fused log-probs (use_fused_kernels) through the lm_head's FSDP2 unit (.fused_logprobs)
 fused_logprobs.install()
 
+# methods from outside the repository (entry points of group spader.methods), then every registry
+# advantage that names its estimator function
+load_plugins()
+
 REGISTERED = {
-    "adv_estimators": (estimators.SPA, estimators.TRAJ, estimators.GRPO, turn_gae.TURN_GAE),
+    "adv_estimators": (*estimators.register_methods(), estimators.GRPO, turn_gae.TURN_GAE),
     "trainer_modes": (trainer.MODE,),
     "attention": (packed_attention.NAME,),
     "tool_parsers": (agent_loop.PARSER,),

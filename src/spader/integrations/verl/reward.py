@@ -3,12 +3,12 @@
 verl's ``naive`` reward manager calls :func:`compute_score` once per rollout with the decoded
 response, the row's ``reward_model.ground_truth`` and ``extra_info`` merged with the agent loop's
 extra fields. The answer is parsed from the *last assistant turn* only (recorded by the
-``spader_tool_agent`` loop under :data:`spader.core.spader_densify.FINAL_TURN_KEY`), never from the decoded
+``spader_tool_agent`` loop under :data:`spader.methods.steps.FINAL_TURN_KEY`), never from the decoded
 response, which also holds the tool observations. The score is the F1 of the answer
 (``spader.core.metrics.prf``) or ``invalid_format_reward`` (paper -1, authors' code 0); the search-step
 rewards are added later by the ``spader_sync`` trainer mode. The last turn is read as every turn
 is (:func:`spader.core.parsing.final_answer`): a turn that ends with a tool call has no answer.
-An episode the agent loop recorded as failed (:data:`spader.core.spader_densify.FAILURE_KEY`) scores 0.
+An episode the agent loop recorded as failed (:data:`spader.methods.steps.FAILURE_KEY`) scores 0.
 
 Two options reproduce the authors' reward (``reward_kwargs``): ``parser="authors"`` reads the
 answer as their reward does, from the decoded response (observations included): invalid for
@@ -28,7 +28,7 @@ from typing import Any
 from spader.core.metrics import alias_blind, gold_alias_sets, prf
 from spader.core.parsing import authors_answer, final_answer
 from spader.core.rewards import terminal_reward
-from spader.core.spader_densify import FAILURE_KEY, FINAL_TURN_KEY
+from spader.methods.steps import FAILURE_KEY, FINAL_TURN_KEY
 
 __all__ = ["compute_score", "gold_entities"]
 
@@ -77,7 +77,7 @@ def compute_score(
         solution_str: decoded response (unused: it also holds the observations).
         ground_truth: the row's ``reward_model.ground_truth`` (see :func:`gold_entities`).
         extra_info: the row's ``extra_info`` merged with the agent loop's extra fields; must hold
-            :data:`spader.core.spader_densify.FINAL_TURN_KEY`.
+            :data:`spader.methods.steps.FINAL_TURN_KEY`.
         invalid_format_reward: reward of an invalid final turn (``reward_kwargs``).
         parser: ``spader`` (the last turn, :func:`spader.core.parsing.final_answer`) or ``authors``
             (their reward's reading of ``solution_str``).

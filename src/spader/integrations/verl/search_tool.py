@@ -4,9 +4,9 @@ One call = one search step of a trajectory. The tool runs the step's queries in 
 request (``spader.retrieval.client.RetrievalClient``), renders the observation with
 ``spader.core.prompt.format_observation`` (the text evaluation shows too), keeps it within the
 character budget by dropping the lowest-ranked passages first, and records what the *shown*
-passages contain: a :class:`spader.core.spader_densify.StepRecord` (turn, number of queries, ground-truth
+passages contain: a :class:`spader.methods.steps.StepRecord` (turn, number of queries, ground-truth
 entities hit by :func:`spader.core.matching.find_hits`) appended to the trajectory's
-``agent_data.extra_fields`` under :data:`spader.core.spader_densify.STEPS_KEY`. Matching runs on passage titles
+``agent_data.extra_fields`` under :data:`spader.methods.steps.STEPS_KEY`. Matching runs on passage titles
 and texts only, never on the queries the agent wrote; with ``discovery: substring``
 (``training.divergences.discovery``, the authors' code) an alias anywhere in the whole observation
 text counts instead (:func:`spader.core.matching.authors_text_hits`), the queries it echoes included.
@@ -47,9 +47,9 @@ from spader.core.prompt import (
     fit_authors_observation,
     fit_observation,
 )
-from spader.core.spader_densify import N_GOLD_KEY, STEPS_KEY, StepRecord
-from spader.integrations.verl.scorer_rewards import turn_fields
 from spader.integrations.verl.tool_config import TOOL_SCHEMA
+from spader.methods.r3rag.scoring import turn_reasoning
+from spader.methods.steps import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY, StepRecord, TurnDetails
 
 __all__ = ["SearchTool", "as_alias_lists", "service_url"]
 
@@ -96,6 +96,15 @@ def service_url(config: Mapping[str, Any], host: str | None = None) -> str:
     if not url:
         raise ValueError("search tool config: missing key 'retrieval_service_url'")
     return str(url)
+
+
+def _turn_fields(shown, queries, observation: str, extra_fields: Mapping[str, Any] | None) -> dict:
+    """What the search tool adds to its step record for a reward that reads the turns
+    (:attr:`spader.methods.Reward.record_turns`; :meth:`spader.methods.steps.TurnDetails.fields`).
+    The turn's text is the one the agent loop recorded for the turn being executed
+    (:data:`spader.methods.steps.FINAL_TURN_KEY`)."""
+    text = str((extra_fields or {}).get(FINAL_TURN_KEY) or "")
+    return TurnDetails.fields(shown, queries, turn_reasoning(text), observation)
 
 
 def _issued_queries(parameters: Any) -> tuple[list[str], str | None]:
@@ -240,7 +249,7 @@ class SearchTool(BaseTool):
             entry = record.as_dict()
             if self.record_turns:
                 entry.update(
-                    turn_fields(shown if error is None else [], queries, text, agent_data.extra_fields)
+                    _turn_fields(shown if error is None else [], queries, text, agent_data.extra_fields)
                 )
             agent_data.extra_fields.setdefault(STEPS_KEY, []).append(entry)
             agent_data.extra_fields[N_GOLD_KEY] = gold_count(entities)

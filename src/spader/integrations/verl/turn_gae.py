@@ -2,7 +2,7 @@
 
 Each assistant turn is its own episode (R3-RAG trains every step as a separate sample): GAE with
 gamma = lambda = 1 inside the turn, bootstrap 0 at its end, critic values per token
-(:func:`spader.core.r3rag.turn_gae`), then the advantages are whitened over the batch with verl's
+(:func:`spader.methods.r3rag.scoring.turn_gae`), then the advantages are whitened over the batch with verl's
 ``masked_whiten``, as its ``gae`` does.
 
 verl 0.9.1's ``compute_advantage`` hands the critic values to its built-in ``gae`` only; a
@@ -23,7 +23,7 @@ import transfer_queue as tq
 from verl.trainer.ppo.core_algos import register_adv_est
 from verl.utils import torch_functional as verl_F
 
-from spader.core.r3rag import turn_gae
+from spader.methods.r3rag.scoring import turn_gae
 
 __all__ = ["TURN_GAE", "critic_values", "turn_gae_advantage"]
 

@@ -1,7 +1,8 @@
-"""The SPADER settings carried by a verl config (``algorithm.gamma`` and ``algorithm.spader``, set at
-launch from ``training.gamma``, ``variants.<name>.alpha/beta/cost`` and ``training.divergences``:
-:func:`spader.integrations.verl.overrides.method_settings`); every key is required, the defaults
-are the configuration model's."""
+"""SPADER's step rewards in training: the settings a verl config carries (``algorithm.gamma`` and
+``algorithm.spader``, set at launch from ``training.gamma``, ``variants.<name>.alpha/beta/cost``
+and ``training.divergences`` by :func:`spader.methods.spader.verl_settings`; every key is required,
+the defaults are the configuration model's) and the step rewards of one training step
+(:class:`SpaderStepRewards`, what the ``spader_sync`` trainer mode calls)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torch import Tensor
+
 from spader.core.advantage import EPS_PLACEMENTS
 from spader.core.rewards import NOVELTY, StepRewardWeights, cost_warmup_scale
+from spader.methods.spader.densify import densify_rewards
+from spader.methods.steps import N_GOLD_KEY, StepBatch, parse_step_records
 
-__all__ = ["SpaderSettings"]
+__all__ = ["SpaderSettings", "SpaderStepRewards"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +92,34 @@ class SpaderSettings:
     def step_weights(self, global_step: int) -> StepRewardWeights:
         """The search-step reward's hyperparameters at training step ``global_step``."""
         return StepRewardWeights(self.alpha, self.beta, self.cost, self.novelty, self.cost_scale(global_step))
+
+
+class SpaderStepRewards:
+    """SPADER's dense step rewards of one training step (:func:`densify_rewards` with the
+    variant's weights at that step)."""
+
+    def __init__(self, settings: SpaderSettings):
+        self.settings = settings
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> SpaderStepRewards:
+        """From a full verl config (the ``algorithm.gamma`` and ``algorithm.spader`` blocks)."""
+        return cls(SpaderSettings.from_config(cfg))
+
+    def __call__(self, batch: StepBatch) -> tuple[Tensor, dict[str, float]]:
+        records = [
+            parse_step_records(e, where=f"trajectory {key}")
+            for e, key in zip(batch.extra, batch.keys, strict=False)
+        ]
+        n_gold = [(e or {}).get(N_GOLD_KEY) for e in batch.extra]
+        dense, stats = densify_rewards(
+            batch.response_mask,
+            batch.terminal,
+            batch.uids,
+            records,
+            n_gold,
+            self.settings.step_weights(batch.step),
+            skip=batch.skip,
+        )
+        stats.extra["cost_scale"] = self.settings.cost_scale(batch.step)
+        return dense, stats.metrics()

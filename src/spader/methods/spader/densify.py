@@ -1,8 +1,8 @@
 """Dense step rewards for a batch of rollouts (docs/method.md, "Rewards" + "Token mapping").
 
 The search tool records, for each search step of a trajectory, which ground-truth entities the
-returned passages contained (:class:`StepRecord`, stored in the rollout's extra fields under
-:data:`STEPS_KEY`). The rollout's scalar reward is the terminal reward (F1 or the invalid-format
+returned passages contained (:class:`spader.methods.steps.StepRecord`, stored in the rollout's
+extra fields). The rollout's scalar reward is the terminal reward (F1 or the invalid-format
 reward). :func:`densify_rewards` turns both into token-level rewards for the whole batch:
 
 * step t of a trajectory is its t-th assistant run (:func:`spader.core.advantage.segment_steps`);
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,76 +29,14 @@ from torch import Tensor
 
 from spader.core.advantage import place_step_rewards, segment_steps
 from spader.core.rewards import StepRewardWeights, _search_rewards
+from spader.methods.steps import N_GOLD_KEY, StepRecord
 
 __all__ = [
-    "FAILURE_KEY",
-    "FINAL_TURN_KEY",
-    "N_GOLD_KEY",
-    "STEPS_KEY",
     "DensifyStats",
-    "StepRecord",
     "densify_rewards",
-    "parse_step_records",
 ]
 
 log = logging.getLogger(__name__)
-
-#: Extra-field key of the list of :class:`StepRecord` dicts written by the search tool.
-STEPS_KEY = "spader_steps"
-#: Extra-field key of the number of ground-truth entities (``|E_GT|``) of the trajectory's question.
-N_GOLD_KEY = "spader_n_gold"
-#: Extra-field key of the text of the trajectory's last assistant turn (read by the reward).
-FINAL_TURN_KEY = "spader_final_turn"
-#: Extra-field key of why an episode failed (set only then): it is scored 0 and trains nothing.
-FAILURE_KEY = "spader_episode_error"
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one search step found.
-
-    Attributes:
-        turn: 1-based assistant turn that issued the search.
-        queries: number of queries issued at that step (``q_t``: all of them, also those beyond
-            the per-call cap that the tool did not run).
-        hits: indices of the ground-truth entities found in the returned passages.
-        error: why the step returned an error observation instead of passages (None if it did not).
-    """
-
-    turn: int
-    queries: int
-    hits: frozenset[int] = frozenset()
-    error: str | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.hits, frozenset):
-            object.__setattr__(self, "hits", frozenset(self.hits))
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain-type form stored in the rollout's extra fields."""
-        return {"turn": self.turn, "queries": self.queries, "hits": sorted(self.hits), "error": self.error}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "") -> StepRecord:
-        """Validate a stored record; errors name the record and the field."""
-        try:
-            turn, queries = int(d["turn"]), int(d["queries"])
-            hits = frozenset(int(h) for h in d.get("hits", ()))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"invalid step record {where}: {dict(d)!r} ({type(exc).__name__}: {exc})"
-            ) from exc
-        if turn < 1 or queries < 0:
-            raise ValueError(
-                f"invalid step record {where}: turn must be >= 1 and queries >= 0, got {dict(d)!r}"
-            )
-        return cls(turn=turn, queries=queries, hits=hits, error=d.get("error"))
-
-
-def parse_step_records(extra_fields: Mapping[str, Any] | None, where: str = "") -> list[StepRecord]:
-    """The :class:`StepRecord` list of one rollout's extra fields (empty when it never searched)."""
-    raw = (extra_fields or {}).get(STEPS_KEY) or []
-    return [StepRecord.from_dict(r, where=f"{where}[{j}]") for j, r in enumerate(raw)]
 
 
 @dataclass
