@@ -28,11 +28,13 @@ from pathlib import Path
 
 from records import write_record  # bench/records.py (the script's own directory is on sys.path)
 
+from spader.config.model import MixConfig
 from spader.data import export_rl_dataset, mix_training_set, normalize_file
 from spader.data.layout import dump_jsonl, dump_mintaka_json
+from spader.datasets.builtin import BUILTIN
 
 TARGET_S = 10.0
-COUNTS = {"qampari": 6000, "mintaka": 2000, "webqsp": 2000, "quest": 2000}
+COUNTS = {d.name: d.paper_count for d in BUILTIN}  # the paper's mix
 WORDS = [
     "river",
     "Ørnes",
@@ -234,9 +236,8 @@ def _mix(root: Path, files: dict[str, dict[str, Path]], scale: float) -> tuple[i
     with Clock() as clock:
         outputs = [mix_dir / "train.jsonl", mix_dir / "val.jsonl", mix_dir / "stats.json"]
         counts = {d: int(c * scale) for d, c in COUNTS.items()}
-        stats = mix_training_set(
-            files["train"], files["test"], *outputs, seed=42, counts=counts, val_per_dataset=50
-        )
+        mix = MixConfig.model_validate({"seed": 42, "counts": counts, "val_per_dataset": 50})
+        stats = mix_training_set(files["train"], files["test"], *outputs, mix)
     n = stats["train_total"]
     row("mix", n, clock)
     return n, clock

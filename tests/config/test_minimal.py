@@ -40,25 +40,39 @@ def _free_map(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _leaves(model: type[BaseModel], raw: Mapping[str, Any], path: str = "", key: str = "") -> Iterator:
-    """``(dotted path, generic key, value, model default or MISSING)`` of every value ``raw`` sets."""
+def _default(field) -> Any:
+    """A field's default as the config holds it (MISSING for a required field)."""
+    default = dataclasses.MISSING if field.is_required() else field.get_default(call_default_factory=True)
+    if isinstance(default, BaseModel):
+        return default.model_dump(mode="json")
+    if isinstance(default, dict):  # a map whose default holds entries (a dataset's release files)
+        return {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in default.items()}
+    return default
+
+
+def _leaves(
+    model: type[BaseModel], raw: Mapping[str, Any], path: str = "", key: str = "", defaults: Any = None
+) -> Iterator:
+    """``(dotted path, generic key, value, model default or MISSING)`` of every value ``raw`` sets;
+    ``defaults``: the values the enclosing section's default gives its keys (a dataset's release
+    files and splits, from the registry), which win over the keys' own."""
+    defaults = defaults if isinstance(defaults, Mapping) else {}
     for name, value in raw.items():
         field = model.model_fields.get(name)
         dotted, generic = f"{path}{name}", f"{key}{name}"
         if field is None:
             continue
+        default = defaults[name] if name in defaults else _default(field)
         sub, free = _models(field.annotation), _free_map(field.annotation)
         if free is not None and isinstance(value, Mapping):
+            given = default if isinstance(default, Mapping) else {}
             for item, spec in value.items():
                 if isinstance(spec, Mapping):
-                    yield from _leaves(free, spec, f"{dotted}.{item}.", f"{generic}.<name>.")
+                    yield from _leaves(free, spec, f"{dotted}.{item}.", f"{generic}.<name>.", given.get(item))
             continue
         if sub and isinstance(value, Mapping):
-            yield from _leaves(sub[0], value, f"{dotted}.", f"{generic}.")
+            yield from _leaves(sub[0], value, f"{dotted}.", f"{generic}.", default)
             continue
-        default = dataclasses.MISSING if field.is_required() else field.get_default(call_default_factory=True)
-        if isinstance(default, BaseModel):
-            default = default.model_dump(mode="json")
         yield dotted, generic, value, default
 
 
@@ -112,6 +126,25 @@ def test_a_restated_default_is_found(tmp_path):
     assert sorted(restated(demo, resolved_config(PAPER))) == [
         "evaluation.top_p",
         "retrieval.reranker.revision",
+    ]
+
+
+def test_a_restated_dataset_entry_is_found():
+    """The datasets' release files and splits are their registry entries' (spader.datasets): a
+    config that states one of them again restates a default."""
+    paper = merge_files([PAPER])
+    paper["datasets"] = {
+        "qampari": {
+            "files": {"qampari.zip": {"url": "https://aggreg-qa.s3.amazonaws.com/qampari.zip"}},
+            "splits": {"test": {"member": "qampari_data/test_data.jsonl"}},
+        },
+        "webqsp": {"files": {"WebQSP.zip": {"url": "resources/manual/WebQSP.zip"}}},  # a choice
+        "quest": {"splits": {"train": {"file": "train_aug.jsonl"}}},
+    }
+    assert sorted(restated(paper)) == [
+        "datasets.qampari.files.qampari.zip.url",
+        "datasets.qampari.splits.test.member",
+        "datasets.quest.splits.train.file",
     ]
 
 

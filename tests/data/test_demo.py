@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from spader.config import resolved_config
+from spader.config.model import MixConfig
 from spader.core.rewards import find_hits
 from spader.data import (
     DATASETS,
-    MixConfig,
     build_mix,
     eval_rows,
     normalize_release,
@@ -143,7 +143,7 @@ def test_drops_cover_every_reason_and_the_demo_mix_builds(normalized):
 
 def _mix(normalized):
     mix = _config()["mix"]
-    cfg = MixConfig(**{k: v for k, v in mix.items() if k != "eval_limit"})
+    cfg = MixConfig.model_validate(mix)
     pools = {d: records_frame(normalized[d, "train"][0], record_schema(d)) for d in DATASETS}
     evals = {d: records_frame(normalized[d, "test"][0], record_schema(d)) for d in DATASETS}
     return build_mix(pools, evals, cfg)

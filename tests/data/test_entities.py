@@ -1,4 +1,5 @@
-"""build_entities (docs/data.md 7.3) and the QUEST title rule (4.3), case by case."""
+"""build_entities and the QUEST title rule (docs/data.md, "build_entities" and QUEST's "How answers
+are taken"), case by case."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The training mix (docs/data.md 7.4): the seeded recipe, de-duplication, eval-overlap removal, answer
-count filters, the validation split, and the errors that name the dataset."""
+"""The training mix (docs/data.md, "Training mix"): the seeded recipe, de-duplication, eval-overlap
+removal, answer count filters, the validation split, and the errors that name the dataset. The mix
+takes the configuration's typed section ``mix``."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import json
 import random
 
 import pytest
+from pydantic import ValidationError
 
+from spader.config import DATASETS
+from spader.config.model import MixConfig
 from spader.core.text import normalize
 from spader.data import (
     MIX_SCHEMA,
-    MixConfig,
     MixError,
     build_entities,
     build_mix,
@@ -47,10 +50,18 @@ def pool_of(dataset: str, n: int, start: int = 0, **kw):
     )
 
 
+def mix_config(counts: dict[str, int], **settings) -> MixConfig:
+    """The section ``mix`` drawing ``counts`` (the other datasets none), without validation
+    questions unless ``settings`` asks for them."""
+    return MixConfig.model_validate(
+        {"counts": {**dict.fromkeys(DATASETS, 0), **counts}, "val_per_dataset": 0, **settings}
+    )
+
+
 def reference_sample(
     records: list[dict], eval_questions: list[str], k: int, seed: int, min_answers: int = 1
 ) -> list[str]:
-    """docs/data.md 7.4 written out in plain Python, independently of the polars implementation."""
+    """docs/data.md's recipe written out in plain Python, independently of the polars implementation."""
     evals = {normalize(q) for q in eval_questions}
     pool, seen_ids, seen_q = [], set(), set()
     for r in sorted(records, key=lambda r: r["id"]):
@@ -73,7 +84,7 @@ def test_matches_the_recipe_written_out():
     ]
     records += records[:5]  # duplicate ids
     evals = [f"which things number {i}" for i in range(3)]  # same questions up to case and punctuation
-    cfg = MixConfig(seed=11, counts={"qampari": 20}, min_answers=2)
+    cfg = mix_config({"qampari": 20}, seed=11, min_answers=2)
     train, _, stats = build_mix(
         {"qampari": frame(records, "qampari")},
         {
@@ -93,7 +104,7 @@ def test_counts_shuffle_val_and_disjointness():
         d: pool_of(d, 30, start=100 * i) for i, d in enumerate(["qampari", "mintaka", "webqsp", "quest"])
     }
     evals = {"quest": frame([rec("quest", 1, "QUESTION 301 OF QUEST", split="test")], "quest")}
-    cfg = MixConfig(seed=3, counts={"qampari": 12, "mintaka": 6, "webqsp": 6, "quest": 6}, val_per_dataset=2)
+    cfg = mix_config({"qampari": 12, "mintaka": 6, "webqsp": 6, "quest": 6}, seed=3, val_per_dataset=2)
     train, val, stats = build_mix(pools, evals, cfg)
     assert train.schema == MIX_SCHEMA and val.schema == MIX_SCHEMA
     assert train["dataset"].value_counts().sort("dataset").rows() == [
@@ -119,14 +130,14 @@ def test_counts_shuffle_val_and_disjointness():
 
 def test_same_inputs_same_mix_other_seed_other_mix():
     pools = {"webqsp": pool_of("webqsp", 50)}
-    a = build_mix(pools, {}, MixConfig(seed=1, counts={"webqsp": 10}))[0]
-    b = build_mix(pools, {}, MixConfig(seed=1, counts={"webqsp": 10}))[0]
-    c = build_mix(pools, {}, MixConfig(seed=2, counts={"webqsp": 10}))[0]
+    a = build_mix(pools, {}, mix_config({"webqsp": 10}, seed=1))[0]
+    b = build_mix(pools, {}, mix_config({"webqsp": 10}, seed=1))[0]
+    c = build_mix(pools, {}, mix_config({"webqsp": 10}, seed=2))[0]
     assert a["id"].to_list() == b["id"].to_list()
     assert set(a["id"]) != set(c["id"])
     # a dataset's sample does not depend on the other datasets' counts
     both = {"webqsp": pools["webqsp"], "quest": pool_of("quest", 20)}
-    d = build_mix(both, {}, MixConfig(seed=1, counts={"webqsp": 10, "quest": 5}))[0]
+    d = build_mix(both, {}, mix_config({"webqsp": 10, "quest": 5}, seed=1))[0]
     assert set(d.filter(d["dataset"] == "webqsp")["id"]) == set(a["id"])
 
 
@@ -138,7 +149,7 @@ def test_question_duplicates_keep_the_smallest_id():
         rec("mintaka", 4, "Who wrote it?"),
     ]
     train, _, stats = build_mix(
-        {"mintaka": frame(records, "mintaka")}, {}, MixConfig(seed=0, counts={"mintaka": 3})
+        {"mintaka": frame(records, "mintaka")}, {}, mix_config({"mintaka": 3}, seed=0)
     )
     # "Salt-Orchard" normalizes to "saltorchard": a different question, kept
     assert sorted(train["id"]) == ["mintaka:00001", "mintaka:00002", "mintaka:00004"]
@@ -147,7 +158,7 @@ def test_question_duplicates_keep_the_smallest_id():
 
 def test_answer_count_filters():
     records = [rec("quest", i, f"Q{i}", n_answers=i) for i in range(1, 7)]
-    cfg = MixConfig(seed=0, counts={"quest": 3}, min_answers=2, max_answers=4)
+    cfg = mix_config({"quest": 3}, seed=0, min_answers=2, max_answers=4)
     train, _, stats = build_mix({"quest": frame(records, "quest")}, {}, cfg)
     assert sorted(len(a) for a in train["answers"].to_list()) == [2, 3, 4]
     assert stats["datasets"]["quest"]["removed"]["answer_count"] == 3
@@ -158,36 +169,40 @@ def test_too_small_pool_names_the_dataset_and_never_upsamples():
     with pytest.raises(
         MixError, match=r"dataset 'webqsp': the pool has 4 usable .* mix.counts.webqsp asks for 5"
     ):
-        build_mix(pools, {}, MixConfig(counts={"qampari": 5, "webqsp": 5}))
+        build_mix(pools, {}, mix_config({"qampari": 5, "webqsp": 5}))
     with pytest.raises(
         MixError, match=r"dataset 'qampari': 2 training questions are left .*val_per_dataset asks for 3"
     ):
-        build_mix(pools, {}, MixConfig(counts={"qampari": 8}, val_per_dataset=3))
+        build_mix(pools, {}, mix_config({"qampari": 8}, val_per_dataset=3))
     with pytest.raises(MixError, match=r"dataset 'quest': mix.counts.quest = 1 but no train records"):
-        build_mix(pools, {}, MixConfig(counts={"quest": 1}))
+        build_mix(pools, {}, mix_config({"quest": 1}))
     # a count of zero leaves the dataset out entirely (no pool needed)
-    train, val, stats = build_mix(pools, {}, MixConfig(counts={"qampari": 10, "quest": 0}))
+    train, val, stats = build_mix(pools, {}, mix_config({"qampari": 10, "quest": 0}))
     assert len(train) == 10 and len(val) == 0 and set(stats["datasets"]) == {"qampari"}
 
 
 def test_wrong_dataset_in_pool():
     with pytest.raises(MixError, match="dataset 'quest': train records of other datasets \\['mintaka'\\]"):
-        build_mix({"quest": pool_of("mintaka", 3)}, {}, MixConfig(counts={"quest": 1}))
+        build_mix({"quest": pool_of("mintaka", 3)}, {}, mix_config({"quest": 1}))
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("settings", "key"),
     [
-        ({"counts": {"nq": 3}}, "unknown dataset"),
-        ({"counts": {"quest": -1}}, "mix.counts.quest must be a non-negative integer"),
-        ({"min_answers": 0}, "min_answers must be >= 1"),
-        ({"min_answers": 3, "max_answers": 2}, "below mix.min_answers"),
-        ({"val_per_dataset": -1}, "val_per_dataset must be >= 0"),
+        ({"counts": {"nq": 3}}, r"counts\.nq\n.*Extra inputs"),
+        ({"counts": {"quest": -1}}, r"counts\.quest\n.*greater than or equal to 0"),
+        ({"min_answers": 0}, r"min_answers\n.*greater than or equal to 1"),
+        ({"val_per_dataset": -1}, r"val_per_dataset\n.*greater than or equal to 0"),
     ],
 )
-def test_config_errors(kwargs, message):
-    with pytest.raises(MixError, match=message):
-        MixConfig(**kwargs)
+def test_the_section_refuses_bad_settings_naming_the_key(settings, key):
+    with pytest.raises(ValidationError, match=key):
+        MixConfig.model_validate(settings)
+
+
+def test_fewer_most_answers_than_least_is_refused():
+    with pytest.raises(MixError, match=r"mix.max_answers \(2\) is below mix.min_answers \(3\)"):
+        build_mix({}, {}, mix_config({}, min_answers=3, max_answers=2))
 
 
 def test_files_round_trip(tmp_path):
@@ -197,13 +212,11 @@ def test_files_round_trip(tmp_path):
         test[d] = write_frame(
             pool_of(d, 3, start=50, split="test"), tmp_path / f"{d}_test.jsonl", record_schema(d)
         )
-    kwargs = dict(
-        seed=5, counts={"mintaka": 4, "quest": 4}, min_answers=1, max_answers=None, val_per_dataset=1
-    )
+    cfg = mix_config({"mintaka": 4, "quest": 4}, seed=5, min_answers=1, max_answers=None, val_per_dataset=1)
     out = [tmp_path / "a" / n for n in ("train.jsonl", "val.jsonl", "stats.json")]
-    stats = mix_training_set(train, test, *out, **kwargs)
+    stats = mix_training_set(train, test, *out, cfg)
     again = [tmp_path / "b" / n for n in ("train.jsonl", "val.jsonl", "stats.json")]
-    mix_training_set(train, test, *again, **kwargs)
+    mix_training_set(train, test, *again, cfg)
     assert [p.read_bytes() for p in out] == [p.read_bytes() for p in again]  # byte-identical reruns
     assert json.loads(out[2].read_text()) == stats
     rows = read_records(out[0], MIX_SCHEMA)
@@ -240,7 +253,7 @@ def test_a_test_question_with_invisible_characters_stays_out_of_the_mix(train_qu
     pool = [rec("qampari", i, f"Question {i}?") for i in range(6)] + [rec("qampari", 6, train_question)]
     evals = {"qampari": frame([rec("qampari", 900, test_question, split="test")], "qampari")}
     train, val, stats = build_mix(
-        {"qampari": frame(pool, "qampari")}, evals, MixConfig(seed=0, counts={"qampari": 6})
+        {"qampari": frame(pool, "qampari")}, evals, mix_config({"qampari": 6}, seed=0)
     )
     assert "qampari:00006" not in set(train["id"]) | set(val["id"])
     assert stats["datasets"]["qampari"]["removed"]["eval_overlap"] == 1
@@ -259,7 +272,7 @@ def test_a_test_question_of_another_dataset_stays_out_of_the_mix(train_dataset, 
     pool.append(rec(train_dataset, 6, "Who directed the Salt Orchard?"))
     evals = {test_dataset: frame([rec(test_dataset, 900, test_question, split="test")], test_dataset)}
     train, _, stats = build_mix(
-        {train_dataset: frame(pool, train_dataset)}, evals, MixConfig(seed=0, counts={train_dataset: 6})
+        {train_dataset: frame(pool, train_dataset)}, evals, mix_config({train_dataset: 6}, seed=0)
     )
     assert f"{train_dataset}:00006" not in set(train["id"])
     assert stats["datasets"][train_dataset]["removed"]["eval_overlap"] == 1
@@ -278,7 +291,7 @@ def test_the_files_of_every_evaluated_dataset_filter_the_mix(tmp_path):
         "quest": write_frame(frame(quest_test, "quest"), tmp_path / "q_test.jsonl", record_schema("quest")),
     }
     out = [tmp_path / n for n in ("train.jsonl", "val.jsonl", "stats.json")]
-    stats = mix_training_set(train, test, *out, seed=0, counts={"mintaka": 5, "quest": 0})
+    stats = mix_training_set(train, test, *out, mix_config({"mintaka": 5, "quest": 0}, seed=0))
     assert stats["datasets"]["mintaka"]["removed"]["eval_overlap"] == 1
     assert "mintaka:00003" not in set(read_records(out[0], MIX_SCHEMA)["id"])
 

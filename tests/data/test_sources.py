@@ -1,4 +1,4 @@
-"""Each dataset's extractor on small files written here in the real release formats (docs/data.md 1-4);
+"""Each dataset's extractor on small files written here in the real release formats (docs/data.md);
 the expected unified records are checked record by record, and the drops by reason."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""norm_v1 (docs/data.md 7.2): every example of the spec, each step on its own, and clean_text."""
+"""norm_v1 (docs/data.md, "norm_v1"): every example of the spec, each step on its own, and clean_text."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_output_is_nfc():
 
 
 def reference_norm_v1(s):
-    """docs/data.md 7.2 transcribed step by step, one character at a time (slow and obvious)."""
+    """docs/data.md's norm_v1 transcribed step by step, one character at a time (slow and obvious)."""
     text = "" if s is None else str(s)
     text = unicodedata.normalize("NFKC", text)
     text = text.lower()

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from plugin_method import REPO, VARIANT, environment, install
 
 DAG = textwrap.dedent(
@@ -76,7 +75,7 @@ def test_one_config_entry_plans_its_training_evaluation_and_table_row(dags):
     plain, _, added = dags
     train = "train_policy [('backbone', 'qwen3_8b'), ('variant', 'bonus')]"
     assert train in added and train not in plain
-    params = eval(added[train]["variant"])  # noqa: S307  (a repr of plain values)
+    params = eval(added[train]["variant"])
     assert params["bonus"] == 0.25 and params["verl_config"] == "grpo"
     assert params["advantage"] == "bonus_return" and params["reward"] == "novelty_bonus"
     for dataset in ("qampari", "mintaka", "webqsp", "quest"):

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
+from spader.config.model import MixConfig
 from spader.data import export_rl_dataset, mix_training_set, normalize_file
 from spader.infra import integrity
 from spader.infra.download import fetch, keep_path
@@ -46,8 +47,7 @@ def pipeline(tmp_path):
             mix / "train.jsonl",
             mix / "val.jsonl",
             mix / "stats.json",
-            counts=COUNTS,
-            val_per_dataset=1,
+            MixConfig.model_validate({"counts": COUNTS, "val_per_dataset": 1}),
         )
         integrity.set_job_rule("export_rl_dataset")
         verl = tmp_path / "verl"
@@ -80,7 +80,7 @@ def test_deleted_lines_in_a_normalized_file_stop_the_mix(pipeline, tmp_path):
             tmp_path / "m" / "train.jsonl",
             tmp_path / "m" / "val.jsonl",
             tmp_path / "m" / "stats.json",
-            counts=COUNTS,
+            MixConfig.model_validate({"counts": COUNTS, "val_per_dataset": 0}),
         )
     message = str(err.value)
     assert message.startswith(f"{path} was changed after it was written")

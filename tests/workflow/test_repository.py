@@ -228,6 +228,22 @@ def test_the_reference_patterns_catch_what_they_should():
     assert not _ISSUE.search("color='#1f77b4'") and not _ISSUE.search("data.md#72-norm_v1")
 
 
+# A section number of a page of docs/ quoted where the page is cited ("docs/data.md 7.4"): the
+# numbers move when a section is added, so code and config name the section instead.
+_SECTION_NUMBER = re.compile(r"\bdocs/[\w-]+\.md,?\s+(?:sections?\s+)?\d")
+
+
+def test_code_names_docs_sections_not_their_numbers():
+    offenders = [
+        f"{rel}:{n}: {line.strip()}"
+        for rel, n, line in _lines()
+        if not rel.startswith("docs/") and not rel.endswith(".md") and _SECTION_NUMBER.search(line)
+    ]
+    assert not offenders, 'name the section (docs/data.md, "Training mix"):\n' + "\n".join(offenders)
+    assert _SECTION_NUMBER.search("(docs/data.md 7.4)") and _SECTION_NUMBER.search("docs/data.md section 1")
+    assert not _SECTION_NUMBER.search('(docs/data.md, "Training mix")')
+
+
 def test_license_matches_the_package_metadata():
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert meta["license"] == {"text": "Apache-2.0"}

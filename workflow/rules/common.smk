@@ -343,7 +343,7 @@ def get_split_member(wildcards):
 
 def get_mix_datasets():
     """Datasets the mix draws from (mix.counts > 0); only their normalized files are inputs."""
-    return [d for d in DATASETS if config["mix"]["counts"][d] > 0]
+    return CONFIG.mix.drawn
 
 
 def get_mix_files(split):

@@ -1,6 +1,7 @@
 """Glue for rule mix_training_set. Logic: spader.data.mix (tests/data/test_mix.py)."""
 
 from spader.config import DATASETS
+from spader.config.model import MixConfig
 from spader.data import mix_metrics, mix_training_set
 from spader.infra.glue import job
 from spader.infra.tracking import log_metrics
@@ -13,6 +14,6 @@ with job(snakemake):
         snakemake.output.train,
         snakemake.output.val,
         snakemake.output.stats,
-        **snakemake.params.mix,
+        MixConfig.model_validate(snakemake.params.mix),
     )
     log_metrics(mix_metrics(stats))

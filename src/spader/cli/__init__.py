@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from spader import __version__
-from spader.config.command import CommandParser, call
+from spader.datasets import DatasetRegistryError
 
 __all__ = ["COMMANDS", "main"]
 
@@ -46,9 +46,11 @@ def command(name: str) -> ModuleType:
     return importlib.import_module(COMMANDS[name])
 
 
-def parser(only: str | None = None) -> CommandParser:
+def parser(only: str | None = None):
     """The whole command line (with every command's arguments when ``only`` is None, else only
     that command's, so that running one command imports only its module)."""
+    from spader.config.command import CommandParser  # the registry of datasets loads with it
+
     top = CommandParser(prog="spader", description=DESCRIPTION)
     top.add_argument("--version", action="version", version=f"spader {__version__}")
     top.add_argument("--traceback", action="store_true", help="show the traceback of an error")
@@ -68,5 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``spader`` with ``argv`` (default: the process's arguments); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    args = parser(chosen if chosen in COMMANDS else None).parse_args(argv)
+    try:
+        from spader.config.command import call
+
+        args = parser(chosen if chosen in COMMANDS else None).parse_args(argv)
+    except DatasetRegistryError as exc:  # a broken dataset entry point, before any command runs
+        if "--traceback" in argv:
+            raise
+        sys.stderr.write(f"spader: error: {exc}\n")
+        return 2
     return call(f"spader {args.command}", args._run, args, traceback=args.traceback)

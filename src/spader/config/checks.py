@@ -24,7 +24,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
-from spader.config.model import Config
+from spader.config.model import Config, dataset_defaults
 from spader.config.schema import json_schema
 
 __all__ = ["ConfigError", "check_config", "hub_slug", "verl_config_chain", "verl_config_dir"]
@@ -101,7 +101,8 @@ def check_config(
     """Validate ``config`` (raw, as read from YAML) and return it as a typed :class:`Config`.
 
     Args:
-        config: the merged configuration (missing keys take their defaults).
+        config: the merged configuration (missing keys take their defaults; ``datasets`` is laid
+            over the registry's entries first, :func:`~spader.config.model.dataset_defaults`).
         verl_config_dir: the project's verl YAML directory; when given, every variant's
             ``verl_config`` must name a file in it.
         check_paths: whether local model paths must exist.
@@ -111,6 +112,8 @@ def check_config(
         ConfigError: listing every invalid key (schema errors first; the rules between keys are
             checked once the schema passes).
     """
+    given = config["datasets"] if "datasets" in config else {}  # a config without it changes nothing
+    config = {**config, "datasets": dataset_defaults(given)}
     errors = schema_errors(config)
     if not errors:
         try:

@@ -21,6 +21,7 @@ exactly the jobs that use it) and turn them back into these classes with ``model
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from spader.datasets import FILE_NAME_PATTERN, NAME_PATTERN, registry
 from spader.methods import (
     ADVANTAGES,
     REWARDS,
@@ -87,13 +89,15 @@ __all__ = [
     "TrainingConfig",
     "VariantConfig",
     "WarmstartConfig",
+    "dataset_defaults",
     "model_kind",
     "named_run_root",
     "rebase_run_paths",
 ]
 
-#: The four datasets of the paper, in table order.
-DATASETS = ("qampari", "mintaka", "webqsp", "quest")
+#: The datasets (the registry, :mod:`spader.datasets`: the paper's four, then those of entry
+#: points), in table order.
+DATASETS = tuple(registry())
 #: Prompting methods: evaluated with the backbone as released (or warm-started), never trained.
 PROMPTING = ("rag", "react")
 #: Most BM25 candidates per query the retrieval service reranks (``retrieval.initial_k``, the
@@ -139,11 +143,9 @@ CROSS_KEY_RULES = (
     "`training.train_batch_size * training.rollout_n`.",
 )
 
-Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")]
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 #: A release file's name: a plain file name (``.`` and ``..`` name directories).
-FileName = Annotated[
-    str, StringConstraints(pattern=r"^(?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-]|\.\.[A-Za-z0-9._-])[A-Za-z0-9._-]*$")
-]
+FileName = Annotated[str, StringConstraints(pattern=FILE_NAME_PATTERN)]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda:[0-9]+)$")]
 
 
@@ -195,7 +197,7 @@ class MlflowConfig(Section):
 
 
 class CorpusConfig(Section):
-    """The QAMPARI Wikipedia 2021 chunk dump (docs/data.md 1.4)."""
+    """The QAMPARI Wikipedia 2021 chunk dump (docs/data.md, "The chunked Wikipedia corpus")."""
 
     url: str = Field(
         "https://aggreg-qa.s3.amazonaws.com/chunked_wikipedia.tar.gz",
@@ -275,7 +277,7 @@ class SplitsConfig(Section):
 
 
 class DatasetConfig(Section):
-    """One dataset's release files and splits (docs/data.md sections 1-4)."""
+    """One dataset's release files and splits (docs/data.md)."""
 
     files: dict[FileName, SourceConfig] = Field(
         min_length=1, description="Release files by name; each is fetched by rule download_dataset."
@@ -293,26 +295,105 @@ class DatasetConfig(Section):
         return self
 
 
-class DatasetsConfig(Section):
-    """The four datasets' release files (docs/data.md)."""
+def dataset_defaults(datasets: Any) -> Any:
+    """``datasets`` (the config's section) laid over the registry's entries (:mod:`spader.datasets`),
+    key by key as a config file is laid over another: the registry is the layer below
+    ``config/config.yaml``, so a config gives only what it changes (a release file's source, a split's
+    member) and keeps the entry's other files. A dataset the registry does not know is kept, for the
+    check to name it; a section that is not a mapping is returned as it is, for the check to refuse."""
+    from spader.config.files import overlay  # (files imports this module)
 
-    qampari: DatasetConfig = Field(description="QAMPARI (docs/data.md 1)")
-    mintaka: DatasetConfig = Field(description="Mintaka (docs/data.md 2)")
-    webqsp: DatasetConfig = Field(description="WebQSP (docs/data.md 3)")
-    quest: DatasetConfig = Field(description="QUEST (docs/data.md 4)")
+    if not isinstance(datasets, Mapping):
+        return datasets
+    out: dict[str, Any] = {}
+    for name, entry in registry().items():
+        given = datasets.get(name, {})
+        out[name] = overlay(entry.config_default(), given) if isinstance(given, Mapping) else given
+    return {**out, **{k: v for k, v in datasets.items() if k not in out}}
 
 
-class MixCounts(Section):
-    """Training instances per dataset."""
+def _section_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
 
-    qampari: StrictInt = Field(6000, ge=0, le=MAX_COUNT, description="QAMPARI instances")
-    mintaka: StrictInt = Field(2000, ge=0, le=MAX_COUNT, description="Mintaka instances")
-    webqsp: StrictInt = Field(2000, ge=0, le=MAX_COUNT, description="WebQSP instances")
-    quest: StrictInt = Field(2000, ge=0, le=MAX_COUNT, description="QUEST instances")
+
+def _dataset_section(name: str) -> type[DatasetConfig]:
+    """``datasets.<name>``: :class:`DatasetConfig` with the registry entry's release files and
+    splits as its defaults (a class per dataset, so that the schema states them)."""
+    default = registry()[name].config_default()
+    splits = create_model(
+        f"{_section_name(name)}Splits",
+        __base__=SplitsConfig,
+        __doc__=SplitsConfig.__doc__,
+        **{
+            split: (
+                SplitConfig,
+                Field(
+                    default_factory=lambda s=split: SplitConfig.model_validate(default["splits"][s]),
+                    description=SplitsConfig.model_fields[split].description,
+                ),
+            )
+            for split in ("train", "test")
+        },
+    )
+    files = DatasetConfig.model_fields["files"]
+    return create_model(
+        f"{_section_name(name)}Dataset",
+        __base__=DatasetConfig,
+        __doc__=DatasetConfig.__doc__,
+        files=(
+            dict[FileName, SourceConfig],
+            Field(
+                default_factory=lambda: {
+                    k: SourceConfig.model_validate(v) for k, v in default["files"].items()
+                },
+                min_length=1,
+                description=files.description,
+            ),
+        ),
+        splits=(
+            splits,
+            Field(default_factory=splits, description=DatasetConfig.model_fields["splits"].description),
+        ),
+    )
+
+
+class _Datasets(Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _over_the_registry(cls, data: Any) -> Any:
+        return dataset_defaults(data)
+
+
+#: ``datasets``: one section per dataset of the registry.
+DatasetsConfig = create_model(
+    "DatasetsConfig",
+    __base__=_Datasets,
+    __doc__="The datasets' release files (docs/data.md), one section per dataset of the registry "
+    "(spader.datasets); a config gives only what it changes.",
+    **{
+        name: (section, Field(default_factory=section, description=entry.description))
+        for name, entry in registry().items()
+        for section in [_dataset_section(name)]
+    },
+)
+
+#: ``mix.counts``: training instances per dataset, by default the paper's (the registry's).
+MixCounts = create_model(
+    "MixCounts",
+    __base__=Section,
+    __doc__="Training instances per dataset.",
+    **{
+        name: (
+            StrictInt,
+            Field(entry.paper_count, ge=0, le=MAX_COUNT, description=f"{entry.title} instances"),
+        )
+        for name, entry in registry().items()
+    },
+)
 
 
 class MixConfig(Section):
-    """The training mix (docs/data.md 7.4)."""
+    """The training mix (docs/data.md, "Training mix")."""
 
     seed: StrictInt = Field(42, ge=0, le=MAX_SEED, description="sampling seed")
     counts: MixCounts = Field(default_factory=MixCounts, description="Training instances per dataset.")
@@ -331,6 +412,11 @@ class MixConfig(Section):
     eval_limit: StrictInt | None = Field(
         None, ge=1, le=MAX_COUNT, description="cap on instances per evaluation set"
     )
+
+    @property
+    def drawn(self) -> list[str]:
+        """The datasets the mix draws from (a count above 0), in table order."""
+        return [d for d in DATASETS if getattr(self.counts, d) > 0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,10 +712,10 @@ class _Variant(Section):
             return data
         load_plugins()
         extra = [k for k in data if k not in cls.model_fields]
-        for key, registry in (("reward", REWARDS), ("advantage", ADVANTAGES)):
+        for key, known in (("reward", REWARDS), ("advantage", ADVANTAGES)):
             value = data.get(key, cls.model_fields[key].default)
-            if not isinstance(value, str) or value not in registry:
-                names = [repr(n) for n in registry]
+            if not isinstance(value, str) or value not in known:
+                names = [repr(n) for n in known]
                 either = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
                 raise ValueError(f"{key}: Input should be {either} (the method registry's), got {value!r}")
         reward = data.get("reward", cls.model_fields["reward"].default)
@@ -1315,13 +1401,20 @@ class Config(Section):
         default_factory=MlflowConfig, description="MLflow tracking (not a rerun trigger)."
     )
     corpus: CorpusConfig = Field(
-        default_factory=CorpusConfig, description="The QAMPARI Wikipedia 2021 chunk dump (docs/data.md 1.4)."
+        default_factory=CorpusConfig,
+        description='The QAMPARI Wikipedia 2021 chunk dump (docs/data.md, "The chunked Wikipedia corpus").',
     )
     retrieval: RetrievalConfig = Field(
         default_factory=RetrievalConfig, description='The search tool (docs/method.md, "Retrieval").'
     )
-    datasets: DatasetsConfig = Field(description="The four datasets' release files (docs/data.md).")
-    mix: MixConfig = Field(default_factory=MixConfig, description="The training mix (docs/data.md 7.4).")
+    datasets: DatasetsConfig = Field(
+        default_factory=DatasetsConfig,
+        description="The datasets' release files (docs/data.md), one section per dataset of the registry "
+        "(spader.datasets), laid over the registry's files and splits.",
+    )
+    mix: MixConfig = Field(
+        default_factory=MixConfig, description='The training mix (docs/data.md, "Training mix").'
+    )
     backbones: dict[Name, BackboneConfig] = Field(min_length=1, description="Backbones by name.")
     variants: dict[Name, VariantConfig] = Field(default_factory=dict, description="Trained variants by name.")
     training: TrainingConfig = Field(
@@ -1504,11 +1597,8 @@ class Config(Section):
         return out
 
 
-#: Release files the project cannot fetch for the user, with where to get them.
-USER_SUPPLIED = {
-    "WebQSP.zip": "WebQSP is not redistributable: download WebQSP.zip from "
-    "https://www.microsoft.com/en-us/download/details.aspx?id=52763",
-}
+#: Release files the project cannot fetch for the user, with where to get them (the registry's).
+USER_SUPPLIED = {f.name: f.supply for entry in registry().values() for f in entry.files if f.supply}
 
 
 def _unique(items: list[Any], key: str) -> None:

@@ -7,7 +7,8 @@ set_default=True)``) gets the model's defaults (a test holds both equal). Nothin
 :func:`json_schema`.
 
 Beyond pydantic's own generator: no ``title`` keys, sections (nested models with a default) get
-``default: {}`` (``validate(..., set_default=True)`` then fills their keys one by one), fields that
+``default: {}`` when each of their keys has a default (``validate(..., set_default=True)`` then
+fills their keys one by one; a section with a required key keeps its whole default), fields that
 point at a section keep their description, and maps with free keys (backbones, variants, release
 files) reject keys that do not match their pattern.
 """
@@ -75,10 +76,21 @@ def _finish_object(node: dict, model: type[BaseModel]) -> None:
         field = model.model_fields[name]
         if field.description and "description" not in prop:
             prop["description"] = " ".join(field.description.split())
-        if _refers_to_model(prop) and isinstance(prop.get("default"), dict):
+        if (
+            _refers_to_model(prop)
+            and isinstance(prop.get("default"), dict)
+            and _fills_itself(field.annotation)
+        ):
             prop["default"] = {}  # filled key by key from the section's own defaults
         _finish_nullable(prop)
         _finish_maps(prop)
+
+
+def _fills_itself(annotation: Any) -> bool:
+    """Whether every key of the section(s) ``annotation`` names has a default (so that an empty
+    section is filled key by key); a section with a required key keeps its whole default (a
+    dataset's splits)."""
+    return all(not f.is_required() for m in _nested_models(annotation) for f in m.model_fields.values())
 
 
 def _finish_nullable(prop: dict) -> None:

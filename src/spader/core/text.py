@@ -1,6 +1,6 @@
 """Text normalization shared by data preparation, rewards, entity matching and metrics.
 
-``normalize`` is ``norm_v1`` (docs/data.md section 7.2). It is the single normalization
+``normalize`` is ``norm_v1`` (docs/data.md, "norm_v1"). It is the single normalization
 of this project: dataset answers, model predictions and retrieved passage text all go through it,
 so a match in training reward and a match in evaluation mean the same thing.
 
@@ -70,9 +70,9 @@ _DELETE = _DeleteTable()
 def normalize(s: object) -> str:
     """Normalize an answer, prediction or passage with ``norm_v1``.
 
-    Steps (docs/data.md 7.2, in order): ``None`` -> ``""``; NFKC; ``str.lower``; NFKD and drop combining
-    marks; delete ASCII and Unicode ``P*`` punctuation (no space inserted); replace the whole words
-    a/an/the by a space; collapse whitespace and strip; NFC.
+    Steps (docs/data.md, "norm_v1", in order): ``None`` -> ``""``; NFKC; ``str.lower``; NFKD and
+    drop combining marks; delete ASCII and Unicode ``P*`` punctuation (no space inserted); replace
+    the whole words a/an/the by a space; collapse whitespace and strip; NFC.
 
     >>> normalize("A sós gyümölcsös")
     'sos gyumolcsos'
@@ -104,7 +104,7 @@ _COMPAT_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u
 
 
 def normalize_spader_compat(s: object) -> str:
-    """The authors' ``normalize_answer`` (docs/data.md section 6): lower-case, straighten quotes, delete
+    """The authors' ``normalize_answer`` (docs/data.md, "The authors' normalisation"): lower-case, straighten quotes, delete
     ASCII punctuation and three dashes, drop articles, collapse whitespace. No accent folding.
     For reproducing published numbers only."""
     if s is None:

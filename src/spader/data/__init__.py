@@ -1,6 +1,8 @@
 """Datasets: release files -> unified records (norm_v1) -> training mix, verl parquet, evaluation sets.
 
-Normative description: docs/data.md (sections 1-4 release formats, 7 records and mix).
+Normative description: docs/data.md (each dataset's release format; unified records and the mix).
+Which datasets there are, and what each needs (release files, extractor, record layout, ``meta``
+fields, paper count), is the registry's (:mod:`spader.datasets`).
 
 Modules: :mod:`~spader.data.readers` (release files, errors with file and line),
 :mod:`~spader.data.sources` (one extractor per dataset), :mod:`~spader.data.records` (the unified
@@ -18,7 +20,7 @@ from spader.data.export import (
     export_rl_dataset,
     verl_rows,
 )
-from spader.data.mix import MixConfig, MixError, build_mix, mix_metrics, mix_training_set
+from spader.data.mix import MixError, build_mix, mix_metrics, mix_training_set
 from spader.data.records import (
     DATASETS,
     MIX_SCHEMA,
@@ -39,7 +41,6 @@ __all__ = [
     "VERL_SCHEMA",
     "DataFormatError",
     "DatasetSourceError",
-    "MixConfig",
     "MixError",
     "NormalizeSummary",
     "build_entities",

@@ -20,7 +20,9 @@ HELP = "release file -> unified records (normalize)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=type(p))
-    n = sub.add_parser("normalize", help="release file -> unified records (docs/data.md 7.1)")
+    n = sub.add_parser(
+        "normalize", help='release file -> unified records (docs/data.md, "Normalized record")'
+    )
     n.add_argument("--dataset", required=True, choices=DATASETS)
     n.add_argument("--split", required=True, help="split name written into the records (train, dev, test)")
     n.add_argument("--input", required=True, help="release file or zip archive")

@@ -1,9 +1,9 @@
 """Exports of normalized records: the verl training parquet and the per-dataset evaluation files.
 
-verl parquet (docs/data.md 7.1; read by ``verl.utils.dataset.rl_dataset.RLHFDataset``), one row per
-question::
+verl parquet (docs/data.md, "Normalized record"; read by
+``verl.utils.dataset.rl_dataset.RLHFDataset``), one row per question::
 
-    data_source   "qampari" | "mintaka" | "webqsp" | "quest"   (reward dispatch key)
+    data_source   the dataset: "qampari" | "mintaka" | "webqsp" | "quest" | ...   (reward dispatch key)
     prompt        [{"role": "user", "content": spader.core.prompt.build_user_prompt(question)}]
     ability       "multi-answer-qa"
     reward_model  {"style": "rule", "ground_truth": {"target": [primary names],

@@ -1,9 +1,9 @@
 """Writers of release files in their on-disk layout (used by the demo generator, the hub
 conversion and the tests).
 
-Mintaka's JSON layout (docs/data.md 2.1): 4-space indent; a non-empty object or array value starts on
-its own line under its key, at the key's indentation; array scalars one per line; raw UTF-8; no
-trailing newline.
+Mintaka's JSON layout (docs/data.md, Mintaka's "Release files"): 4-space indent; a non-empty object
+or array value starts on its own line under its key, at the key's indentation; array scalars one per
+line; raw UTF-8; no trailing newline.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The training mix (docs/data.md 7.4): 6,000 QAMPARI + 2,000 Mintaka + 2,000 WebQSP + 2,000 QUEST.
+"""The training mix (docs/data.md, "Training mix"): the paper's is 6,000 QAMPARI + 2,000 Mintaka +
+2,000 WebQSP + 2,000 QUEST (the registry's counts, the defaults of ``mix.counts``).
 
 Per dataset, the pool is the normalized *train* split, sorted by id, with duplicate ids removed,
 filtered by answer count (``min_answers``/``max_answers``), without questions that are also an
@@ -10,6 +11,8 @@ pool smaller than ``k`` is an error that names the dataset (never up-sampled). T
 records are drawn the same way from what is left of each pool, so they are disjoint from both the
 mix and the evaluation split. The training records of all datasets are shuffled with
 ``random.Random(seed)``.
+
+The settings are the configuration's section ``mix`` (:class:`spader.config.model.MixConfig`).
 """
 
 from __future__ import annotations
@@ -19,15 +22,14 @@ import logging
 import os
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from spader.config.model import MixConfig
 from spader.core.text import question_key
 from spader.data.records import (
-    DATASETS,
     MIX_SCHEMA,
     empty_frame,
     read_records,
@@ -38,49 +40,22 @@ from spader.data.records import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MixConfig", "MixError", "build_mix", "mix_metrics", "mix_training_set", "prepare_pool"]
+__all__ = ["MixError", "build_mix", "mix_metrics", "mix_training_set", "prepare_pool"]
 
 
 class MixError(ValueError):
     """The mix cannot be built as configured; the message names the dataset."""
 
 
-def _paper_counts() -> dict[str, int]:
-    return {"qampari": 6000, "mintaka": 2000, "webqsp": 2000, "quest": 2000}
+def _counts(cfg: MixConfig) -> dict[str, int]:
+    """``mix.counts`` as a map (every dataset of the registry)."""
+    return cfg.counts.model_dump()
 
 
-@dataclass(frozen=True)
-class MixConfig:
-    """Mix settings (``config["mix"]`` without ``eval_limit``)."""
-
-    seed: int = 42
-    counts: Mapping[str, int] = field(default_factory=_paper_counts)
-    min_answers: int = 1
-    max_answers: int | None = None
-    val_per_dataset: int = 0
-
-    def __post_init__(self):
-        unknown = set(self.counts) - set(DATASETS)
-        if unknown:
-            raise MixError(f"mix.counts: unknown dataset(s) {sorted(unknown)} (known: {', '.join(DATASETS)})")
-        for d, k in self.counts.items():
-            if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-                raise MixError(f"mix.counts.{d} must be a non-negative integer, got {k!r}")
-        if not isinstance(self.seed, int):
-            raise MixError(f"mix.seed must be an integer, got {self.seed!r}")
-        if self.min_answers < 1:
-            raise MixError(f"mix.min_answers must be >= 1, got {self.min_answers}")
-        if self.max_answers is not None and self.max_answers < self.min_answers:
-            raise MixError(
-                f"mix.max_answers ({self.max_answers}) is below mix.min_answers ({self.min_answers})"
-            )
-        if self.val_per_dataset < 0:
-            raise MixError(f"mix.val_per_dataset must be >= 0, got {self.val_per_dataset}")
-
-    @property
-    def datasets(self) -> list[str]:
-        """Datasets that contribute (count > 0), in the canonical order."""
-        return [d for d in DATASETS if self.counts.get(d, 0) > 0]
+def _check(cfg: MixConfig) -> None:
+    """The one rule between the section's keys (checked with the whole configuration too)."""
+    if cfg.max_answers is not None and cfg.max_answers < cfg.min_answers:
+        raise MixError(f"mix.max_answers ({cfg.max_answers}) is below mix.min_answers ({cfg.min_answers})")
 
 
 def _question_keys(df: pl.DataFrame) -> pl.Series:
@@ -151,8 +126,8 @@ def _mix_dataset(
 ) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, Any]]:
     """``(train, val, stats)`` of dataset ``d``: its sampled records (:data:`MIX_SCHEMA`) and counts."""
     if d not in pools:
-        raise MixError(f"dataset '{d}': mix.counts.{d} = {cfg.counts[d]} but no train records were given")
-    k = cfg.counts[d]
+        raise MixError(f"dataset '{d}': mix.counts.{d} = {_counts(cfg)[d]} but no train records were given")
+    k = _counts(cfg)[d]
     pool, removed = _pool(d, pools[d], eval_keys, cfg)
     if len(pool) < k:
         raise MixError(
@@ -195,17 +170,18 @@ def build_mix(
     Raises:
         MixError naming the dataset when its pool is missing or too small.
     """
+    _check(cfg)
     train_parts, val_parts = [], []
     stats: dict[str, Any] = {
         "seed": cfg.seed,
-        "counts": dict(cfg.counts),
+        "counts": dict(sorted(_counts(cfg).items())),  # by name, as the workflow's param holds them
         "min_answers": cfg.min_answers,
         "max_answers": cfg.max_answers,
         "val_per_dataset": cfg.val_per_dataset,
         "datasets": {},
     }
     eval_keys = _eval_keys(evals)
-    for d in cfg.datasets:
+    for d in cfg.drawn:
         picked, val, stats["datasets"][d] = _mix_dataset(d, pools, eval_keys, cfg)
         train_parts.append(picked)
         val_parts.append(val)
@@ -239,7 +215,7 @@ def mix_training_set(
     out_train: str | os.PathLike,
     out_val: str | os.PathLike,
     out_stats: str | os.PathLike,
-    **settings: Any,
+    cfg: MixConfig,
 ) -> dict[str, Any]:
     """Build the mix from normalized files and write ``train``/``val`` records and ``stats.json``.
 
@@ -249,13 +225,11 @@ def mix_training_set(
             the mix does not draw from).
         out_train, out_val: record files (``.jsonl`` or ``.parquet``), schema :data:`MIX_SCHEMA`.
         out_stats: JSON file of per-dataset pool sizes, removals and sample sizes.
-        **settings: :class:`MixConfig` fields (``seed``, ``counts``, ``min_answers``, ``max_answers``,
-            ``val_per_dataset``).
+        cfg: the configuration's section ``mix`` (``eval_limit`` is not read here).
     Returns:
         The stats.
     """
-    cfg = MixConfig(**settings)
-    pools = {d: read_records(train[d], record_schema(d)) for d in cfg.datasets if d in train}
+    pools = {d: read_records(train[d], record_schema(d)) for d in cfg.drawn if d in train}
     evals = {d: read_records(path, record_schema(d)) for d, path in test.items()}
     train_df, val_df, stats = build_mix(pools, evals, cfg)
     write_frame(train_df, out_train, MIX_SCHEMA)

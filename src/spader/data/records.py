@@ -1,4 +1,5 @@
-"""The unified record (docs/data.md 7.1), ``build_entities`` (7.3) and typed record tables.
+"""The unified record, ``build_entities`` and typed record tables (docs/data.md, "Unified records,
+normalisation and the mix").
 
 A normalized record is one question with its gold entities::
 
@@ -10,8 +11,9 @@ A normalized record is one question with its gold entities::
 
 Tables of records are polars frames with an explicit schema (:func:`record_schema`); every write
 goes through :func:`check_frame`, so a file on disk always has the documented columns and types.
-``meta`` is a struct whose fields depend on the dataset (:data:`META_FIELDS`); frames that mix
-datasets (the training mix) use the union of those fields (:data:`MIX_SCHEMA`).
+``meta`` is a struct whose fields depend on the dataset (:data:`META_FIELDS`, from its registry
+entry); frames that mix datasets (the training mix) use the union of those fields
+(:data:`MIX_SCHEMA`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ import polars as pl
 
 from spader.config import DATASETS
 from spader.core.text import clean_text, normalize, strip_invisible
+from spader.datasets import registry
 from spader.infra import integrity
 from spader.infra.atomic import atomic_path
 
 __all__ = [
     "DATASETS",
     "DROP_REASONS",
+    "META_DTYPES",
     "META_FIELDS",
     "MIX_SCHEMA",
     "DataFormatError",
@@ -51,7 +55,7 @@ __all__ = [
 ]
 
 
-# docs/data.md 7.3; ``non_list_answer_type`` is followed by ":<answerType>".
+# docs/data.md, "build_entities"; ``non_list_answer_type`` is followed by ":<answerType>".
 DROP_REASONS = (
     "empty_answer_list",
     "non_list_answer_type",
@@ -83,31 +87,25 @@ class Drop(Exception):
 
 _LIST_STR = pl.List(pl.String)
 _LIST_LIST_STR = pl.List(pl.List(pl.String))
+#: The polars type of each type a registry entry gives a ``meta`` field (spader.datasets.META_TYPES).
+META_DTYPES: dict[str, pl.DataType] = {
+    "string": pl.String,
+    "integer": pl.Int64,
+    "float": pl.Float64,
+    "boolean": pl.Boolean,
+    "list[string]": _LIST_STR,
+    "list[list[string]]": _LIST_LIST_STR,
+}
 
+#: Each dataset's ``meta`` fields: where the record was read (``source_file``, ``source_id``),
+#: then the fields of its registry entry (spader.datasets), in order.
 META_FIELDS: dict[str, dict[str, pl.DataType]] = {
-    "qampari": {"source_file": pl.String, "source_id": pl.String, "qtype": pl.String},
-    "mintaka": {
+    name: {
         "source_file": pl.String,
         "source_id": pl.String,
-        "category": pl.String,
-        "complexity_type": pl.String,
-        "answer_type": pl.String,
-        "mintaka_version": pl.String,  # "1.0" (labels are strings), "1.1" (label dicts), null (no labels)
-    },
-    "webqsp": {
-        "source_file": pl.String,
-        "source_id": pl.String,
-        "parse_ids": _LIST_STR,  # the valid (Good + Complete) parses, in file order
-        "parse_answers": _LIST_LIST_STR,  # entity names per valid parse (max-over-parses metrics)
-    },
-    "quest": {
-        "source_file": pl.String,
-        "source_id": pl.String,  # "<split>:<0-based line>", QUEST has no ids
-        "template": pl.String,
-        "domain": pl.String,
-        "original_query": pl.String,
-        "docs_raw": _LIST_STR,
-    },
+        **{key: META_DTYPES[kind] for key, kind in entry.meta.items()},
+    }
+    for name, entry in registry().items()
 }
 
 
@@ -159,7 +157,7 @@ def has_visible_text(text: str) -> bool:
 
 
 def build_entities(groups: Iterable[Sequence[object]]) -> tuple[list[list[str]], list[list[str]]]:
-    """Gold entities from raw alias groups (docs/data.md 7.3).
+    """Gold entities from raw alias groups (docs/data.md, "build_entities").
 
     Each group is a list of strings, primary name first. Strings are ``clean_text``'ed; empty
     strings, exact duplicates and strings whose normalized form is empty or shows nothing (only
@@ -207,7 +205,7 @@ _TRAILING_PAREN = re.compile(r"\s*\([^()]*\)\s*$")
 
 
 def strip_parenthetical(title: str) -> str:
-    """``"Heat (1995 film)"`` -> ``"Heat"``: remove one trailing ``" (...)"`` (docs/data.md 4.3)."""
+    """``"Heat (1995 film)"`` -> ``"Heat"``: remove one trailing ``" (...)"`` (docs/data.md, QUEST)."""
     return _TRAILING_PAREN.sub("", title)
 
 

@@ -1,5 +1,6 @@
 """Fetching release files (rule ``download_dataset``): a URL or local path through
-:func:`spader.infra.download.fetch`, or a Hugging Face hub copy through ``huggingface_hub`` (docs/data.md 5).
+:func:`spader.infra.download.fetch`, or a Hugging Face hub copy through ``huggingface_hub``
+(docs/data.md, "Hub copies").
 
 Config entry of one release file (``datasets.<dataset>.files.<name>``)::
 

@@ -1,7 +1,10 @@
-"""One extractor per dataset: release record -> unified record (docs/data.md sections 1.3, 2.3, 3.3, 4.3).
+"""One extractor per dataset: release record -> unified record (docs/data.md, "How answers are taken"
+of each dataset).
 
-Each extractor takes one raw record and returns ``(source_id, question, groups, meta)``, where
-``groups`` are raw alias groups for :func:`~spader.data.records.build_entities`, or raises
+Which extractor, which record layout and which default zip member a dataset has is its registry
+entry's (:mod:`spader.datasets`); the paper's four extractors are here. Each extractor takes one
+raw record and returns ``(source_id, question, groups, meta)``, where ``groups`` are raw alias
+groups for :func:`~spader.data.records.build_entities`, or raises
 :class:`~spader.data.records.Drop` for a record the spec drops (counted by reason). Malformed
 records raise :class:`~spader.data.records.DataFormatError` naming file and line.
 """
@@ -33,7 +36,6 @@ from spader.data.readers import (
     require,
 )
 from spader.data.records import (
-    DATASETS,
     DataFormatError,
     Drop,
     build_entities,
@@ -43,16 +45,12 @@ from spader.data.records import (
     strip_parenthetical,
     write_frame,
 )
+from spader.datasets import Dataset
+from spader.datasets import dataset as registry_entry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_MEMBERS", "NormalizeSummary", "drops_path_for", "normalize_file", "normalize_release"]
-
-# Zip members of the official archives (docs/data.md 1.1, 3.1), used when no member is named.
-DEFAULT_MEMBERS = {
-    "qampari": "qampari_data/{split}_data.jsonl",
-    "webqsp": "WebQSP/data/WebQSP.{split}.json",
-}
+__all__ = ["NormalizeSummary", "drops_path_for", "normalize_file", "normalize_release"]
 
 Extracted = tuple[str, str, list[list[Any]], dict[str, Any]]
 
@@ -207,18 +205,11 @@ def extract_quest(obj: dict, src: Source, line: int, split: str) -> Extracted:
     return f"{split}:{line - 1:05d}", question, groups, meta
 
 
-_EXTRACTORS: dict[str, Callable[[dict, Source, int, str], Extracted]] = {
-    "qampari": extract_qampari,
-    "mintaka": extract_mintaka,
-    "webqsp": extract_webqsp,
-    "quest": extract_quest,
-}
-
-
-def _iter_raw(dataset: str, stream: IO[bytes], src: Source) -> Iterator[tuple[int, Any]]:
-    if dataset in ("qampari", "quest"):
+def _iter_raw(entry: Dataset, stream: IO[bytes], src: Source) -> Iterator[tuple[int, Any]]:
+    """The raw records of a release file, laid out as the dataset's entry says."""
+    if entry.layout == "jsonl":
         return iter_jsonl(stream, src)
-    return iter_json_records(stream, src, key="Questions" if dataset == "webqsp" else None)
+    return iter_json_records(stream, src, key=entry.records_key)
 
 
 @dataclass
@@ -255,24 +246,23 @@ def normalize_release(
     """Unified records of one split of one release file.
 
     Args:
-        dataset: ``qampari``, ``mintaka``, ``webqsp`` or ``quest``.
+        dataset: a dataset of the registry (``qampari``, ``mintaka``, ``webqsp``, ``quest``, ...).
         split: split name, written into the records (``train``, ``test``, ...).
-        path: the release file or zip archive; for QAMPARI and WebQSP archives the member defaults
-            to the official path of ``split`` (:data:`DEFAULT_MEMBERS`).
+        path: the release file or zip archive; for an archive the member defaults to the official
+            path of ``split`` when the dataset's entry has one (QAMPARI's and WebQSP's ``zip_member``).
         member: zip member to read.
     Returns:
         ``(records, summary)``: records in file order, and the counts of read/kept/dropped records.
     """
-    if dataset not in _EXTRACTORS:
-        raise ValueError(f"unknown dataset '{dataset}' (known: {', '.join(DATASETS)})")
-    if member is None and dataset in DEFAULT_MEMBERS and looks_like_zip(path):
-        member = DEFAULT_MEMBERS[dataset].format(split=split)
-    extract = _EXTRACTORS[dataset]
+    entry = registry_entry(dataset)  # unknown: a ValueError naming the known datasets
+    if member is None and entry.zip_member and looks_like_zip(path):
+        member = entry.member(split)
+    extract = entry.extractor()
     records: list[dict] = []
     with open_release(path, member) as (stream, src):
         summary = NormalizeSummary(dataset, split, src.member_name)
         for line, obj in tqdm(
-            _iter_raw(dataset, stream, src), desc=f"{dataset}/{split}", unit=" rec", mininterval=5
+            _iter_raw(entry, stream, src), desc=f"{dataset}/{split}", unit=" rec", mininterval=5
         ):
             summary.read += 1
             if not isinstance(obj, dict):

@@ -1,28 +1,29 @@
 """The bundled CPU demo data (``resources/demo/``), regenerated with ``python -m spader.demo <dir>``.
 
 A small fictional world (:mod:`spader.demo.world`) written out in the real formats: the QAMPARI
-Wikipedia chunk dump (``chunked_wikipedia.tar.gz``, docs/data.md 1.4) and each dataset's release files
-(:mod:`spader.demo.releases`). The output is deterministic byte for byte, so the committed files
-can be compared with a fresh regeneration.
+Wikipedia chunk dump (``chunked_wikipedia.tar.gz``, docs/data.md, "The chunked Wikipedia corpus")
+and each dataset's release files, by the ``demo_writer`` of its registry entry
+(:mod:`spader.datasets`; the paper's are in :mod:`spader.demo.releases`). The output is
+deterministic byte for byte, so the committed files can be compared with a fresh regeneration.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 from pathlib import Path
 
-from spader.data.layout import dump_jsonl, dump_mintaka_json
-from spader.demo.archive import write_tar_gz, write_zip
-from spader.demo.releases import mintaka_splits, qampari_splits, quest_splits, webqsp_splits
+from spader.data.layout import dump_jsonl
+from spader.datasets import registry
+from spader.demo.archive import write_tar_gz
 from spader.demo.world import EVAL_TOPICS, SEED, World, build_world
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DEMO_FILES", "chunk_lines", "generate"]
 
+#: What :func:`generate` writes for the paper's datasets (resources/demo, committed).
 DEMO_FILES = (
     "chunked_wikipedia.tar.gz",
     "qampari.zip",
@@ -39,7 +40,8 @@ _CHUNK_FILES = 3
 
 
 def chunk_lines(world: World) -> list[dict]:
-    """The world's passages, both sides, as chunk records (docs/data.md 1.4 line format)."""
+    """The world's passages, both sides, as chunk records (the line format of docs/data.md, "The
+    chunked Wikipedia corpus")."""
     out = []
     for i, p in enumerate(world.corpus):
         out.append(
@@ -61,13 +63,14 @@ def chunk_lines(world: World) -> list[dict]:
 
 
 def generate(outdir: str | os.PathLike, seed: int = SEED) -> list[Path]:
-    """Write the demo corpus and release files under ``outdir``.
+    """Write the demo corpus and, for each dataset of the registry that has a demo writer, its
+    release files under ``outdir``.
 
     Returns:
-        The written paths (:data:`DEMO_FILES` under ``outdir``).
+        The written paths (for the paper's datasets, :data:`DEMO_FILES` under ``outdir``).
     """
     out = Path(outdir)
-    (out / "quest").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     world = build_world(seed, n_eval=EVAL_TOPICS)
     rng = random.Random(seed + 1)
 
@@ -77,24 +80,11 @@ def generate(outdir: str | os.PathLike, seed: int = SEED) -> list[Path]:
         for k in range(_CHUNK_FILES)
     }
     write_tar_gz(out / "chunked_wikipedia.tar.gz", chunks)
-
-    qampari = qampari_splits(world)
-    write_zip(
-        out / "qampari.zip",
-        {f"qampari_data/{s}_data.jsonl": dump_jsonl(r).encode() for s, r in qampari.items()},
-    )
-    for split, records in mintaka_splits(world, rng).items():
-        (out / f"mintaka_{split}.json").write_text(dump_mintaka_json(records), encoding="utf-8")
-    webqsp = webqsp_splits(world)
-    write_zip(
-        out / "WebQSP.zip",
-        {
-            f"WebQSP/data/WebQSP.{s}.json": json.dumps(doc, indent=2, ensure_ascii=False).encode()
-            for s, doc in webqsp.items()
-        },
-    )
-    for split, records in quest_splits(world).items():
-        (out / "quest" / f"{split}.jsonl").write_text(dump_jsonl(records), encoding="ascii")
-    paths = [out / name for name in DEMO_FILES]
+    names = ["chunked_wikipedia.tar.gz"]
+    for entry in registry().values():  # in the registry's order, each drawing from one generator
+        writer = entry.writer()
+        if writer is not None:
+            names += writer(out, world, rng)
+    paths = [out / name for name in names]
     log.info("demo: %d passages, %d files under %s", len(lines), len(paths), out)
     return paths

@@ -1,4 +1,6 @@
-"""Demo release records in each dataset's real format (docs/data.md 1-4), built from the demo world.
+"""Demo release records in each dataset's real format (docs/data.md), built from the demo world, and
+the writers of each dataset's release files (``write_<dataset>``, named by its registry entry's
+``demo_writer``: :func:`spader.demo.generate` calls them in the registry's order).
 
 Besides ordinary questions, each split carries records that exercise the drop rules and the mix:
 an empty answer list, answers that normalize to nothing, Mintaka yes/no, count, date and number
@@ -10,13 +12,26 @@ question that is also a test question (removed from the mix).
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from itertools import pairwise
+from pathlib import Path
 
+from spader.data.layout import dump_jsonl, dump_mintaka_json
+from spader.demo.archive import write_zip
 from spader.demo.world import KINDS, Entity, Topic, World
 
-__all__ = ["mintaka_splits", "qampari_splits", "quest_splits", "webqsp_splits"]
+__all__ = [
+    "mintaka_splits",
+    "qampari_splits",
+    "quest_splits",
+    "webqsp_splits",
+    "write_mintaka",
+    "write_qampari",
+    "write_quest",
+    "write_webqsp",
+]
 
 _LANGS = ("ar", "de", "ja", "hi", "pt", "es", "it", "fr")
 _WIKI = "https://en.wikipedia.org/wiki/"
@@ -417,3 +432,49 @@ def quest_splits(world: World) -> dict[str, list[dict]]:
         },
     }  # drop: empty_answer_list
     return {"train_aug": [*queries[:11], empty], "val": queries[11:14], "test": _held_quest(world)}
+
+
+# ------------------------------------------------------------------------------------------------
+# The writers: (output directory, world, the demo's random generator) -> the files written,
+# relative to the directory. Only Mintaka's draws from the generator.
+# ------------------------------------------------------------------------------------------------
+def write_qampari(out: Path, world: World, rng: random.Random) -> list[str]:
+    """``qampari.zip`` with ``qampari_data/<split>_data.jsonl``."""
+    splits = qampari_splits(world)
+    write_zip(
+        out / "qampari.zip",
+        {f"qampari_data/{s}_data.jsonl": dump_jsonl(r).encode() for s, r in splits.items()},
+    )
+    return ["qampari.zip"]
+
+
+def write_mintaka(out: Path, world: World, rng: random.Random) -> list[str]:
+    """``mintaka_<split>.json`` (v1.1, Mintaka's indentation)."""
+    names = []
+    for split, records in mintaka_splits(world, rng).items():
+        (out / f"mintaka_{split}.json").write_text(dump_mintaka_json(records), encoding="utf-8")
+        names.append(f"mintaka_{split}.json")
+    return names
+
+
+def write_webqsp(out: Path, world: World, rng: random.Random) -> list[str]:
+    """``WebQSP.zip`` with ``WebQSP/data/WebQSP.<split>.json``."""
+    docs = webqsp_splits(world)
+    write_zip(
+        out / "WebQSP.zip",
+        {
+            f"WebQSP/data/WebQSP.{s}.json": json.dumps(doc, indent=2, ensure_ascii=False).encode()
+            for s, doc in docs.items()
+        },
+    )
+    return ["WebQSP.zip"]
+
+
+def write_quest(out: Path, world: World, rng: random.Random) -> list[str]:
+    """``quest/<split>.jsonl`` (ASCII escapes, as QUEST writes them)."""
+    (out / "quest").mkdir(parents=True, exist_ok=True)
+    names = []
+    for split, records in quest_splits(world).items():
+        (out / "quest" / f"{split}.jsonl").write_text(dump_jsonl(records), encoding="ascii")
+        names.append(f"quest/{split}.jsonl")
+    return names

@@ -7,8 +7,8 @@ and the evaluation side (``eval_topics``, ``eval_passages``), drawn after it fro
 own, so the training side is the same whatever the evaluation side's size. The bundled demo asks
 about the evaluation side only in the datasets' test splits.
 
-The hand-written entities carry the spelling cases of docs/data.md 7.2 (diacritics, dotted and stroked
-letters, a no-break space, articles, apostrophes, hyphens, ``&``, ``?``).
+The hand-written entities carry the spelling cases of norm_v1 (docs/data.md; diacritics, dotted and
+stroked letters, a no-break space, articles, apostrophes, hyphens, ``&``, ``?``).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ _GENRE = ["drama", "comedy", "thriller", "war", "musical", "mystery"]
 _NATION = ["Norland", "Vesterian", "Ostmark", "Calderan"]
 _EPITHET = ["alpina", "minor", "borealis", "lucida", "montana", "palustris", "rubra", "gracilis", "nana"]
 
-# (kind, subject, objects as (name, aliases)): the spelling cases of docs/data.md 7.2.
+# (kind, subject, objects as (name, aliases)): the spelling cases of norm_v1 (docs/data.md).
 _FIXED = [
     (
         "film",
@@ -251,7 +251,7 @@ _FIXED = [
 
 @dataclass
 class Entity:
-    name: str  # raw name, may hold a no-break space (docs/data.md 7.2 case)
+    name: str  # raw name, may hold a no-break space (a case of norm_v1, docs/data.md)
     aliases: list[str]
     kind: str
     year: int

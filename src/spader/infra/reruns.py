@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spader.datasets import registry
+
 __all__ = [
     "TABLE",
     "Rerun",
@@ -93,7 +95,11 @@ class Rerun:
     walked_on: str = ""
 
 
-_DATASETS = ("qampari", "mintaka", "webqsp", "quest")
+#: The datasets of the registry; those that keep both splits in one release file (a change of
+#: where it comes from reruns the evaluation set too), and the others.
+_DATASETS = tuple(registry())
+_ONE_FILE = tuple(d.name for d in registry().values() if d.train.file == d.test.file)
+_TWO_FILES = tuple(d.name for d in registry().values() if d.train.file != d.test.file)
 
 
 def _each(key: str, datasets: Sequence[str] = _DATASETS) -> tuple[str, ...]:
@@ -101,29 +107,32 @@ def _each(key: str, datasets: Sequence[str] = _DATASETS) -> tuple[str, ...]:
     return tuple(key.replace("<d>", d) for d in datasets)
 
 
+def _titles(datasets: Sequence[str]) -> str:
+    """``QAMPARI and WebQSP``."""
+    titles = [registry()[d].title for d in datasets]
+    return " and ".join([", ".join(titles[:-1]), titles[-1]] if len(titles) > 1 else titles)
+
+
 _TRAIN = ("normalize_dataset", *_MIXED)
 _TEST = ("normalize_dataset", "export_eval_set", *_MIXED)
-_DATASET_ROWS = (
+_SOURCE_ROWS = (
     Rerun(
-        (
-            *_each("datasets.<d>.files.*.url", ("qampari", "webqsp")),
-            *_each("datasets.<d>.files.*.hub", ("qampari", "webqsp")),
-        ),
+        (*_each("datasets.<d>.files.*.url", _ONE_FILE), *_each("datasets.<d>.files.*.hub", _ONE_FILE)),
         ("download_dataset", *_TEST),
-        "where a release file comes from: its download, then what is built from it (QAMPARI and WebQSP "
-        "keep both splits in one file)",
+        "where a release file comes from: its download, then what is built from it "
+        f"({_titles(_ONE_FILE)} keep both splits in one file)",
         scope="that dataset",
     ),
     Rerun(
-        (
-            *_each("datasets.<d>.files.*.url", ("mintaka", "quest")),
-            *_each("datasets.<d>.files.*.hub", ("mintaka", "quest")),
-        ),
+        (*_each("datasets.<d>.files.*.url", _TWO_FILES), *_each("datasets.<d>.files.*.hub", _TWO_FILES)),
         ("download_dataset", *_TRAIN),
         "where a release file comes from: its download, then what is built from it (walked: the train "
-        "split's file of Mintaka and QUEST)",
+        f"split's file of {_titles(_TWO_FILES)})",
         scope="that dataset",
     ),
+)
+_DATASET_ROWS = (
+    *(row for row in _SOURCE_ROWS if row.keys),  # a group without datasets has no row
     Rerun(
         _each("datasets.<d>.splits.train.file"),
         ("download_dataset", *_TRAIN),

@@ -1,4 +1,4 @@
-"""The QAMPARI Wikipedia 2021 chunk format (docs/data.md section 1.4).
+"""The QAMPARI Wikipedia 2021 chunk format (docs/data.md, "The chunked Wikipedia corpus").
 
 One JSON object per line of ``*.jsonl`` files, inside ``chunked_wikipedia.tar.gz`` under some
 prefix (``wikipedia_chunks/chunks_v5/wikipedia_chunks_<i>.jsonl`` in the release)::
