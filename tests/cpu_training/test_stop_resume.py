@@ -10,7 +10,7 @@ Where a SLURM cluster answers (CI), the module is skipped: tests/slurm stops and
 verl training across time-limited allocations through the same request to stop (SLURM's warning
 signal), so the suite does not pay a second CPU training for it. What a training's first steps do
 to the weights, the reward and a zero-advantage control is tested on the method's own world by
-tests/cpu_training/test_method_learning.py.
+tests/cpu_training/test_update_direction.py.
 """
 
 from __future__ import annotations

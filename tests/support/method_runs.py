@@ -1,6 +1,6 @@
-"""The arms of the CPU method learning test, trained for real in the spread world.
+"""The arms of the CPU update-direction test, trained for real in the spread world.
 
-One place for the settings and the training of the arms that tests/cpu_training/test_method_learning.py
+One place for the settings and the training of the arms that tests/cpu_training/test_update_direction.py
 asserts on and that bench/method_learning.py measures over many seeds (so the margins the test
 holds come from runs of exactly what it runs):
 
@@ -16,6 +16,7 @@ trajectories.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from unittest.mock import patch
@@ -39,14 +40,14 @@ SIZES = {
 EXTRA = ["actor_rollout_ref.actor.optim.weight_decay=0.0"]
 ARMS = ("spader", "grpo", "control")
 
-# The learning assertion (tests/cpu_training/test_method_learning.py): after STEPS steps from the
+# The update-direction assertion (tests/cpu_training/test_update_direction.py): after STEPS steps from the
 # one warm start, SPADER's mean over steps 3..STEPS (the steps after two updates) minus the
 # zero-advantage control's, same training seed (so the same first step), must reach MARGINS.
 # First set from bench/method_learning.py over training seeds 100..109 (2026-12-04, record
 # 2026-12-04-05ed0b8-method_learning.yaml): entities mean +1.536, sd 0.209, margin 1.0 (0.5% under a
 # normal fit). On held-out seeds 200..209 it held on 9 of 10 (seed 202: +0.75): ten seeds understated
 # the tail. Recalibrated by a rule written down before seeds 300..309 ran (docs/cpu-training.md,
-# "The method learning test"): the normal fit's 1% quantile over the thirty seeds 100..109, 200..209
+# "The update-direction test"): the normal fit's 1% quantile over the thirty seeds 100..109, 200..209
 # and 300..309 (record 2026-12-04-6b8cc4e-method_learning.yaml), rounded down to 0.05:
 #   discovered entities per trajectory: mean +1.467, sd 0.274, min +0.75 (seed 202, the one of the
 #     thirty below the margin); 1% quantile +0.829 -> margin 0.8;
@@ -101,16 +102,53 @@ def step_metrics(job) -> dict[int, dict]:
 
 
 def entities(step: dict) -> float:
-    """Discovered entities per trajectory of one step's metrics."""
+    """Discovered entities per trajectory of one step's metrics (what SPADER's step reward pays for)."""
     return step.get("episode/entities", step.get("spader/new_entities/mean"))
 
 
+def answer_f1(step: dict) -> float:
+    """Mean answer F1 of one step's trajectories (0 for an invalid answer); NaN where not logged."""
+    return step.get("episode/f1", math.nan)
+
+
+def format_valid(step: dict) -> float:
+    """Share of one step's trajectories whose final turn is a well-formed answer; NaN where not logged."""
+    return step.get("episode/format_valid", math.nan)
+
+
+#: Trajectories per training step (the denominator of ``episode/failed``, a count).
+TRAJECTORIES = SIZES["train_batch_size"] * SIZES["rollout_n"]
+
+
+def terminal(step: dict) -> float:
+    """Mean terminal reward of one step: answer F1, -1 for an invalid answer, 0 for an episode the
+    infrastructure failed (the reward function's ``score``). Every arm's answer step earns exactly
+    this, so it compares arms with different step rewards like with like."""
+    invalid = 1.0 - format_valid(step) - step.get("episode/failed", 0.0) / TRAJECTORIES
+    return answer_f1(step) - invalid
+
+
 def reward(step: dict) -> float:
-    """Mean reward (step rewards plus the terminal reward) of one step's metrics."""
+    """Mean reward of one step's metrics: the step rewards plus the terminal reward for SPADER and the
+    control, the terminal reward alone for GRPO (so not comparable between those)."""
     return step["critic/score/mean"]
 
 
-QUANTITIES = {"entities": entities, "reward": reward}
+#: What the test prints and the bench reports, per step. ``reward`` is the arm's own reward.
+QUANTITIES = {
+    "entities": entities,
+    "f1": answer_f1,
+    "format_valid": format_valid,
+    "terminal": terminal,
+    "reward": reward,
+}
+#: The quantities SPADER is compared on against each other arm: all of them against the control
+#: (the same reward function), and against GRPO only those both arms measure alike (never the
+#: step-plus-terminal reward against a terminal-only one).
+COMPARABLE = {
+    "control": tuple(QUANTITIES),
+    "grpo": ("entities", "f1", "format_valid", "terminal"),
+}
 
 
 def later_mean(steps: dict[int, dict], value, later=LATER) -> float:
@@ -119,11 +157,13 @@ def later_mean(steps: dict[int, dict], value, later=LATER) -> float:
     return sum(value(steps[s]) for s in later) / len(later)
 
 
-def paired_effects(spader: dict[int, dict], control: dict[int, dict], later=LATER) -> dict[str, float]:
-    """SPADER's mean over ``later`` minus the control's, per quantity (one seed's two runs)."""
+def paired_effects(
+    spader: dict[int, dict], other: dict[int, dict], later=LATER, quantities=tuple(QUANTITIES)
+) -> dict[str, float]:
+    """SPADER's mean over ``later`` minus the other arm's, per quantity (one seed's two runs)."""
     return {
-        q: later_mean(spader, value, later) - later_mean(control, value, later)
-        for q, value in QUANTITIES.items()
+        q: later_mean(spader, QUANTITIES[q], later) - later_mean(other, QUANTITIES[q], later)
+        for q in quantities
     }
 
 

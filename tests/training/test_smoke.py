@@ -1,7 +1,7 @@
 """scripts/gpu_smoke.sh on CPU: the command it composes (the train_policy command plus the smoke
 overrides, checked by Hydra and verl), the inputs it builds, its policy, the checks it makes of a
 finished run (on synthetic metrics here; on a real CPU training in
-tests/cpu_training/test_method_learning.py), and the script itself."""
+tests/cpu_training/test_update_direction.py), and the script itself."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def _step(searches=1.0, closed=0.5, cut=0.0, lo=-1.0, hi=0.5, std=0.7, seeds=(1.
 
 def test_the_checks_fail_on_a_run_that_does_not_search_or_stop(tmp_path):
     """check_run on metrics written as verl's file logger writes them (no training here: the real
-    run's checks pass in tests/cpu_training/test_method_learning.py)."""
+    run's checks pass in tests/cpu_training/test_update_direction.py)."""
     from types import SimpleNamespace
 
     from spader.training.smoke import check_run

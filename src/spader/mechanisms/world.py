@@ -3,17 +3,24 @@
 Each question has gold entities of two kinds, following the premise of the paper (docs/mechanisms.md,
 "The world"):
 
-* **head** entities are popular: they are the subject of most passages a broad query returns
-  (every page of the broad ranking mentions them again), and they also turn up in facet pages;
-* **rare** entities are each tied to one of the question's facets; a broad page mentions one
-  only now and then, and the specific query naming its facet is the way to find it.
+* **head** entities are popular: they are the subject of most passages of the broad ranking (the
+  question's own words), and they also turn up on facet pages;
+* **rare** entities each belong to one of the question's **facets** (sub-topics). Facets differ in
+  yield: a *rich* facet holds several rare entities, a *poor* one none or one. A facet's own page
+  (the query naming it) is mostly about its rare entities; elsewhere a rare entity turns up only
+  now and then, and the passage that mentions it names its facet.
 
-Every passage also mentions a distractor (a name that is not a gold answer) now and then.
+So what a search returns tells the agent where to look next: a passage about a rare entity names
+its facet, a **lead** (rich facets give more of them), while a facet no passage has named can only
+be tried **blind**. Every page also names some of its own distractors (names that are not answers;
+each facet page has its own, so a search of a facet adds its distractors to the answer).
 
-The agent's search actions: ``BROAD`` (the question's own words; the first call shows page 1 of the
-broad ranking, the next call page 2, ...), ``FACET_1`` ... ``FACET_F`` (a query naming one facet:
-always the same page, so repeating one finds nothing new) and ``STOP`` (answer with every name
-seen so far). Passages are text; which gold entities and distractors a page shows is computed once
+The agent's actions: ``BROAD`` (the question's words; the n-th call shows page n of the broad
+ranking), ``LEAD`` (the query naming a facet that a passage seen so far named and that was not
+searched yet), ``BLIND`` (the query naming a facet no passage has named yet) and ``STOP`` (answer
+with every name seen so far). An episode has at most ``max_turns`` decision steps.
+
+Passages are text; which gold entities, distractors and facet names a page shows is computed once
 by the project's matcher (:func:`spader.core.matching.find_hits`), and the answer is scored by the
 project's metric (:func:`spader.core.metrics.prf`).
 """
@@ -27,78 +34,126 @@ import numpy as np
 from spader.core.matching import find_hits
 from spader.core.metrics import prf
 
-__all__ = ["BROAD", "Question", "World", "WorldSpec", "make_world"]
+__all__ = [
+    "ACTIONS",
+    "BLIND",
+    "BROAD",
+    "LEAD",
+    "STOP",
+    "Question",
+    "World",
+    "WorldSpec",
+    "make_world",
+    "popcount",
+]
 
-BROAD = 0  #: action index of the broad query; facet f (1-based) is action f; STOP is the last
+BROAD, LEAD, BLIND, STOP = 0, 1, 2, 3
+ACTIONS = ("broad", "lead", "blind", "stop")
 
 
 @dataclass(frozen=True)
 class WorldSpec:
-    """The world's parameters (fixed before any arm was measured; docs/mechanisms.md says why each).
+    """The world's parameters, fixed before any arm was trained (docs/mechanisms.md says why each).
 
     Attributes:
         heads: inclusive range of the number of head entities of a question.
-        rare: inclusive range of the number of rare entities (spread over the facets in turn).
-        facets: facet queries per question.
-        distractors: non-gold names per question.
-        broad_pages: pages of the broad ranking (the n-th broad call shows page n; no page after
-            the last).
+        facets: facets per question.
+        rich_share: probability that a facet is rich (a question with none gets one rich facet).
+        rich, poor: inclusive ranges of the number of rare entities of a rich / poor facet.
+        broad_pages: pages of the broad ranking (the n-th broad call shows page n).
         page_size: passages per page.
-        broad_head: share of a broad passage's subjects that are head entities (the rest are rare).
-        facet_own: share of a facet passage's subjects that are the facet's own rare entities.
+        broad_head: share of a broad passage's subjects that are head entities (the rest: a rare
+            entity drawn from all of the question's rare entities, so rich facets come up more).
+        facet_own: share of a facet passage's subjects that are the facet's own rare entities (a
+            facet with none gives that share to the head entities).
         facet_head: share that are head entities (the rest: rare entities of other facets).
-        distractor: probability that a passage also mentions a distractor.
+        distractors: distractor names of the broad ranking and of each facet.
+        distractor: probability that a passage also names one of its page's distractors.
+        max_turns: decision steps per episode; one still searching at the last is cut off.
     """
 
-    heads: tuple[int, int] = (3, 7)
-    rare: tuple[int, int] = (3, 7)
-    facets: int = 3
-    distractors: int = 4
-    broad_pages: int = 3
+    heads: tuple[int, int] = (3, 6)
+    facets: int = 6
+    rich_share: float = 0.25
+    rich: tuple[int, int] = (3, 5)
+    poor: tuple[int, int] = (0, 1)
+    broad_pages: int = 2
     page_size: int = 5
-    broad_head: float = 0.9
-    facet_own: float = 0.6
-    facet_head: float = 0.3
-    distractor: float = 0.25
+    broad_head: float = 0.8
+    facet_own: float = 0.7
+    facet_head: float = 0.2
+    distractors: int = 2
+    distractor: float = 0.3
+    max_turns: int = 7
+
+    def __post_init__(self):
+        if not 1 <= self.facets <= 8:
+            raise ValueError(
+                f"facets must be 1..8 (the policy's state counts them in a byte), got {self.facets}"
+            )
 
     @property
-    def actions(self) -> int:
-        """Search actions plus STOP."""
-        return 2 + self.facets
-
-    @property
-    def stop(self) -> int:
-        return 1 + self.facets
+    def pages(self) -> int:
+        """Broad pages, then one page per facet."""
+        return self.broad_pages + self.facets
 
 
 @dataclass
 class Question:
-    """One question: its gold entities (``head`` flags), distractors and pages.
+    """One question: its gold entities, facets, distractors and pages.
 
     Attributes:
-        gold: gold entity names (one alias each).
+        gold: gold entity names (one alias each); the head entities first.
         head: per gold entity, whether it is a head entity.
-        distractors: non-gold names.
+        facet_of: per gold entity, its facet (-1 for a head entity).
+        facet_names, distractors: the facets' names, and the distractor names.
         pages: per page (broad pages first, then one per facet), the passage texts.
-        gold_bits: per page, bitmask of the gold entities its passages mention (find_hits).
-        distractor_bits: per page, bitmask of the distractors it mentions.
+        gold_bits: per page, bitmask of the gold entities its passages name (find_hits).
+        facet_bits: per page, bitmask of the facets its passages name (the leads it gives).
+        distractor_bits: per page, bitmask of the distractors it names.
     """
 
     gold: list[str]
     head: np.ndarray
+    facet_of: np.ndarray
+    facet_names: list[str]
     distractors: list[str]
     pages: list[list[str]]
     gold_bits: np.ndarray
+    facet_bits: np.ndarray
     distractor_bits: np.ndarray
     _scores: dict[int, tuple[float, float, float]] = field(default_factory=dict, repr=False)
+    _f1: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_gold(self) -> int:
         return len(self.gold)
 
+    @property
+    def rare_bits(self) -> int:
+        """Bitmask of the rare gold entities."""
+        return sum(1 << k for k in range(self.n_gold) if not self.head[k])
+
+    def f1_table(self) -> np.ndarray:
+        """Answer F1 for every set of pages seen (index: the bitmask of pages), from counts: every
+        name is distinct and no name contains another, so the answer naming ``k`` gold entities and
+        ``d`` distractors scores ``2k / (k + d + |gold|)``; equal to :meth:`answer_scores` (the
+        project's metric) on every set, which tests/mechanisms checks."""
+        if self._f1 is None:
+            subsets = np.arange(1 << len(self.pages), dtype=np.int64)
+            gold = np.zeros_like(subsets)
+            dist = np.zeros_like(subsets)
+            for p in range(len(self.pages)):
+                has = (subsets >> p) & 1 == 1
+                gold[has] |= self.gold_bits[p]
+                dist[has] |= self.distractor_bits[p]
+            k, d = popcount(gold), popcount(dist)
+            self._f1 = np.where(k > 0, 2 * k / np.maximum(k + d + self.n_gold, 1), 0.0)
+        return self._f1
+
     def answer_scores(self, pages_seen: int) -> tuple[float, float, float]:
         """P/R/F1 (:func:`spader.core.metrics.prf`) of the answer naming everything the pages of the
-        bitmask ``pages_seen`` showed (cached: few page sets occur)."""
+        bitmask ``pages_seen`` showed."""
         if pages_seen not in self._scores:
             gold_bits = dist_bits = 0
             for p in range(len(self.pages)):
@@ -141,23 +196,41 @@ def _names(rng: np.random.Generator, n: int) -> list[str]:
     return out
 
 
+def popcount(x: np.ndarray) -> np.ndarray:
+    """Set bits of each (non-negative) int64."""
+    x = x.astype(np.uint64)
+    return np.unpackbits(x.view(np.uint8).reshape(*x.shape, 8), axis=-1).sum(axis=-1).astype(np.int64)
+
+
 def _bits(indices: set[int]) -> int:
     return sum(1 << i for i in indices)
 
 
-def _question(spec: WorldSpec, rng: np.random.Generator) -> Question:
-    n_head = int(rng.integers(spec.heads[0], spec.heads[1] + 1))
-    n_rare = int(rng.integers(spec.rare[0], spec.rare[1] + 1))
-    names = _names(rng, n_head + n_rare + spec.distractors)
-    gold, distractors = names[: n_head + n_rare], names[n_head + n_rare :]
-    heads = list(range(n_head))
-    rare = list(range(n_head, n_head + n_rare))
-    facet_of = {e: k % spec.facets for k, e in enumerate(rare)}
+def _draw(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
+    return int(rng.integers(bounds[0], bounds[1] + 1))
 
-    def passage(subject: int) -> str:
+
+def _question(spec: WorldSpec, rng: np.random.Generator) -> Question:
+    n_head = _draw(rng, spec.heads)
+    rich = rng.random(spec.facets) < spec.rich_share
+    if not rich.any():
+        rich[rng.integers(spec.facets)] = True
+    sizes = [_draw(rng, spec.rich if r else spec.poor) for r in rich]
+    facet_of = [-1] * n_head + [f for f, n in enumerate(sizes) for _ in range(n)]
+    n_gold, n_dist = len(facet_of), spec.distractors * (1 + spec.facets)
+    names = _names(rng, n_gold + n_dist + spec.facets)
+    gold, distractors, facet_names = names[:n_gold], names[n_gold : n_gold + n_dist], names[n_gold + n_dist :]
+    heads = list(range(n_head))
+    rare = list(range(n_head, n_gold))
+    own = [[e for e in rare if facet_of[e] == f] for f in range(spec.facets)]
+
+    def passage(subject: int, kind: int) -> str:
+        """A passage about ``subject`` on a page of ``kind`` (0: broad ranking, 1 + f: facet f)."""
         text = f"{gold[subject]} is one of the answers this passage is about."
+        if facet_of[subject] >= 0:
+            text += f" It is listed under {facet_names[facet_of[subject]]}."
         if rng.random() < spec.distractor:
-            text += f" It also names {distractors[rng.integers(len(distractors))]}."
+            text += f" It also names {distractors[kind * spec.distractors + rng.integers(spec.distractors)]}."
         return text
 
     def pick(pool: list[int]) -> int:
@@ -165,31 +238,37 @@ def _question(spec: WorldSpec, rng: np.random.Generator) -> Question:
 
     pages = []
     for _ in range(spec.broad_pages):
-        pages.append(
-            [
-                passage(pick(heads) if rng.random() < spec.broad_head else pick(rare))
-                for _ in range(spec.page_size)
-            ]
-        )
+        subjects = [
+            pick(heads) if not rare or rng.random() < spec.broad_head else pick(rare)
+            for _ in range(spec.page_size)
+        ]
+        pages.append([passage(s, 0) for s in subjects])
     for f in range(spec.facets):
-        own = [e for e in rare if facet_of[e] == f]
-        other = [e for e in rare if facet_of[e] != f] or own
+        other = [e for e in rare if facet_of[e] != f]
         page = []
         for _ in range(spec.page_size):
             u = rng.random()
-            pool = own if u < spec.facet_own else heads if u < spec.facet_own + spec.facet_head else other
-            page.append(passage(pick(pool)))
+            if u < spec.facet_own:
+                pool = own[f] or heads
+            elif u < spec.facet_own + spec.facet_head or not other:
+                pool = heads
+            else:
+                pool = other
+            page.append(passage(pick(pool), 1 + f))
         pages.append(page)
-    # one matcher call per page: gold entities first, then the distractors
+    # one matcher call per page: gold entities, then the distractors, then the facet names
     found = [_bits(find_hits(p, [[name] for name in names])) for p in pages]
-    n_gold = len(gold)
+    n_named = n_gold + n_dist
     return Question(
         gold=gold,
-        head=np.array([e < n_head for e in range(n_gold)]),
+        head=np.array([f < 0 for f in facet_of]),
+        facet_of=np.array(facet_of, dtype=np.int64),
+        facet_names=facet_names,
         distractors=distractors,
         pages=pages,
-        gold_bits=np.array([f & ((1 << n_gold) - 1) for f in found], dtype=np.int64),
-        distractor_bits=np.array([f >> n_gold for f in found], dtype=np.int64),
+        gold_bits=np.array([x & ((1 << n_gold) - 1) for x in found], dtype=np.int64),
+        facet_bits=np.array([x >> n_named for x in found], dtype=np.int64),
+        distractor_bits=np.array([(x >> n_gold) & ((1 << n_dist) - 1) for x in found], dtype=np.int64),
     )
 
 
@@ -198,6 +277,6 @@ def make_world(
 ) -> World:
     """The questions of one seed: ``train_questions`` to train on, ``test_questions`` held out."""
     spec = spec or WorldSpec()
-    rng = np.random.default_rng([seed, 0x5EA])
+    rng = np.random.default_rng([seed, 0x5EB])
     qs = [_question(spec, rng) for _ in range(train_questions + test_questions)]
     return World(spec, qs[:train_questions], qs[train_questions:])

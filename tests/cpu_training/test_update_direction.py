@@ -1,5 +1,14 @@
-"""SPADER's mechanism at work, trained for real on the CPU (verl's own trainer, TransferQueue, agent
-loop, search tool over the real BM25 retrieval service, reward, SPA estimator).
+"""SPADER's rewards and advantages reach verl's weights with the right sign, trained for real on
+the CPU (verl's own trainer, TransferQueue, agent loop, search tool over the real BM25 retrieval
+service, reward, SPA estimator).
+
+This is a test of the plumbing, not of what SPADER achieves: it checks that an update driven by
+SPADER's step rewards and SPA advantages moves the policy toward what those rewards pay for, more
+discovered entities, in a world built so that searching more is the choice an update can move.
+Whether SPADER gives better answers is not asserted here: answer F1 and the valid-format rate are
+printed beside the entities (they can fall while this test passes), bench/method_learning.py
+reports them for every arm with GRPO on the same seeds, and the paper's claims are measured on
+answer-level outcomes in the controlled world of docs/mechanisms.md.
 
 The world (tests/support/spread_world.py) spreads each question's six answers over passages so
 that one search shows two of them: finding more takes more searches. The warm start searches,
@@ -13,12 +22,13 @@ every arm's first step samples the same trajectories.
   between search steps, a first step with a finite loss and a non-zero gradient, weights that
   change and stay finite, the GPU smoke test's checks of a finished run, an exported checkpoint
   that loads in the evaluation engine.
-* The learning assertion (marked ``long``) trains SPADER and the zero-advantage control (every
-  advantage forced to zero: sampling alone moves its numbers) STEPS steps each and asserts that
-  SPADER's mean over steps 3..STEPS exceeds the control's by ``method_runs.MARGINS`` in discovered
-  entities per trajectory (the mean-reward difference is printed, not asserted). The margin comes
-  from bench/method_learning.py over ten training seeds (docs/cpu-training.md, "The method learning test"), which also runs the
-  assertion on any other seeds and reports GRPO beside SPADER.
+* The update-direction assertion (marked ``long``) trains SPADER and the zero-advantage control
+  (every advantage forced to zero: sampling alone moves its numbers) STEPS steps each and asserts
+  that SPADER's mean over steps 3..STEPS exceeds the control's by ``method_runs.MARGINS`` in
+  discovered entities per trajectory (the differences in answer F1, valid formats, terminal and
+  total reward are printed, not asserted). The margin comes from bench/method_learning.py over
+  training seeds (docs/cpu-training.md, "The update-direction test"), which also runs the
+  assertion on any other seeds.
 
 (The stop at a step boundary and the resume are tested by tests/slurm/test_slurm_real.py under a
 real time limit, or by tests/cpu_training/test_stop_resume.py where no SLURM answers.)
@@ -49,11 +59,11 @@ from spread_world import build_world  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-# SPADER's steps when the learning assertion is not selected (the default run): enough for every
+# SPADER's steps when the update-direction assertion is not selected (the default run): enough for every
 # check of a training - two steps, each with two updates, a checkpoint, an export - at half the cost
 CHECK_STEPS = 2
-SEED = 1  # config.yaml's training.seed; the margins were set on seeds 100..109
-_LEARNING = "test_spader_outlearns_the_zero_advantage_control_from_the_same_first_step"
+SEED = 1  # config.yaml's training.seed; the margin was set on seeds 100..109, 200..209, 300..309
+_DIRECTION = "test_spaders_update_raises_the_entities_its_step_reward_pays_for"
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +71,21 @@ def world(tmp_path_factory):
     return build_world(tmp_path_factory.mktemp("spread_world"))
 
 
-def _learning_selected(session) -> bool:
-    """Whether this session runs the (long) learning assertion: only it needs all STEPS of SPADER
-    and the control beside it; the default run's checks read SPADER's first CHECK_STEPS steps."""
-    return any(getattr(item, "originalname", None) == _LEARNING for item in session.items)
+def _direction_selected(session) -> bool:
+    """Whether this session runs the (long) update-direction assertion: only it needs all STEPS of
+    SPADER and the control beside it; the default run's checks read SPADER's first CHECK_STEPS steps."""
+    return any(getattr(item, "originalname", None) == _DIRECTION for item in session.items)
 
 
 @pytest.fixture(scope="module")
 def spader_steps(request) -> int:
-    return STEPS if _learning_selected(request.session) else CHECK_STEPS
+    return STEPS if _direction_selected(request.session) else CHECK_STEPS
 
 
 @pytest.fixture(scope="module")
 def runs(world, tmp_path_factory, spader_steps):
-    """SPADER, and where the learning assertion runs the zero-advantage control, from the same warm
-    start with the same seed."""
+    """SPADER, and where the update-direction assertion runs the zero-advantage control, from the
+    same warm start with the same seed."""
     arms = ["spader"] + (["control"] if spader_steps == STEPS else [])
     jobs = {
         arm: train_arm(world, tmp_path_factory.mktemp(arm), arm, steps=spader_steps, seed=SEED)
@@ -99,9 +109,12 @@ def test_spader_step_rewards_are_non_zero_and_vary(runs):
 
 
 # Marked long: two four-step trainings, about 3 minutes on 2 idle cores. Its margins and the rate
-# at which it fails on seeds it was not set on: docs/cpu-training.md, "The method learning test".
+# at which it fails on seeds it was not set on: docs/cpu-training.md, "The update-direction test".
 @pytest.mark.long
-def test_spader_outlearns_the_zero_advantage_control_from_the_same_first_step(runs):
+def test_spaders_update_raises_the_entities_its_step_reward_pays_for(runs):
+    """After two updates from the same first step, SPADER's trajectories discover more entities than
+    the zero-advantage control's: the sign of SPADER's rewards and advantages reaches the weights.
+    Not a claim about answers (their F1 and format validity are printed beside it)."""
     spader, control = runs["spader"][1], runs["control"][1]
     assert sorted(control) == list(range(1, STEPS + 1))
     # same weights and seeds before any update: the same trajectories, found entities and rewards
