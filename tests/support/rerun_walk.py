@@ -299,7 +299,9 @@ VALUES: dict[str, Any] = {
     "backbones.*.gpus": 6,  # 2 GPUs left to verl beside a 4-GPU judge, which divide 32 x 16
     "backbones.*.variants": lambda c, k: {k: get(c, k)[:-1]},
     "backbones.*.prompting": ["rag"],
-    "variants.*.verl_config": "no_np",
+    "variants.*.verl_config": "grpo",  # another method's YAML (the variant's own is its method's)
+    "variants.*.table": "beta_sweep",
+    "variants.*.label": "SPADER (ours)",
     "variants.*.nodes": 2,
     "training.kl_loss_type": "kl",
     "training.max_steps": 7,
