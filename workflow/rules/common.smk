@@ -26,6 +26,7 @@ from spader.models.gated import HubTokenError, check_hub_token
 from spader.integrations.verl.overrides import shared_training_runs
 from spader.infra.reruns import canonical, for_rule
 from spader.infra.named_runs import default_run_files, own_stages, summary
+from spader.infra.sources import changed_since_copy, digest_cache_dir, planned_sha256, source_sha256
 from spader.infra.stage_code import code_cache_dir, planned_code, stage_fingerprints, stage_group
 from spader.training.scorer_launch import judge_params
 
@@ -102,10 +103,28 @@ def default_run_config():
     return default.model_dump(mode="json")
 
 
+def changed_local_sources(default_dir):
+    """`{stage: [what]}` for the default run's copies (in `default_dir`) of local sources whose
+    content changed since they were made (spader.infra.sources): this run makes its own."""
+    suite, cache = config["suite"], digest_cache_dir()
+    datasets = [
+        f"datasets.{d}.files.{f} (its content)"
+        for d, spec in config["datasets"].items()
+        for f, entry in spec["files"].items()
+        if changed_since_copy(entry, REPO, default_dir / f"resources/{suite}/datasets/{d}/{f}", cache)
+    ]
+    dump = default_dir / f"resources/{suite}/corpus/chunked_wikipedia.tar.gz"
+    changed = {"download_dataset": datasets} if datasets else {}
+    if not config["corpus"]["sha256"] and changed_since_copy(config["corpus"]["url"], REPO, dump, cache):
+        changed["download_dump"] = ["corpus.url (its content)"]
+    return changed
+
+
 _RUN_DIR, SHARED = named_run_root(CONFIG.run, Path.cwd())
 OWN_STAGES = {}
 if SHARED:
-    OWN_STAGES = own_stages(config, default_run_config())
+    _DEFAULT_DIR = Path.cwd() if _RUN_DIR is not None else Path(os.path.normpath(Path.cwd() / SHARED))
+    OWN_STAGES = own_stages(config, default_run_config(), changed_local_sources(_DEFAULT_DIR))
     if not workflow.remote_exec:
         logger.info(summary(CONFIG.run, OWN_STAGES))
 if _RUN_DIR is not None:
@@ -360,6 +379,18 @@ def get_dump(wildcards):
     )
 
 
+def dump_sha256():
+    """The sha256 the dump's download must have, its param: `corpus.sha256`, else the content of a
+    local file (spader.infra.sources: a dump replaced in place is copied again, and what is built
+    from it rebuilt)."""
+    if config["corpus"]["sha256"]:
+        return config["corpus"]["sha256"]
+    digest = source_sha256(config["corpus"]["url"], REPO, digest_cache_dir())
+    return planned_sha256(
+        digest, stage("download_dump", f"resources/{SUITE}/corpus/chunked_wikipedia.tar.gz")
+    )
+
+
 def get_index(wildcards=None):
     return config["corpus"]["prebuilt_index"] or stage("build_bm25_index", f"results/{SUITE}/index/bm25")
 
@@ -367,6 +398,16 @@ def get_index(wildcards=None):
 # ---------------------------------------------------------------------------------------------
 # Datasets
 # ---------------------------------------------------------------------------------------------
+def dataset_source(wildcards):
+    """A release file's config entry as its download's param; a local file's with the sha256 of
+    its content, which the copy must have (spader.infra.sources: a release edited or replaced in
+    place is copied again, and what is built from it rebuilt)."""
+    entry = config["datasets"][wildcards.dataset]["files"][wildcards.file]
+    copy = stage("download_dataset", f"resources/{SUITE}/datasets/{wildcards.dataset}/{wildcards.file}")
+    digest = planned_sha256(source_sha256(entry, REPO, digest_cache_dir()), copy)
+    return canonical({**entry, "sha256": digest} if digest else entry)
+
+
 def get_split_source(wildcards):
     split = config["datasets"][wildcards.dataset]["splits"][wildcards.split]
     return stage(

@@ -13,7 +13,7 @@ rule download_dump:
         "logs/download_dump/{suite}.log",
     params:
         url=config["corpus"]["url"],
-        sha256=config["corpus"]["sha256"],
+        sha256=lambda wc: dump_sha256(),
     script:
         "../scripts/download_dump.py"
 

@@ -8,7 +8,7 @@ rule download_dataset:
     log:
         "logs/download_dataset/{suite}/{dataset}/{file}.log",
     params:
-        source=lambda wc: canonical(config["datasets"][wc.dataset]["files"][wc.file]),
+        source=dataset_source,
         key=lambda wc: f"datasets.{wc.dataset}.files.{wc.file}",
     script:
         "../scripts/download_dataset.py"
