@@ -55,6 +55,19 @@ def profile_triggers(repo: Path = REPO) -> frozenset[RerunTrigger]:
     return frozenset(RerunTrigger.parse_choices_set(profile["rerun-triggers"]))
 
 
+def _config_settings(config: dict, workdir: Path) -> ConfigSettings:
+    """``config`` as the workflow's whole config; a named run (``run`` set) as a file naming the
+    run over a file of the rest, as `--configfile` gives it: the default run it shares stages with
+    is made of the files before the one naming it (spader.infra.named_runs)."""
+    if not config.get("run"):
+        return ConfigSettings(config=config, replace_workflow_config=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    default, named = workdir / "walk-default.yaml", workdir / "walk-run.yaml"
+    default.write_text(yaml.safe_dump({**config, "run": None}))
+    named.write_text(yaml.safe_dump({"run": config["run"]}))
+    return ConfigSettings(configfiles=[default, named], replace_workflow_config=True)
+
+
 def _with_workflow(
     config: dict, workdir: Path, visit: Callable, *, forceall: bool, repo: Path = REPO, target: str = "all"
 ):
@@ -62,7 +75,7 @@ def _with_workflow(
     with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
         wf_api = api.workflow(
             resource_settings=ResourceSettings(cores=2),
-            config_settings=ConfigSettings(config=config, replace_workflow_config=True),
+            config_settings=_config_settings(config, workdir),
             snakefile=repo / "workflow" / "Snakefile",
             workdir=workdir,
         )

@@ -70,8 +70,9 @@ def test_demo_writes_the_tables(demo):
 
 def test_demo_sets_the_authors_run_beside_the_default_run(demo):
     """The README's second command: the prompting baselines evaluated with config/authors.yaml in
-    results/runs/authors/, on the default run's index, data and warm start, and the table that
-    compares the two runs dataset by dataset."""
+    results/runs/authors/, on the default run's index and data and a warm start of its own (the
+    authors' prompt and turns are what a warm start is taught), and the table that compares the
+    two runs dataset by dataset."""
     import json
 
     work = demo["work"]
@@ -96,14 +97,16 @@ def test_demo_sets_the_authors_run_beside_the_default_run(demo):
         assert int(row["n"]) == EVAL_N * len(names)
         for side in ("default", "this_run", "diff"):
             assert float(row[f"{side}_lo"]) <= float(row[side]) + 1e-3 <= float(row[f"{side}_hi"]) + 2e-3
-    # it evaluated with the authors' options and shared the rest: no index, data or model of its own
+    # it evaluated with the authors' options from its own warm start and shared the rest: no
+    # download, index, data or tiny model of its own
     summary = json.loads((root / "results/demo/eval/react/qampari.json").read_text())
     assert (summary["settings"]["loop"], summary["settings"]["agent"]["parser"]) == ("authors", "authors")
     assert summary["prompt_template"] == "spader/core/prompts/authors.txt"
     assert not (root / "resources").exists() and not (root / "results" / "models").exists()
+    assert (root / "results" / "demo" / "warmstart" / "summary.json").is_file()
     assert (
-        not (root / "results" / "demo" / "warmstart").exists()
-        and not (root / "results" / "demo" / "index").exists()
+        not (root / "results" / "demo" / "index").exists()
+        and not (root / "results" / "demo" / "data" / "mix").exists()
     )
     records = [json.loads(line) for line in (root / "results/demo/eval/react/qampari.jsonl").open()]
     assert all(r["conversation_queries"] >= 2 for r in records)  # the authors' prompt's example call

@@ -67,3 +67,21 @@ def test_the_default_config_stays_the_paper_and_the_profile_turns_the_options_on
     # per variant: SPADER's reward manager (and its ablations) 0, their GRPO -1
     assert authors.variants["spader"].invalid_format_reward == 0.0
     assert authors.variants["grpo"].invalid_format_reward == -1.0
+
+
+def test_the_demos_authors_run_warm_starts_its_own_policy_and_shares_the_data(smk):
+    """The README's second demo command: the authors' prompt and turn settings feed the demo's warm
+    start, so the run warm-starts its own policy (and evaluates from it); the downloads, index,
+    data stages and tiny models stay the default run's (spader.infra.named_runs)."""
+    overlay = ("--configfile", "config/demo.yaml", "config/authors.yaml", "config/demo_authors.yaml")
+    proc = smk.run("-n", "--forceall", "--nolock", "results/demo/f1.tsv", *overlay)
+    jobs = smk.parse_jobs(proc.stdout + proc.stderr)
+    shared = {"download_dump", "download_dataset", "build_bm25_index", "normalize_dataset", "mix_training_set",
+              "export_eval_set", "build_tiny_model"}  # fmt: skip
+    assert {j.rule for j in jobs} >= shared | {"warmstart_policy"}
+    for job in jobs:
+        outputs = job.fields["output"].split(", ")
+        assert all(o.startswith(SHARED) == (job.rule in shared) for o in outputs), (job.rule, outputs)
+    evaluation = next(j for j in jobs if j.rule == "evaluate_policy")
+    assert "results/demo/warmstart/model" in evaluation.fields["input"].split(", ")  # its own
+    assert "named run 'authors' builds its own warmstart_policy (agent." in proc.stdout + proc.stderr

@@ -7,9 +7,11 @@ from snakemake.logging import logger
 from spader.config import (
     DATASETS,
     PROMPTING,
+    ConfigError,
     check_config,
     hub_slug,
     load_yaml,
+    merge_files,
     model_kind,
     named_run_root,
     rebase_run_paths,
@@ -24,6 +26,8 @@ from spader.infra.slurm_env import keep_slurm_conf_for_srun
 from spader.models.gated import HubTokenError, check_hub_token
 from spader.integrations.verl.overrides import shared_training_runs
 from spader.infra.reruns import canonical, for_rule
+from spader.infra.named_runs import default_run_files, own_stages, summary
+from spader.infra.sources import changed_since_copy, digest_cache_dir, planned_sha256, source_sha256
 from spader.infra.stage_code import code_cache_dir, planned_code, stage_fingerprints, stage_group
 from spader.training.scorer_launch import judge_params
 
@@ -70,16 +74,60 @@ if not workflow.remote_exec:
     for _key, _hint in MISSING_SOURCES.items():
         logger.warning(f"config key '{_key}' is not set: {_hint} (jobs that need it will fail)")
 
+
 # ---------------------------------------------------------------------------------------------
 # A named run (config key `run`, e.g. config/authors.yaml) works in a directory of its own,
 # results/runs/<run>/ (its results/, logs/, .snakemake/): its outputs never overwrite the default
-# run's, and the two can run at once. What does not depend on the run's settings is shared with
-# the default run, whose working directory SHARED leads back to: downloads, tiny models, the demo's
-# warm start and results/<suite>/ (index, normalized data, mix, evaluation sets, evidence); those
-# paths go through shared(). Paths of the config that are relative to the default run's directory
-# are rebased. A cluster job starting in the run's directory is already there.
+# run's, and the two can run at once. A stage that does not depend on what the run changes is
+# shared with the default run, whose working directory SHARED leads back to (downloads, tiny
+# models, the demo's warm start, results/<suite>/: index, normalized data, mix, evaluation sets,
+# evidence); a stage one of whose settings differs from the default run's, and every shared stage
+# reading it, is the run's own (OWN_STAGES, spader.infra.named_runs). Their paths go through
+# stage(). Paths of the config that are relative to the default run's directory are rebased. A
+# cluster job starting in the run's directory is already there.
 # ---------------------------------------------------------------------------------------------
+def default_run_config():
+    """The resolved config of the default run this named run overlays (the workflow's file and the
+    --configfile files before the first that names a run), or None when it cannot be read or
+    checked: this run then builds every stage itself."""
+    workflow_file = (
+        None if workflow.config_settings.replace_workflow_config else REPO / "config" / "config.yaml"
+    )
+    try:
+        files = default_run_files(workflow_file, workflow.overwrite_configfiles)
+        default = check_config(merge_files(files), verl_config_dir=VERL_CONFIG_DIR, check_paths=False)
+    except ConfigError as exc:
+        logger.warning(
+            f"the default run's config cannot be read ({exc}); this named run builds every stage itself"
+        )
+        return None
+    return default.model_dump(mode="json")
+
+
+def changed_local_sources(default_dir):
+    """`{stage: [what]}` for the default run's copies (in `default_dir`) of local sources whose
+    content changed since they were made (spader.infra.sources): this run makes its own."""
+    suite, cache = config["suite"], digest_cache_dir()
+    datasets = [
+        f"datasets.{d}.files.{f} (its content)"
+        for d, spec in config["datasets"].items()
+        for f, entry in spec["files"].items()
+        if changed_since_copy(entry, REPO, default_dir / f"resources/{suite}/datasets/{d}/{f}", cache)
+    ]
+    dump = default_dir / f"resources/{suite}/corpus/chunked_wikipedia.tar.gz"
+    changed = {"download_dataset": datasets} if datasets else {}
+    if not config["corpus"]["sha256"] and changed_since_copy(config["corpus"]["url"], REPO, dump, cache):
+        changed["download_dump"] = ["corpus.url (its content)"]
+    return changed
+
+
 _RUN_DIR, SHARED = named_run_root(CONFIG.run, Path.cwd())
+OWN_STAGES = {}
+if SHARED:
+    _DEFAULT_DIR = Path.cwd() if _RUN_DIR is not None else Path(os.path.normpath(Path.cwd() / SHARED))
+    OWN_STAGES = own_stages(config, default_run_config(), changed_local_sources(_DEFAULT_DIR))
+    if not workflow.remote_exec:
+        logger.info(summary(CONFIG.run, OWN_STAGES))
 if _RUN_DIR is not None:
     _RUN_DIR.mkdir(parents=True, exist_ok=True)
     if workflow.overwrite_workdir is None:
@@ -95,6 +143,12 @@ def shared(path):
     """`path` of the default run's working directory, seen from this run's (itself in the
     default run)."""
     return SHARED + path
+
+
+def stage(rule, path):
+    """`path`, an output of the shared stage `rule`: in the default run's working directory
+    unless this named run builds that stage itself."""
+    return path if rule in OWN_STAGES else shared(path)
 
 
 SUITE = config["suite"]
@@ -207,9 +261,9 @@ def methods_of(backbone):
 def model_dir(name):
     kind = model_kind(name)
     if kind == "tiny":
-        return shared(f"results/models/tiny/{name.split(':', 1)[1]}")
+        return stage("build_tiny_model", f"results/models/tiny/{name.split(':', 1)[1]}")
     if kind == "hub":
-        return shared(f"resources/models/hub/{hub_slug(name)}")
+        return stage("download_model", f"resources/models/hub/{hub_slug(name)}")
     return name
 
 
@@ -259,7 +313,7 @@ def get_backbone_model(wildcards):
     """The policy the backbone's methods start from: its warm start (rule warmstart_policy) when
     `backbones.<name>.warmstart` is set (tiny models only), else the model itself."""
     if config["backbones"][wildcards.backbone].get("warmstart"):
-        return shared(f"results/{wildcards.backbone}/warmstart/model")
+        return stage("warmstart_policy", f"results/{wildcards.backbone}/warmstart/model")
     return get_base_model(wildcards)
 
 
@@ -322,19 +376,45 @@ def retrieval_params(rule):
 # Corpus
 # ---------------------------------------------------------------------------------------------
 def get_dump(wildcards):
-    return config["corpus"]["archive"] or shared(f"resources/{SUITE}/corpus/chunked_wikipedia.tar.gz")
+    return config["corpus"]["archive"] or stage(
+        "download_dump", f"resources/{SUITE}/corpus/chunked_wikipedia.tar.gz"
+    )
+
+
+def dump_sha256():
+    """The sha256 the dump's download must have, its param: `corpus.sha256`, else the content of a
+    local file (spader.infra.sources: a dump replaced in place is copied again, and what is built
+    from it rebuilt)."""
+    if config["corpus"]["sha256"]:
+        return config["corpus"]["sha256"]
+    digest = source_sha256(config["corpus"]["url"], REPO, digest_cache_dir())
+    return planned_sha256(
+        digest, stage("download_dump", f"resources/{SUITE}/corpus/chunked_wikipedia.tar.gz")
+    )
 
 
 def get_index(wildcards=None):
-    return config["corpus"]["prebuilt_index"] or shared(f"results/{SUITE}/index/bm25")
+    return config["corpus"]["prebuilt_index"] or stage("build_bm25_index", f"results/{SUITE}/index/bm25")
 
 
 # ---------------------------------------------------------------------------------------------
 # Datasets
 # ---------------------------------------------------------------------------------------------
+def dataset_source(wildcards):
+    """A release file's config entry as its download's param; a local file's with the sha256 of
+    its content, which the copy must have (spader.infra.sources: a release edited or replaced in
+    place is copied again, and what is built from it rebuilt)."""
+    entry = config["datasets"][wildcards.dataset]["files"][wildcards.file]
+    copy = stage("download_dataset", f"resources/{SUITE}/datasets/{wildcards.dataset}/{wildcards.file}")
+    digest = planned_sha256(source_sha256(entry, REPO, digest_cache_dir()), copy)
+    return canonical({**entry, "sha256": digest} if digest else entry)
+
+
 def get_split_source(wildcards):
     split = config["datasets"][wildcards.dataset]["splits"][wildcards.split]
-    return shared(f"resources/{wildcards.suite}/datasets/{wildcards.dataset}/{split['file']}")
+    return stage(
+        "download_dataset", f"resources/{wildcards.suite}/datasets/{wildcards.dataset}/{split['file']}"
+    )
 
 
 def get_split_member(wildcards):
@@ -350,7 +430,7 @@ def get_mix_files(split):
     """Normalized files the mix reads: the train splits of the datasets it draws from, the test
     splits of every dataset (an evaluation question of any dataset stays out of the mix)."""
     return expand(
-        shared("results/{{suite}}/data/normalized/{dataset}/{split}.jsonl"),
+        stage("normalize_dataset", "results/{{suite}}/data/normalized/{dataset}/{split}.jsonl"),
         dataset=get_mix_datasets() if split == "train" else DATASETS,
         split=split,
     )
@@ -406,7 +486,7 @@ def get_evidence(wildcards):
     """StepSearch's evidence for a variant that needs it, else nothing."""
     if config["variants"][wildcards.variant]["reward"] != "stepsearch":
         return []
-    return shared(f"results/{SUITE}/data/evidence/train.jsonl")
+    return stage("build_evidence", f"results/{SUITE}/data/evidence/train.jsonl")
 
 
 def get_judge_model(wildcards):
@@ -422,7 +502,7 @@ def get_evidence_release(wildcards):
     if not config["stepsearch"]["evidence"]["qampari_proof_text"]:
         return []
     split = config["datasets"]["qampari"]["splits"]["train"]
-    return shared(f"resources/{SUITE}/datasets/qampari/{split['file']}")
+    return stage("download_dataset", f"resources/{SUITE}/datasets/qampari/{split['file']}")
 
 
 # ---------------------------------------------------------------------------------------------

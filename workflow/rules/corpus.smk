@@ -8,12 +8,12 @@
 
 rule download_dump:
     output:
-        archive=shared("resources/{suite}/corpus/chunked_wikipedia.tar.gz"),
+        archive=stage("download_dump", "resources/{suite}/corpus/chunked_wikipedia.tar.gz"),
     log:
         "logs/download_dump/{suite}.log",
     params:
         url=config["corpus"]["url"],
-        sha256=config["corpus"]["sha256"],
+        sha256=lambda wc: dump_sha256(),
     script:
         "../scripts/download_dump.py"
 
@@ -22,8 +22,8 @@ rule build_bm25_index:
     input:
         archive=get_dump,
     output:
-        index=directory(shared("results/{suite}/index/bm25")),
-        stats=shared("results/{suite}/index/stats.json"),
+        index=directory(stage("build_bm25_index", "results/{suite}/index/bm25")),
+        stats=stage("build_bm25_index", "results/{suite}/index/stats.json"),
     log:
         "logs/build_bm25_index/{suite}.log",
     benchmark:

@@ -4,11 +4,11 @@
 
 rule download_dataset:
     output:
-        raw=shared("resources/{suite}/datasets/{dataset}/{file}"),
+        raw=stage("download_dataset", "resources/{suite}/datasets/{dataset}/{file}"),
     log:
         "logs/download_dataset/{suite}/{dataset}/{file}.log",
     params:
-        source=lambda wc: canonical(config["datasets"][wc.dataset]["files"][wc.file]),
+        source=dataset_source,
         key=lambda wc: f"datasets.{wc.dataset}.files.{wc.file}",
     script:
         "../scripts/download_dataset.py"
@@ -18,8 +18,8 @@ rule normalize_dataset:
     input:
         raw=get_split_source,
     output:
-        records=shared("results/{suite}/data/normalized/{dataset}/{split}.jsonl"),
-        drops=shared("results/{suite}/data/normalized/{dataset}/{split}.drops.json"),
+        records=stage("normalize_dataset", "results/{suite}/data/normalized/{dataset}/{split}.jsonl"),
+        drops=stage("normalize_dataset", "results/{suite}/data/normalized/{dataset}/{split}.drops.json"),
     log:
         "logs/normalize_dataset/{suite}/{dataset}/{split}.log",
     params:
@@ -34,9 +34,9 @@ rule mix_training_set:
         train=get_mix_files("train"),
         test=get_mix_files("test"),
     output:
-        train=shared("results/{suite}/data/mix/train.jsonl"),
-        val=shared("results/{suite}/data/mix/val.jsonl"),
-        stats=shared("results/{suite}/data/mix/stats.json"),
+        train=stage("mix_training_set", "results/{suite}/data/mix/train.jsonl"),
+        val=stage("mix_training_set", "results/{suite}/data/mix/val.jsonl"),
+        stats=stage("mix_training_set", "results/{suite}/data/mix/stats.json"),
     log:
         "logs/mix_training_set/{suite}.log",
     params:
@@ -49,8 +49,8 @@ rule mix_training_set:
 
 rule export_rl_dataset:
     input:
-        train=shared("results/{suite}/data/mix/train.jsonl"),
-        val=shared("results/{suite}/data/mix/val.jsonl"),
+        train=stage("mix_training_set", "results/{suite}/data/mix/train.jsonl"),
+        val=stage("mix_training_set", "results/{suite}/data/mix/val.jsonl"),
     output:
         train="results/{suite}/data/verl/train.parquet",
         val="results/{suite}/data/verl/val.parquet",
@@ -65,9 +65,9 @@ rule export_rl_dataset:
 
 rule export_eval_set:
     input:
-        records=shared("results/{suite}/data/normalized/{dataset}/test.jsonl"),
+        records=stage("normalize_dataset", "results/{suite}/data/normalized/{dataset}/test.jsonl"),
     output:
-        records=shared("results/{suite}/data/eval/{dataset}.jsonl"),
+        records=stage("export_eval_set", "results/{suite}/data/eval/{dataset}.jsonl"),
     log:
         "logs/export_eval_set/{suite}/{dataset}.log",
     params:

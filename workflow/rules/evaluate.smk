@@ -7,7 +7,7 @@
 
 rule evaluate_policy:
     input:
-        records=expand(shared("results/{suite}/data/eval/{{dataset}}.jsonl"), suite=SUITE),
+        records=expand(stage("export_eval_set", "results/{suite}/data/eval/{{dataset}}.jsonl"), suite=SUITE),
         index=get_index(),
         model=get_policy_model,
         reranker=get_reranker,

@@ -4,7 +4,7 @@
 
 rule download_model:
     output:
-        model=directory(shared("resources/models/hub/{repo}")),
+        model=directory(stage("download_model", "resources/models/hub/{repo}")),
     log:
         "logs/download_model/{repo}.log",
     params:
@@ -16,7 +16,7 @@ rule download_model:
 
 rule build_tiny_model:
     output:
-        model=directory(shared("results/models/tiny/{kind}")),
+        model=directory(stage("build_tiny_model", "results/models/tiny/{kind}")),
     log:
         "logs/build_tiny_model/{kind}.log",
     params:
@@ -31,15 +31,19 @@ rule build_tiny_model:
 # (spader.demo.warmstart). It starts its own retrieval service, like evaluation.
 rule warmstart_policy:
     input:
-        mix=shared(f"results/{SUITE}/data/mix/train.jsonl"),
-        eval_sets=expand(shared("results/{suite}/data/eval/{dataset}.jsonl"), suite=SUITE, dataset=DATASETS),
+        mix=stage("mix_training_set", f"results/{SUITE}/data/mix/train.jsonl"),
+        eval_sets=expand(
+            stage("export_eval_set", "results/{suite}/data/eval/{dataset}.jsonl"),
+            suite=SUITE,
+            dataset=DATASETS,
+        ),
         index=get_index(),
         model=get_base_model,
         reranker=get_reranker,
     output:
-        model=directory(shared("results/{backbone}/warmstart/model")),
-        trajectories=shared("results/{backbone}/warmstart/trajectories.jsonl"),
-        summary=shared("results/{backbone}/warmstart/summary.json"),
+        model=directory(stage("warmstart_policy", "results/{backbone}/warmstart/model")),
+        trajectories=stage("warmstart_policy", "results/{backbone}/warmstart/trajectories.jsonl"),
+        summary=stage("warmstart_policy", "results/{backbone}/warmstart/summary.json"),
     log:
         job="logs/warmstart_policy/{backbone}.log",
         service="logs/warmstart_policy/{backbone}.service.log",

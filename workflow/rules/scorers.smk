@@ -4,14 +4,14 @@
 # node) or the configured judge.url. Their input functions live in common.smk (train.smk uses them).
 rule build_evidence:
     input:
-        train=shared("results/{suite}/data/mix/train.jsonl"),
+        train=stage("mix_training_set", "results/{suite}/data/mix/train.jsonl"),
         index=get_index(),
         reranker=get_reranker,
         qampari=get_evidence_release,
     output:
-        evidence=shared("results/{suite}/data/evidence/train.jsonl"),
+        evidence=stage("build_evidence", "results/{suite}/data/evidence/train.jsonl"),
         coverage=report(
-            shared("results/{suite}/data/evidence/coverage.json"),
+            stage("build_evidence", "results/{suite}/data/evidence/coverage.json"),
             caption="../report/baselines.rst",
             category="Baselines",
             labels={"table": "StepSearch evidence coverage"},

@@ -2,6 +2,7 @@
 
 from spader.infra.download import anchor_source, fetch
 from spader.infra.glue import job, workflow_root
+from spader.infra.sources import record_source_digest
 
 with job(snakemake):
     fetch(
@@ -12,3 +13,4 @@ with job(snakemake):
         desc="chunked_wikipedia.tar.gz",
         record_source=snakemake.params.url,  # as configured: records hold no absolute path
     )
+    record_source_digest(snakemake.output.archive, snakemake.params.sha256)  # spader.infra.sources

@@ -46,7 +46,8 @@ def download_dataset(
     """Fetch one release file to ``dest``.
 
     Args:
-        source: the config entry ``{url, hub}``.
+        source: the config entry ``{url, hub}``; with ``sha256``, the digest the copy of a
+            ``url`` must have (the workflow gives a local file's: :mod:`spader.infra.sources`).
         dest: output path (its name is the release file name).
         key: dotted config key of the entry, for messages (``datasets.webqsp.files.WebQSP.zip``).
         base_dir: where relative local paths in ``url`` and ``hub.local_dir`` point from (the
@@ -74,8 +75,9 @@ def download_dataset(
         )
     where = anchor_source(str(url), base_dir) if base_dir is not None else str(url)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # the record names the source as configured: a relative path stays relative to the repository
-    return Path(fetch(where, dest, desc=dest.name, record_source=str(url)))
+    # the record names the source as configured: a relative path stays relative to the repository;
+    # a local file's copy must have the content the workflow planned with (its `sha256`)
+    return Path(fetch(where, dest, sha256=source.get("sha256"), desc=dest.name, record_source=str(url)))
 
 
 def fetch_from_hub(hub: HubSource | Mapping[str, Any], dest: str | os.PathLike, *, key: str) -> Path:

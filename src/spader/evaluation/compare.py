@@ -1,7 +1,8 @@
 """Two runs of the pipeline side by side: a named run (``run: authors``, config/authors.yaml) against
 the default run of the same checkout, method by method and dataset by dataset.
 
-Both runs evaluate the same questions (the evaluation sets are shared), so the comparison is
+Both runs evaluate the same questions (the evaluation sets are shared unless the named run
+changes a setting they depend on; then the questions both evaluated), so the comparison is
 paired: for every method, dataset and metric (precision, recall, F1) the table gives each run's
 macro average with its percentile-bootstrap interval over the questions, the difference (named run
 minus default run) with its paired-bootstrap interval, and the paired permutation test's p-value,

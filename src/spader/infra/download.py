@@ -184,10 +184,11 @@ def fetch(
 
 
 def _expected(dest: Path, rec: integrity.Record | None, sha256: str | None, size: int | None) -> _Expected:
-    """What ``dest`` must be: the configured sha256 and size, else those of its earlier record."""
+    """What ``dest`` must be: the configured sha256 and size, else those of its earlier record (a
+    configured sha256 names other content than the record's: its size does not hold then)."""
     return _Expected(
         sha256=sha256.lower() if sha256 else (rec.sha256 if rec else None),
-        size=size if size is not None else (rec.size if rec else None),
+        size=size if size is not None else (rec.size if rec and not sha256 else None),
         origin="configured" if sha256 or size is not None else f"recorded in {integrity.record_path(dest)}",
         configured=bool(sha256) or size is not None,
     )

@@ -173,9 +173,11 @@ TABLE: tuple[Rerun, ...] = (
     Rerun(
         ("run",),
         ("export_rl_dataset", *_TRAINED),
-        "a named run works in `results/runs/<run>/`, sharing the downloads, the index, the normalized data "
-        "and the mix, the evidence and the demo's warm start with the default run: its training data "
-        "export (the prompt is a run's setting), trainings and evaluations are its own",
+        "a named run works in `results/runs/<run>/`: its training data export (the prompt is a run's "
+        "setting), trainings and evaluations are its own; a download, the index, the data stages, the "
+        "evidence and the demo's warm start are shared with the default run while every key they depend "
+        "on (the rows below) is the default run's, else the run builds its own copy "
+        "([named runs](#named-runs))",
         demo=("export_rl_dataset", *_TRAINED),
     ),
     Rerun(("targets",), NOTHING, "which backbones `all` builds: one already built is kept, a new one built"),
@@ -320,7 +322,8 @@ TABLE: tuple[Rerun, ...] = (
     Rerun(
         ("agent.prompt_template",),
         ("export_rl_dataset", *_TRAINED),
-        "the prompt: the training data export, every training and evaluation",
+        "the prompt: the training data export, every training and evaluation (and the demo's warm start)",
+        demo=("export_rl_dataset", *_WARM),
     ),
     Rerun(("agent.*",), _TRAINED, "one agent turn, the same in training and evaluation", demo=_WARM),
     Rerun(("evaluation.cpu_threads",), NOTHING, "threads of a CPU evaluation job (a resource)"),
