@@ -353,8 +353,11 @@ VALUES: dict[str, Any] = {
     "judge.url": "http://127.0.0.1:30000/v1",
     "hardware.calibration": "elsewhere/calibration.yaml",
     "judge.gpus": 6,  # 2 GPUs left to verl on an 8-GPU node, which divide 32 x 16
-    "variants.*.advantage": "gae",  # grpo: PPO on the terminal reward
-    "variants.*.reward": "stepsearch",  # ppo: GAE on StepSearch's rewards
+    # grpo: PPO's advantage on the terminal reward, keeping GRPO's YAML (no critic): with its
+    # method's YAML it would be `ppo` itself, whose training run it would then share
+    "variants.*.advantage": lambda c, k: {k: "gae", (*k[:-1], "verl_config"): "grpo"},
+    # ppo: GAE on StepSearch's rewards, keeping PPO's YAML (with its method's it would be `stepsearch`)
+    "variants.*.reward": lambda c, k: {k: "stepsearch", (*k[:-1], "verl_config"): "ppo"},
 }
 
 
