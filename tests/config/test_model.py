@@ -112,8 +112,8 @@ def _paper(mutate):
 # One case per rule of CROSS_KEY_RULES (same order), each naming the key it is about.
 RULE_CASES = [
     (
-        lambda c: c.update(targets=["qwen3_8b", "qwen3_8b"]),
-        "config key 'targets': 'qwen3_8b' is listed twice",
+        lambda c: c.update(targets=["qwen3_8b", "qwen3"]),
+        "config key 'targets': 'qwen3' is not a key of 'backbones'",
     ),
     (lambda c: c["variants"].update(rag=dict(c["variants"]["grpo"])), "config key 'variants.rag'"),
     (

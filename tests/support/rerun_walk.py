@@ -159,6 +159,20 @@ def model_keys(model: type[BaseModel] | None = None, prefix: str = "") -> Iterat
             yield key
 
 
+def _holds_list(annotation: Any) -> bool:
+    """Whether a value of ``annotation`` can be a list (or tuple or set), alone or inside a union
+    or a map."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple, set, frozenset):
+        return True
+    return any(_holds_list(a) for a in typing.get_args(annotation) if not isinstance(a, str | int))
+
+
+def list_keys(model: type[BaseModel] | None = None) -> list[str]:
+    """The keys of the typed model (as :func:`model_keys` names them) whose value can be a list."""
+    return [key for key in model_keys(model) if _holds_list(_field(key, model).annotation)]
+
+
 Key = tuple[str, ...]  # a concrete key by its parts (release file names hold dots)
 
 
@@ -222,11 +236,12 @@ def _other_number(value: float | int, field) -> float | int:
     return next(new for new in candidates if allowed(new))
 
 
-def _field(key: str):
-    """The pydantic field of a dotted key (``*`` parts are the values of a map)."""
+def _field(key: str, root: type[BaseModel] | None = None):
+    """The pydantic field of a dotted key (``*`` parts are the values of a map) of ``root``
+    (default: the config model)."""
     from spader.config.model import Config
 
-    model: Any = Config
+    model: Any = root or Config
     field = None
     for part in key.split("."):
         if part == "*":
@@ -406,6 +421,36 @@ def change(config: dict, pattern: str) -> tuple[Key, dict] | None:
     return key, changed
 
 
+def sets_reordered(config: dict) -> dict:
+    """``config`` with every list that ``spader.infra.reruns.LISTS`` calls a set reversed and its
+    first item repeated (the same run)."""
+    from spader.infra import reruns
+
+    out = copy.deepcopy(config)
+    for pattern in list_keys():
+        if reruns.list_kind(pattern) != reruns.SET:
+            continue
+        for key in _instances(pattern, out):
+            items = get(out, key)
+            if items:
+                put(out, key, [*reversed(items), items[0]])
+    return out
+
+
+def _instances(pattern: str, config: dict) -> list[Key]:
+    """The concrete keys of ``config`` that ``pattern`` (with ``*`` for a map's names) names."""
+    keys: list[Key] = [()]
+    for part in pattern.split("."):
+        nxt = []
+        for key in keys:
+            node = get(config, key) if key else config
+            if not isinstance(node, dict):
+                continue
+            nxt += [(*key, name) for name in node] if part == "*" else [(*key, part)] if part in node else []
+        keys = nxt
+    return keys
+
+
 def _optional_section(pattern: str) -> bool:
     field = _field(pattern)
     return bool(_sections(field.annotation)) and type(None) in typing.get_args(field.annotation)
@@ -467,6 +512,9 @@ def walk(
     restated = typed(config)  # every key stated, each value in its type (4 -> 4.0)
     if plan(restated, workdir):
         raise AssertionError(f"restating every value in effect plans {sorted(plan(restated, workdir))}")
+    reordered = sets_reordered(restated)  # every list that is a set, reversed and with a repeat
+    if plan(reordered, workdir):
+        raise AssertionError(f"reordering the set lists plans {sorted(plan(reordered, workdir))}")
     todo = list(changes(restated, keys))
     walked = {pattern: ".".join(key) for pattern, key, _ in todo}
     rules: dict[str, list[str]] = {}

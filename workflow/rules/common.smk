@@ -143,16 +143,16 @@ def first_output(name, wildcards):
 # ---------------------------------------------------------------------------------------------
 # Params: what a job's outputs depend on, and nothing else (spader.infra.reruns). Snakemake reruns
 # a job whose params changed (their repr, compared as text), so each one is canonical: maps with
-# sorted keys, values in their keys' types. A section a rule takes whole leaves out the keys that
-# do not rerun that rule (operational settings, table-only settings); the jobs read those from
-# their config.
+# sorted keys, values in their keys' types, lists that act as sets sorted without repeats. A
+# section a rule takes whole leaves out the keys that do not rerun that rule (operational
+# settings, table-only settings); the jobs read those from their config.
 # ---------------------------------------------------------------------------------------------
 def section_params(rule, *path):
     """The config section at `path` (dotted parts) as rule `rule`'s param."""
     values = config
     for part in path:
         values = values[part]
-    return canonical(for_rule(rule, path, values))
+    return canonical(for_rule(rule, path, values), path)
 
 
 def _alternatives(names):
@@ -298,7 +298,7 @@ def trained_runs_of(backbone):
 
 def agent_params():
     """The turn settings shared by training and evaluation (the template is a param of its own)."""
-    return canonical({k: v for k, v in config["agent"].items() if k != "prompt_template"})
+    return canonical({k: v for k, v in config["agent"].items() if k != "prompt_template"}, ("agent",))
 
 
 def get_reranker(wildcards):

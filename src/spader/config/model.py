@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -95,7 +96,7 @@ MAX_SECONDS = 7 * 24 * 3600.0
 
 #: The rules between keys, as ``config/README.md`` states them (each is a validator below).
 CROSS_KEY_RULES = (
-    "`targets` name keys of `backbones`, each once.",
+    "`targets` name keys of `backbones` (a repeat is ignored).",
     "`backbones.<name>.variants` name keys of `variants`; no variant is called like a prompting "
     "method (`rag`, `react`).",
     "`backbones.<name>.model`: a tiny backbone is `tiny:qwen3`, and only tiny backbones take a "
@@ -132,6 +133,12 @@ FileName = Annotated[
     str, StringConstraints(pattern=r"^(?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-]|\.\.[A-Za-z0-9._-])[A-Za-z0-9._-]*$")
 ]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda:[0-9]+)$")]
+
+
+def _once(items: list[Any]) -> list[Any]:
+    """A list the code reads as a set, each item once (a repeat means nothing; the order given is
+    kept for display, params compare it sorted: ``spader.infra.reruns.LISTS``)."""
+    return list(dict.fromkeys(items))
 
 
 class Section(BaseModel):
@@ -882,10 +889,11 @@ class AgentConfig(Section):
         description="queries of one tool call beyond this are not run (they still count in q_t); null: "
         "every query runs (the authors' code)",
     )
-    stop: list[Literal["</tool_call>", "</answer>"]] = Field(
+    stop: Annotated[list[Literal["</tool_call>", "</answer>"]], AfterValidator(_once)] = Field(
         default_factory=lambda: ["</tool_call>", "</answer>"],
-        description="a turn ends right after the first of these closing tags (kept); [] : no stop "
-        "string, a turn runs to the model's end of turn or the budget (the authors' code)",
+        description="a turn ends right after the first of these closing tags to occur (kept; a set: "
+        "their order and repeats mean nothing); [] : no stop string, a turn runs to the model's end "
+        "of turn or the budget (the authors' code)",
     )
     parser: Literal["spader", "authors"] = Field(
         "spader",
@@ -906,11 +914,6 @@ class AgentConfig(Section):
         description="the user prompt: a packaged template by name (default, authors: the authors' "
         "wording) or a template file (one {question} placeholder); null: default",
     )
-
-    @model_validator(mode="after")
-    def _unique_stop(self) -> AgentConfig:
-        _unique(self.stop, "stop")
-        return self
 
 
 class EvaluationConfig(Section):
@@ -1231,9 +1234,10 @@ class Config(Section):
         ".snakemake/), sharing downloads, tiny models, the demo's warm start and results/<suite>/ "
         "(index, datasets, mix) with the default run; null: the default run.",
     )
-    targets: list[str] = Field(
+    targets: Annotated[list[str], AfterValidator(_once)] = Field(
         min_length=1,
-        description="Backbones built by `rule all` (results/<backbone>/f1.tsv).",
+        description="Backbones built by `rule all` (results/<backbone>/f1.tsv; a set: order and "
+        "repeats mean nothing).",
     )
     mlflow: MlflowConfig = Field(
         default_factory=MlflowConfig, description="MLflow tracking (not a rerun trigger)."
@@ -1288,7 +1292,6 @@ class Config(Section):
     def cross_key_errors(self, verl_config_dir: str | os.PathLike | None = None) -> list[str]:
         """Rules between sections, each message naming the key (``config key 'a.b': ...``)."""
         errors = []
-        _unique(self.targets, "targets")
         for t in self.targets:
             if t not in self.backbones:
                 errors.append(
