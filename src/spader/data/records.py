@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-# docs/data.md 7.3; ``non_list_answer_type`` is followed by ":<answerType>".
+# docs/data.md 7.1 and 7.3; ``non_list_answer_type`` is followed by ":<answerType>".
 DROP_REASONS = (
     "empty_answer_list",
     "non_list_answer_type",
@@ -59,6 +59,8 @@ DROP_REASONS = (
     "no_valid_parse",
     "no_entity_answers",
     "empty_answer",
+    "duplicate_id",
+    "duplicate_question",
 )
 
 
