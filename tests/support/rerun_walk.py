@@ -311,7 +311,12 @@ VALUES: dict[str, Any] = {
     "mix.eval_limit": 7,
     "backbones.*.model": "Qwen/Qwen3-8B-Base",
     "backbones.*.revision": "2" * 40,
-    "backbones.*.gpus": 6,  # 2 GPUs left to verl beside a 4-GPU judge, which divide 32 x 16
+    # twice the GPUs: verl splits a mini-batch's 32 x 16 trajectories over 16; R3-RAG's judge of 4
+    # would leave it 12, which do not divide them, so that backbone no longer trains R3-RAG
+    "backbones.*.gpus": lambda c, k: {
+        k: 16,
+        (*k[:-1], "variants"): [v for v in get(c, (*k[:-1], "variants")) if v != "r3rag"],
+    },
     "backbones.*.variants": lambda c, k: {k: get(c, k)[:-1]},
     "backbones.*.prompting": ["rag"],
     "variants.*.verl_config": "no_np",
@@ -319,6 +324,8 @@ VALUES: dict[str, Any] = {
     "training.kl_loss_type": "kl",
     "training.max_steps": 7,
     "training.ppo_mini_batch_size": 16,  # the next number would exceed the batch (32)
+    "training.train_batch_size": 64,  # whole mini-batches of 32
+    "training.ppo_micro_batch_size_per_gpu": 8,  # divides a mini-batch's 64 trajectories per GPU
     "training.max_actor_ckpt_to_keep": 3,
     "training.max_critic_ckpt_to_keep": 3,
     "training.device": lambda c, k: {

@@ -119,6 +119,11 @@ CROSS_KEY_RULES = (
     "`training.time_limit.hours`: keys other than `default` name keys of `variants`.",
     "`mix.min_answers` <= `mix.max_answers`; `mix.counts` draw at least one instance.",
     "`training.ppo_mini_batch_size` <= `training.train_batch_size` <= the instances `mix.counts` draw.",
+    "`training.ppo_mini_batch_size` divides `training.train_batch_size`; a mini-batch's trajectories "
+    "(`training.ppo_mini_batch_size * training.rollout_n`) divide over a training's ranks (its GPUs, or "
+    "`training.cpu_workers`, on each node, less a judge it serves), and with fixed micro-batches "
+    "(`training.max_token_len_per_gpu` null) each rank's share divides into "
+    "`training.ppo_micro_batch_size_per_gpu` (verl 0.9.1's rules).",
     "`retrieval.topk` <= `retrieval.initial_k`; `stepsearch.evidence.queries_per_request` and "
     "`agent.max_queries_per_call` (unless null) <= `retrieval.service.max_queries_per_request`.",
     "More than one node for an LLM-judged R3-RAG variant (its `variants.<name>.nodes`, else "
@@ -1315,6 +1320,7 @@ class Config(Section):
                 )
         errors += self._size_errors()
         errors += self._served_judge_errors()
+        errors += self._batch_errors()
         for key in self.training.time_limit.hours:
             if key != "default" and key not in self.variants:
                 errors.append(
@@ -1389,6 +1395,54 @@ class Config(Section):
                         f"divide the {per_step} trajectories of a step (or set judge.url)"
                     )
         return errors
+
+    def training_ranks(self, backbone: str, variant: str) -> int:
+        """verl's data-parallel ranks in ``variant``'s training on ``backbone``: the backbone's GPUs
+        (``training.cpu_workers`` on a CPU) on each node, less a judge the job serves (on the
+        training node, or the last node of its own)."""
+        per_node = (
+            self.training.cpu_workers if self.training.device == "cpu" else self.backbones[backbone].gpus
+        )
+        nodes = self.training_nodes(variant)
+        served = self.judge.gpus if self.variants[variant].serves_judge and not self.judge.url else 0
+        if served and nodes > 1:
+            return per_node * (nodes - 1)
+        return (per_node - served) * nodes
+
+    def _batch_errors(self) -> list[str]:
+        """The batch sizes verl 0.9.1 splits without a remainder (its own checks fail the job after
+        Ray and the models have started): each step's prompts into whole mini-batches
+        (``make_iterator``), a mini-batch's trajectories over the ranks (``train_mini_batch``), and,
+        with fixed micro-batches, each rank's share into whole micro-batches
+        (``prepare_micro_batches``)."""
+        t = self.training
+        if t.train_batch_size % t.ppo_mini_batch_size:
+            return [
+                f"config key 'training.ppo_mini_batch_size': {t.ppo_mini_batch_size} does not divide "
+                f"training.train_batch_size ({t.train_batch_size}); verl trains each step in whole mini-batches"
+            ]
+        mini = t.ppo_mini_batch_size * t.rollout_n
+        errors: dict[int, str] = {}
+        for b, spec in self.backbones.items():
+            for v in (v for v in spec.variants if v in self.variants):
+                ranks = self.training_ranks(b, v)
+                if ranks < 1 or ranks in errors:  # none left: the judge's rule says so
+                    continue
+                where = f"backbone '{b}' trains {v} on {ranks} rank(s)"
+                if mini % ranks:
+                    errors[ranks] = (
+                        f"config key 'training.ppo_mini_batch_size': a mini-batch's {mini} trajectories "
+                        f"(ppo_mini_batch_size {t.ppo_mini_batch_size} x rollout_n {t.rollout_n}) do not "
+                        f"divide over the ranks: {where}"
+                    )
+                elif t.max_token_len_per_gpu is None and (mini // ranks) % t.ppo_micro_batch_size_per_gpu:
+                    errors[ranks] = (
+                        f"config key 'training.ppo_micro_batch_size_per_gpu': {t.ppo_micro_batch_size_per_gpu} "
+                        f"does not divide the {mini // ranks} trajectories of a mini-batch on each rank "
+                        f"(ppo_mini_batch_size {t.ppo_mini_batch_size} x rollout_n {t.rollout_n} / {ranks}): "
+                        f"{where}; verl splits them into whole micro-batches"
+                    )
+        return list(errors.values())
 
     def training_nodes(self, variant: str) -> int:
         """Nodes of ``variant``'s training job: its own ``nodes``, else ``training.nodes``."""
