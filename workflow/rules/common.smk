@@ -17,7 +17,7 @@ from spader.config import (
     verl_config_dir,
 )
 from spader.core.prompt import load_template
-from spader.infra.failures import failure_report
+from spader.infra.failures import JobErrors, failure_report
 from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
 from spader.models.gated import HubTokenError, check_hub_token
@@ -476,8 +476,22 @@ def check_before_start():
         raise WorkflowError(guard_message(blocked))
 
 
+# What Snakemake logs of a failed job's process (a script killed by a signal): the cause of a job
+# killed outright, which cannot write one (spader.infra.failures.JobErrors).
+JOB_ERRORS = JobErrors()
+logger.addHandler(JOB_ERRORS)
+
+
+def _said_of(job):
+    try:
+        return JOB_ERRORS.said.get(workflow.dag.jobid(job))
+    except Exception:  # noqa: BLE001 (a job the DAG no longer knows: its log alone)
+        return None
+
+
 def report_failed_jobs():
-    """The onerror hook: each job that failed for good, with the one-line cause from its log."""
+    """The onerror hook: each job that failed for good, with the one-line cause from its log (or,
+    for a job killed outright, how its process ended)."""
     failed = getattr(getattr(workflow, "scheduler", None), "failed", None) or ()
     jobs = [j for job in failed for j in getattr(job, "jobs", [job])]  # a group job's members
     lines = failure_report(
@@ -485,6 +499,7 @@ def report_failed_jobs():
             job.rule.name,
             ", ".join(f"{k}={v}" for k, v in job.wildcards.items()),
             [str(f) for f in job.log],
+            _said_of(job),
         )
         for job in sorted(jobs, key=lambda j: (j.rule.name, str(j.wildcards)))
     )
