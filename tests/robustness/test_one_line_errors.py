@@ -116,3 +116,28 @@ def test_verifying_a_path_that_does_not_exist_fails(tmp_path):
     assert f"{missing}: no such file or directory (nothing to verify)" in proc.stderr
     assert f"{present}: no record, none expected" in proc.stderr
     assert _run([*SPADER, "integrity", "record", str(missing)]).returncode == 2
+
+
+# --- the process supervisor's usage ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([], "no command given: give the command to supervise after --"),
+        (["--"], "no command given: give the command to supervise after --"),
+        (["--parent", "1"], "no command given: give the command to supervise after --"),
+        (["--grace", "5"], "no command given"),
+        (["--watch", "token", "--", "ls"], "--watch takes a job token and no command"),
+        (["--watch"], "argument --watch: expected one argument"),
+        (["--parent", "abc", "--", "ls"], "argument --parent: invalid process id value: 'abc'"),
+        (["--parent", "0", "--", "ls"], "argument --parent: invalid process id value: '0'"),
+        (["--grace", "-1", "--", "ls"], "argument --grace: invalid number of seconds value: '-1'"),
+        (["--grace", "inf", "--", "ls"], "argument --grace: invalid number of seconds value: 'inf'"),
+        (["--", "no-such-program-here"], "cannot run 'no-such-program-here': no such program"),
+    ],
+)
+def test_the_supervisor_says_what_to_give_in_words(args, said):
+    line = _one_line(_run([*SPADER, "procs", *args], timeout=60))
+    assert line.startswith(f"spader procs: error: {said}"), line
+    assert "[" not in line.split(":", 1)[0] and "Errno" not in line  # no Python list, no errno
+    module = _one_line(_run([sys.executable, "-m", "spader.infra.procs", *args], timeout=60))
+    assert module.startswith(f"python -m spader.infra.procs: error: {said}"), module
