@@ -37,7 +37,7 @@ from typing import Any
 from tqdm import tqdm
 
 from spader.infra.atomic import atomic_write
-from spader.retrieval.corpus import ChunkReader, CorpusFormatError, check_record_line
+from spader.retrieval.corpus import ChunkReader, CorpusFormatError, check_record_line, is_hidden
 from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
 from spader.retrieval.jvm import anserini_jar, check_heap, start_jvm
 
@@ -283,9 +283,11 @@ def _index_lines(reader: ChunkReader, building: Path, threads: int, duplicates: 
 
 def _plain_jsonl_tree(root: Path) -> bool:
     """True when JsonCollection would read exactly the ``*.jsonl`` files :class:`ChunkReader` reads
-    (it also takes ``.json`` and ``.gz`` files and skips hidden ones)."""
+    (it also takes ``.json`` and ``.gz`` files, and has its own idea of hidden ones: a tree with
+    anything hidden goes through the reader's one rule, :func:`spader.retrieval.corpus.is_hidden`)."""
     return not any(
-        p.is_file() and (p.suffix in (".json", ".gz") or p.name.startswith(".")) for p in root.rglob("*")
+        (p.is_file() and p.suffix in (".json", ".gz")) or is_hidden(p.relative_to(root))
+        for p in root.rglob("*")
     )
 
 

@@ -122,7 +122,9 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise ValueError(f"field {key!r} is given twice in one object (which value is meant is ambiguous)")
+            raise ValueError(
+                f"field {key!r} is given twice in one object (which value is meant is ambiguous)"
+            )
         obj[key] = value
     return obj
 
