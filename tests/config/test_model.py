@@ -5,6 +5,7 @@ rule between keys fires with the key named, and the sections round-trip as jobs 
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,8 +113,8 @@ def _paper(mutate):
 # One case per rule of CROSS_KEY_RULES (same order), each naming the key it is about.
 RULE_CASES = [
     (
-        lambda c: c.update(targets=["qwen3_8b", "qwen3_8b"]),
-        "config key 'targets': 'qwen3_8b' is listed twice",
+        lambda c: c.update(targets=["qwen3_8b", "qwen3"]),
+        "config key 'targets': 'qwen3' is not a key of 'backbones'",
     ),
     (lambda c: c["variants"].update(rag=dict(c["variants"]["grpo"])), "config key 'variants.rag'"),
     (
@@ -153,6 +154,10 @@ RULE_CASES = [
         lambda c: c["training"].update(ppo_mini_batch_size=64),
         "config key 'training.ppo_mini_batch_size': 64 is larger",
     ),
+    (
+        lambda c: c["training"].update(ppo_micro_batch_size_per_gpu=3),
+        "config key 'training.ppo_micro_batch_size_per_gpu': 3 does not divide the 64 trajectories",
+    ),
     (lambda c: c["retrieval"].update(topk=60), "config key 'retrieval.topk': 60 is larger"),
     (
         lambda c: (c["variants"]["r3rag"].update(nodes=2), c["judge"].update(gpus=9)),
@@ -169,6 +174,41 @@ def test_every_rule_has_a_case():
 def test_each_rule_between_keys_names_the_key(mutate, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         check_config(_paper(mutate), VERL_DIR)
+
+
+@pytest.mark.parametrize(
+    ("training", "message"),
+    [
+        (
+            {"ppo_micro_batch_size_per_gpu": 5},
+            "5 does not divide the 64 trajectories of a mini-batch on each rank",
+        ),
+        ({"ppo_micro_batch_size_per_gpu": 128}, "128 does not divide the 64 trajectories"),
+        # the same micro-batch fits a full node and not the 5 GPUs R3-RAG leaves its judge of 3
+        (
+            {"ppo_micro_batch_size_per_gpu": 80, "ppo_mini_batch_size": 40, "train_batch_size": 40},
+            "trains r3rag on 5 rank(s)",
+        ),
+        ({"ppo_mini_batch_size": 24}, "24 does not divide training.train_batch_size (32)"),
+        ({"ppo_mini_batch_size": 3, "train_batch_size": 3, "rollout_n": 1}, "3 trajectories"),
+        ({"device": "cpu", "rollout_backend": "transformers", "cpu_workers": 3}, "on 3 rank(s)"),
+    ],
+)
+def test_batch_sizes_verl_cannot_split_are_refused_before_any_job(training, message):
+    """verl 0.9.1 splits a step into whole mini-batches, a mini-batch's trajectories over the
+    ranks and each rank's share into whole micro-batches; it checks after Ray and the models
+    started. A size that does not divide is refused by the config check, naming the key."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(_paper(lambda c: (c["training"].update(training), c["judge"].update(gpus=3))), VERL_DIR)
+
+
+def test_token_capped_micro_batches_need_no_divisible_micro_batch():
+    config = _paper(
+        lambda c: c["training"].update(
+            ppo_micro_batch_size_per_gpu=5, remove_padding=True, max_token_len_per_gpu=1_048_576
+        )
+    )
+    assert check_config(config, VERL_DIR).training.ppo_micro_batch_size_per_gpu == 5
 
 
 def test_a_variants_nodes_overrides_training_nodes():

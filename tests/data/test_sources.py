@@ -543,7 +543,7 @@ def test_quest(tmp_path):
 def test_quest_ids_count_physical_lines(tmp_path):
     # A blank line still occupies a line number: ids stay stable if a file has stray blank lines.
     path = tmp_path / "test.jsonl"
-    path.write_text(dump_jsonl(QUEST[:1]) + "\n" + dump_jsonl(QUEST[:1]), encoding="ascii")
+    path.write_text(dump_jsonl(QUEST[:1]) + "\n" + dump_jsonl(QUEST[1:2]), encoding="ascii")
     records, _ = normalize_release("quest", "test", path)
     assert [r["id"] for r in records] == ["quest:test:00000", "quest:test:00002"]
 

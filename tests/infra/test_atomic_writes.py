@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 CASES = r"""
 import json, os, resource, signal, sys
@@ -100,3 +101,60 @@ def test_a_failed_write_leaves_no_temporary_file_and_the_old_content(tmp_path):
         assert leftovers == [], (name, seen["files"])
         assert seen["unchanged"], name
     assert "results/demo/stopped.txt" not in report["atomic_path stopped"]["files"]
+
+
+FULL = r"""
+import resource, signal, sys
+from spader.infra.atomic import atomic_write
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    atomic_write(sys.argv[1], b"z" * 10_000)
+except OSError as exc:
+    print(f"{type(exc).__name__}|{exc}|{exc.errno}")
+"""
+
+
+def test_an_output_that_cannot_be_written_is_named_not_its_temporary_file(tmp_path):
+    import errno
+    import os
+
+    import pytest
+
+    from spader.infra.atomic import atomic_path, atomic_write
+
+    (tmp_path / "a-file").write_text("x\n")
+    (tmp_path / "a-dir").mkdir()
+    cases = {
+        tmp_path / "a-file" / "out.json": (
+            NotADirectoryError,
+            f"{tmp_path / 'a-file'} is a file, not a directory",
+        ),
+        tmp_path / "a-file" / "deeper" / "out.json": (NotADirectoryError, f"{tmp_path / 'a-file'} is a file"),
+        tmp_path / "a-dir": (IsADirectoryError, "it is a directory"),
+    }
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if not os.access(locked, os.W_OK):  # a user's directory without write permission
+        cases[locked / "out.json"] = (PermissionError, "Permission denied")
+    else:  # root writes anywhere but where the kernel says no
+        cases[Path("/sys/kernel/spader-out.json")] = (OSError, "")
+    for target, (kind, detail) in cases.items():
+        with pytest.raises(kind) as err:
+            atomic_write(target, "data")
+        message = str(err.value)
+        assert message.startswith(f"cannot write {target}: {detail}"), message
+        assert ".tmp" not in message and "Errno" not in message, message
+    assert not list(tmp_path.rglob("*.tmp"))
+
+    full = subprocess.run(
+        [sys.executable, "-c", FULL, str(tmp_path / "big.json")], capture_output=True, text=True, timeout=60
+    )
+    kind, message, code = full.stdout.strip().split("|")
+    assert message == f"cannot write {tmp_path / 'big.json'}: File too large" and int(code) == errno.EFBIG
+
+    # an error about another file inside the block (an input it reads) is left as it is
+    with pytest.raises(FileNotFoundError) as err, atomic_path(tmp_path / "out.json") as tmp:
+        tmp.write_text((tmp_path / "missing-input.json").read_text())
+    assert "missing-input.json" in str(err.value) and "cannot write" not in str(err.value)

@@ -106,3 +106,43 @@ def test_the_command_line_splits_its_options_from_snakemakes(tmp_path, monkeypat
     assert ran[-1][3:] == ["--profile", "slurm", "-n", "--forcerun", "a.json", "b.json"]
     with pytest.raises(SystemExit):
         main(["a.json", "--from-scratch"])
+
+
+def test_an_output_named_by_an_absolute_path_inside_the_working_directory_is_recomputed(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    wanted = "results/q/eval/spader/quest.json"
+    for named in (str(tmp_path / wanted), f"./{wanted}", "results//q/eval/../eval/spader/quest.json"):
+        rerun([named], ["-n"], run=ran.append)
+        assert ran[-1][-2:] == ["--forcerun", wanted], named
+    elsewhere = tmp_path / "elsewhere"
+    rerun([str(elsewhere / wanted)], ["-n", "-d", str(elsewhere)], run=ran.append)  # snakemake's -d
+    assert ran[-1][-2:] == ["--forcerun", wanted]
+    with pytest.raises(
+        ValueError, match=r"/outside/results/x.json is outside the directory the workflow runs in"
+    ):
+        rerun(["/outside/results/x.json"], [], run=ran.append)
+    assert rerun(["evaluate_policy"], [], run=ran.append) is None and ran[-1][-1] == "evaluate_policy"
+    final = tmp_path / "results/q/train/spader/final.json"  # --from-scratch takes one too
+    (final.parent / "work").mkdir(parents=True)
+    rerun([str(final)], [], from_scratch=True, run=ran.append)
+    assert not (final.parent / "work").exists() and ran[-1][-1] == "results/q/train/spader/final.json"
+
+
+def test_snakemake_finds_the_rule_of_an_absolute_path(tmp_path):
+    """What Snakemake plans for it (it said "no rule produces" an absolute path)."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    target = "results/demo/data/eval/quest.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "spader.infra.rerun", str(tmp_path / target), "--", "-n", target, "-s",
+         str(repo / "workflow" / "Snakefile"), "-d", str(tmp_path), "--configfile", str(repo / "config" / "demo.yaml")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "export_eval_set" in out and "No rule" not in out and "no rule" not in out

@@ -219,3 +219,46 @@ def test_the_reader_lists_what_it_read_and_what_it_skipped(tmp_path, chunks):
     assert sum(1 for _ in reader) == len(chunks.records())
     assert reader.members == [str(root / "wikipedia_chunks_0.jsonl")]
     assert dict(reader.skipped) == {"other file": 1}
+
+
+# a macOS tar's AppleDouble twin of a chunk file (binary metadata), a dot-file named like a chunk
+# file, a chunk file under a hidden directory, an editor's swap file
+HIDDEN = {
+    "._wikipedia_chunks_0.jsonl": b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        ",
+    ".wikipedia_chunks_1.jsonl": None,  # real passages: hidden all the same
+    ".git/wikipedia_chunks_2.jsonl": None,
+    ".wikipedia_chunks_0.jsonl.swp": b"b0VIM 9.0",
+}
+
+
+@pytest.mark.parametrize("prefix", ["", "./"])
+def test_hidden_files_follow_one_rule_in_an_archive_and_a_directory(tmp_path, chunks, caplog, prefix):
+    """A member or file whose name or directory starts with a dot is not read, from a tar (with or
+    without a leading ./) and from a directory alike: counted as a hidden file and named."""
+    records = chunks.records()
+    files = {"wikipedia_chunks_0.jsonl": _lines(records)}
+    files.update({name: data or _lines(records[:1]) for name, data in HIDDEN.items()})
+    tree = tmp_path / "tree" / PREFIX
+    for name, data in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(data)
+    dump = _tar(tmp_path / "dump.tar.gz", [(f"{prefix}{PREFIX}/{n}", d) for n, d in files.items()])
+    seen = {}
+    for name, source in (("archive", dump), ("directory", tmp_path / "tree")):
+        reader = ChunkReader(source)
+        lines = list(reader)
+        seen[name] = (len(lines), [Path(m).name for m in reader.members], dict(reader.skipped))
+        with caplog.at_level(logging.WARNING, logger="spader.retrieval.corpus"):
+            stats = build_bm25_index(
+                source, tmp_path / name / "idx", stats_path=tmp_path / name / "stats.json"
+            )
+        assert stats["documents"] == len(records) and stats["skipped_members"] == {"hidden file": 4}, name
+    assert (
+        seen["archive"]
+        == seen["directory"]
+        == (len(records), ["wikipedia_chunks_0.jsonl"], {"hidden file": 4})
+    )
+    assert (
+        "._wikipedia_chunks_0.jsonl (hidden file)" in caplog.text
+        and ".git/wikipedia_chunks_2.jsonl" in caplog.text
+    )

@@ -150,8 +150,27 @@ def test_fuzzed_malformed_requests_get_4xx_json_and_never_reach_a_batch(client, 
         ),
         (b'{"queries": ["a"], "topk": NaN}', 400, "NaN is not a JSON number"),
         (b" " * 200_000, 413, "request body of 200000 bytes is larger than the limit of 84800 bytes"),
+        # a key given twice: the last value would win silently
+        (
+            b'{"queries": ["films"], "queries": ["rivers"]}',
+            400,
+            "field 'queries' is given twice in one object",
+        ),
+        (b'{"queries": ["films"], "topk": 1, "topk": 5}', 400, "field 'topk' is given twice in one object"),
+        (b'{"queries": ["films"], "x": {"a": 1, "a": 1}}', 400, "field 'a' is given twice in one object"),
+        (b'{"queries": ["a"], "\u0071ueries": ["b"]}', 400, "field 'queries' is given twice in one object"),
     ],
-    ids=["surrogate", "nesting", "digits", "nan", "size"],
+    ids=[
+        "surrogate",
+        "nesting",
+        "digits",
+        "nan",
+        "size",
+        "key-twice",
+        "topk-twice",
+        "nested-twice",
+        "escaped-twice",
+    ],
 )
 def test_each_limit_is_named(client, body, status, message):
     r = client.post("/retrieve", content=body)

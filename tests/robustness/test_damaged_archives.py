@@ -47,9 +47,14 @@ ARCHIVE = {"qampari": "qampari.zip", "webqsp": "WebQSP.zip"}
 def _payload(dataset: str) -> bytes:
     """A few hundred records: enough compressed data to damage in its middle."""
     if dataset == "qampari":
-        lines = [json.dumps({**QAMPARI, "qid": f"{i}__wikidata_simple__train"}) for i in range(300)]
+        lines = [
+            json.dumps({**QAMPARI, "qid": f"{i}__wikidata_simple__train", "question_text": f"Question {i}?"})
+            for i in range(300)
+        ]
         return ("\n".join(lines) + "\n").encode()
-    records = [{**WEBQSP_RECORD, "QuestionId": f"WebQTrn-{i}"} for i in range(300)]
+    records = [
+        {**WEBQSP_RECORD, "QuestionId": f"WebQTrn-{i}", "RawQuestion": f"question {i}?"} for i in range(300)
+    ]
     return json.dumps({"Version": "1.0", "Questions": records}, indent=1).encode()
 
 

@@ -120,11 +120,32 @@ def _render(dataset: str, record: object, raw: str | None) -> str:
     return text
 
 
+# the fields holding a record's id and its question (QUEST's id is its line)
+_ID_AND_QUESTION = {
+    "qampari": ("qid", "question_text"),
+    "mintaka": ("id", "question"),
+    "webqsp": ("QuestionId", "RawQuestion"),
+    "quest": (None, "query"),
+}
+
+
+def _another(dataset: str, tag: str) -> dict:
+    """The good record of ``dataset`` as another question (its own id and question): a release
+    holds each question once, a repeat is dropped."""
+    record = copy.deepcopy(GOOD[dataset])
+    id_field, question_field = _ID_AND_QUESTION[dataset]
+    if id_field:
+        record[id_field] = f"{tag}{record[id_field]}"
+    record[question_field] = f"{tag} {record[question_field]}"
+    return record
+
+
 def write_release(tmp_path: Path, dataset: str, bad: object, raw: str | None = None) -> Release:
-    """Three records, the second one ``bad`` (an object, or raw text when ``bad`` is a str)."""
-    good = _render(dataset, GOOD[dataset], None)
+    """Three records, the second one ``bad`` (an object, or raw text when ``bad`` is a str), the
+    others good questions of their own."""
+    first, last = (_render(dataset, _another(dataset, tag), None) for tag in ("X", "Z"))
     middle = bad if isinstance(bad, str) and raw is None else _render(dataset, bad, raw)
-    records = [good, middle, good]
+    records = [first, middle, last]
     if dataset in ("qampari", "quest"):
         text, span = _jsonl_text(records)
     elif dataset == "mintaka":

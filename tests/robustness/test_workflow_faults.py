@@ -204,6 +204,37 @@ def test_a_failed_job_prints_its_cause_on_the_console(work):
     assert "[log: logs/download_dataset/demo/quest/test.jsonl.log]" in summary
 
 
+def test_a_job_killed_outright_is_summarised_with_its_signal(work):
+    """A job killed alone by SIGKILL (as the kernel's out-of-memory killer ends one) writes no cause;
+    the run's summary names the signal Snakemake saw instead of "no cause recorded"."""
+    import psutil
+
+    data = (work / "resources/demo/chunked_wikipedia.tar.gz").read_bytes()
+    server = SlowServer(data, rate=len(data) // 30)  # ~30 s for the whole file
+    try:
+        (work / "overlay.yaml").write_text(f"mlflow:\n  enabled: false\ncorpus:\n  url: {server.url}\n")
+        part = work / (DUMP + ".part")
+        proc = _snakemake(work, DUMP)
+        _wait(lambda: part.exists() and part.stat().st_size > 0, 120, "the transfer to start")
+        job = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "download_dump.py" in " ".join(p.cmdline())
+        ]
+        assert len(job) == 1, job
+        job[0].kill()  # the job alone; snakemake goes on and reports it
+        rc, out = _finish(proc, 120)
+    finally:
+        server.close()
+    assert rc != 0
+    summary = out.split("Failed jobs and their causes:", 1)[1]
+    assert (
+        "download_dump (suite=demo): killed by SIGKILL (signal 9), which no process can catch: the kernel's out-of-memory killer sends it"
+        in summary
+    ), out[-3000:]
+    assert "no cause recorded" not in summary
+
+
 def test_what_only_the_user_can_supply_stops_the_run_before_any_job(work):
     """A target that needs WebQSP.zip without its url, or a gated model without a hub token, stops
     before any job starts, with one line naming the key or the token and what to do (a dry run

@@ -172,6 +172,20 @@ def model_keys(model: type[BaseModel] | None = None, prefix: str = "") -> Iterat
             yield key
 
 
+def _holds_list(annotation: Any) -> bool:
+    """Whether a value of ``annotation`` can be a list (or tuple or set), alone or inside a union
+    or a map."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple, set, frozenset):
+        return True
+    return any(_holds_list(a) for a in typing.get_args(annotation) if not isinstance(a, str | int))
+
+
+def list_keys(model: type[BaseModel] | None = None) -> list[str]:
+    """The keys of the typed model (as :func:`model_keys` names them) whose value can be a list."""
+    return [key for key in model_keys(model) if _holds_list(_field(key, model).annotation)]
+
+
 Key = tuple[str, ...]  # a concrete key by its parts (release file names hold dots)
 
 
@@ -235,11 +249,12 @@ def _other_number(value: float | int, field) -> float | int:
     return next(new for new in candidates if allowed(new))
 
 
-def _field(key: str):
-    """The pydantic field of a dotted key (``*`` parts are the values of a map)."""
+def _field(key: str, root: type[BaseModel] | None = None):
+    """The pydantic field of a dotted key (``*`` parts are the values of a map) of ``root``
+    (default: the config model)."""
     from spader.config.model import Config
 
-    model: Any = Config
+    model: Any = root or Config
     field = None
     for part in key.split("."):
         if part == "*":
@@ -309,7 +324,12 @@ VALUES: dict[str, Any] = {
     "mix.eval_limit": 7,
     "backbones.*.model": "Qwen/Qwen3-8B-Base",
     "backbones.*.revision": "2" * 40,
-    "backbones.*.gpus": 6,  # 2 GPUs left to verl beside a 4-GPU judge, which divide 32 x 16
+    # twice the GPUs: verl splits a mini-batch's 32 x 16 trajectories over 16; R3-RAG's judge of 4
+    # would leave it 12, which do not divide them, so that backbone no longer trains R3-RAG
+    "backbones.*.gpus": lambda c, k: {
+        k: 16,
+        (*k[:-1], "variants"): [v for v in get(c, (*k[:-1], "variants")) if v != "r3rag"],
+    },
     "backbones.*.variants": lambda c, k: {k: get(c, k)[:-1]},
     "backbones.*.prompting": ["rag"],
     "variants.*.verl_config": "grpo",  # another method's YAML (the variant's own is its method's)
@@ -319,6 +339,8 @@ VALUES: dict[str, Any] = {
     "training.kl_loss_type": "kl",
     "training.max_steps": 7,
     "training.ppo_mini_batch_size": 16,  # the next number would exceed the batch (32)
+    "training.train_batch_size": 64,  # whole mini-batches of 32
+    "training.ppo_micro_batch_size_per_gpu": 8,  # divides a mini-batch's 64 trajectories per GPU
     "training.max_actor_ckpt_to_keep": 3,
     "training.max_critic_ckpt_to_keep": 3,
     "training.device": lambda c, k: {
@@ -424,6 +446,36 @@ def change(config: dict, pattern: str) -> tuple[Key, dict] | None:
     return key, changed
 
 
+def sets_reordered(config: dict) -> dict:
+    """``config`` with every list that ``spader.infra.reruns.LISTS`` calls a set reversed and its
+    first item repeated (the same run)."""
+    from spader.infra import reruns
+
+    out = copy.deepcopy(config)
+    for pattern in list_keys():
+        if reruns.list_kind(pattern) != reruns.SET:
+            continue
+        for key in _instances(pattern, out):
+            items = get(out, key)
+            if items:
+                put(out, key, [*reversed(items), items[0]])
+    return out
+
+
+def _instances(pattern: str, config: dict) -> list[Key]:
+    """The concrete keys of ``config`` that ``pattern`` (with ``*`` for a map's names) names."""
+    keys: list[Key] = [()]
+    for part in pattern.split("."):
+        nxt = []
+        for key in keys:
+            node = get(config, key) if key else config
+            if not isinstance(node, dict):
+                continue
+            nxt += [(*key, name) for name in node] if part == "*" else [(*key, part)] if part in node else []
+        keys = nxt
+    return keys
+
+
 def _optional_section(pattern: str) -> bool:
     field = _field(pattern)
     return bool(_sections(field.annotation)) and type(None) in typing.get_args(field.annotation)
@@ -485,6 +537,9 @@ def walk(
     restated = typed(config)  # every key stated, each value in its type (4 -> 4.0)
     if plan(restated, workdir):
         raise AssertionError(f"restating every value in effect plans {sorted(plan(restated, workdir))}")
+    reordered = sets_reordered(restated)  # every list that is a set, reversed and with a repeat
+    if plan(reordered, workdir):
+        raise AssertionError(f"reordering the set lists plans {sorted(plan(reordered, workdir))}")
     todo = list(changes(restated, keys))
     walked = {pattern: ".".join(key) for pattern, key, _ in todo}
     rules: dict[str, list[str]] = {}

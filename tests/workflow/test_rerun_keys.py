@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 from dag_jobs import affected, dag_jobs
-from rerun_walk import model_keys
+from pydantic import BaseModel
+from rerun_walk import list_keys, model_keys
 
 from spader.infra import reruns
 
@@ -35,6 +36,70 @@ def test_every_key_of_the_model_has_a_row_and_is_walked():
     used = {pattern for row in reruns.TABLE for pattern in row.keys}
     unmatched = {p for p in used if not any(reruns._match(p, k.split(".")) for k in keys)}
     assert not unmatched, f"rows name keys the model does not have: {sorted(unmatched)}"
+
+
+def test_every_list_key_is_compared_in_order_or_as_a_set():
+    """Each list-typed key of the model is classified in ``reruns.LISTS``; a new one fails here
+    until it is (the finder is shown to see a list key the model does not have yet)."""
+    keys = list_keys()
+    assert {"agent.stop", "targets", "backbones.*.variants"} <= set(keys)
+    unclassified = [k for k in keys if reruns.list_kind(k) is None]
+    assert not unclassified, f"classify these list keys in spader.infra.reruns.LISTS: {unclassified}"
+    assert set(reruns.LISTS) == set(keys), "LISTS names keys that are not lists of the model"
+
+    class Inner(BaseModel):
+        tags: list[str] | None = None
+        size: int = 1
+
+    class Outer(BaseModel):
+        names: dict[str, Inner] = {}
+        paths: tuple[str, ...] = ()
+
+    assert list_keys(Outer) == ["names.*.tags", "paths"]
+
+
+def test_set_lists_compare_as_sets_and_ordered_lists_in_order():
+    stop = ["</tool_call>", "</answer>"]
+    assert reruns.canonical({"stop": stop}, ("agent",)) == reruns.canonical(
+        {"stop": [*reversed(stop), stop[0]]}, ("agent",)
+    )
+    assert reruns.canonical({"b": {"variants": ["x", "y"]}}, ("backbones",)) != reruns.canonical(
+        {"b": {"variants": ["y", "x"]}}, ("backbones",)
+    )
+    assert reruns.canonical([1, 1]) == [1, 1]  # a list without its key is left as it is
+
+
+def test_the_model_keeps_a_set_lists_items_once_and_refuses_repeats_in_ordered_lists():
+    from spader.config import ConfigError, check_config, resolved_config
+
+    config = resolved_config(REPO / "config" / "config.yaml")
+    config["agent"]["stop"] = ["</answer>", "</tool_call>", "</answer>"]
+    config["targets"] = [*config["targets"], *config["targets"]]
+    checked = check_config(config)
+    assert checked.agent.stop == ["</answer>", "</tool_call>"]
+    assert len(checked.targets) == len(set(checked.targets))
+    config["backbones"]["qwen3_8b"]["prompting"] = ["rag", "rag"]
+    with pytest.raises(ConfigError, match="backbones.qwen3_8b.prompting"):
+        check_config(config)
+
+
+def test_reordered_sets_and_failure_thresholds_plan_nothing():
+    """Reordering or repeating a set list (``agent.stop``, ``targets``) and changing a failure
+    threshold reran every trained job or every evaluation; each is the same run. Reordering a list
+    whose order counts still reruns what reads it."""
+    with open(REPO / "config" / "config.yaml") as f:
+        base = yaml.safe_load(f)
+    target = "results/qwen3_8b/f1.tsv"
+    before = dag_jobs(base, target, REPO)
+    same = copy.deepcopy(base)
+    same.setdefault("agent", {})["stop"] = ["</answer>", "</tool_call>", "</answer>"]
+    same["targets"] = [*reversed(base["targets"]), base["targets"][0]]
+    same.setdefault("evaluation", {})["max_error_share"] = 0.5
+    same.setdefault("training", {})["max_search_error_rate"] = 0.5
+    assert affected(before, dag_jobs(same, target, REPO)) == set()
+    ordered = copy.deepcopy(base)
+    ordered["backbones"]["qwen3_8b"]["prompting"] = ["react", "rag"]  # the default: rag, react
+    assert {rule for rule, _ in affected(before, dag_jobs(ordered, target, REPO))} == {"aggregate_results"}
 
 
 def test_rerun_table_in_the_docs_is_current():

@@ -20,7 +20,7 @@ from spader.config import (
 )
 from spader.core.prompt import load_template
 from spader.methods import table_rows, verl_yaml
-from spader.infra.failures import failure_report
+from spader.infra.failures import JobErrors, failure_report
 from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
 from spader.models.gated import HubTokenError, check_hub_token
@@ -198,16 +198,16 @@ def first_output(name, wildcards):
 # ---------------------------------------------------------------------------------------------
 # Params: what a job's outputs depend on, and nothing else (spader.infra.reruns). Snakemake reruns
 # a job whose params changed (their repr, compared as text), so each one is canonical: maps with
-# sorted keys, values in their keys' types. A section a rule takes whole leaves out the keys that
-# do not rerun that rule (operational settings, table-only settings); the jobs read those from
-# their config.
+# sorted keys, values in their keys' types, lists that act as sets sorted without repeats. A
+# section a rule takes whole leaves out the keys that do not rerun that rule (operational
+# settings, table-only settings); the jobs read those from their config.
 # ---------------------------------------------------------------------------------------------
 def section_params(rule, *path):
     """The config section at `path` (dotted parts) as rule `rule`'s param."""
     values = config
     for part in path:
         values = values[part]
-    return canonical(for_rule(rule, path, values))
+    return canonical(for_rule(rule, path, values), path)
 
 
 def _alternatives(names):
@@ -354,7 +354,7 @@ def trained_runs_of(backbone):
 
 def agent_params():
     """The turn settings shared by training and evaluation (the template is a param of its own)."""
-    return canonical({k: v for k, v in config["agent"].items() if k != "prompt_template"})
+    return canonical({k: v for k, v in config["agent"].items() if k != "prompt_template"}, ("agent",))
 
 
 def get_reranker(wildcards):
@@ -558,8 +558,22 @@ def check_before_start():
         raise WorkflowError(guard_message(blocked))
 
 
+# What Snakemake logs of a failed job's process (a script killed by a signal): the cause of a job
+# killed outright, which cannot write one (spader.infra.failures.JobErrors).
+JOB_ERRORS = JobErrors()
+logger.addHandler(JOB_ERRORS)
+
+
+def _said_of(job):
+    try:
+        return JOB_ERRORS.said.get(workflow.dag.jobid(job))
+    except Exception:  # noqa: BLE001 (a job the DAG no longer knows: its log alone)
+        return None
+
+
 def report_failed_jobs():
-    """The onerror hook: each job that failed for good, with the one-line cause from its log."""
+    """The onerror hook: each job that failed for good, with the one-line cause from its log (or,
+    for a job killed outright, how its process ended)."""
     failed = getattr(getattr(workflow, "scheduler", None), "failed", None) or ()
     jobs = [j for job in failed for j in getattr(job, "jobs", [job])]  # a group job's members
     lines = failure_report(
@@ -567,6 +581,7 @@ def report_failed_jobs():
             job.rule.name,
             ", ".join(f"{k}={v}" for k, v in job.wildcards.items()),
             [str(f) for f in job.log],
+            _said_of(job),
         )
         for job in sorted(jobs, key=lambda j: (j.rule.name, str(j.wildcards)))
     )

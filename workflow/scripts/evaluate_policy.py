@@ -3,7 +3,7 @@
 from spader.config import AgentConfig, EvaluationConfig
 from spader.core.prompt import checked_template
 from spader.evaluation import evaluate_policy
-from spader.infra.glue import job, retrieval_settings
+from spader.infra.glue import job, overlay, retrieval_settings
 from spader.retrieval.backend import SearchSettings
 
 # sglang's engine starts worker processes that import the main module again: run only as __main__.
@@ -16,7 +16,10 @@ if __name__ == "__main__":
             snakemake.output.records,
             snakemake.output.summary,
             method=snakemake.params.method,
-            evaluation=EvaluationConfig.model_validate(snakemake.params.evaluation),
+            # the config's section overlaid with the param: the keys that rerun nothing are no param
+            evaluation=EvaluationConfig.model_validate(
+                overlay(snakemake.config["evaluation"], snakemake.params.evaluation)
+            ),
             agent=AgentConfig.model_validate(snakemake.params.agent),
             prompt=checked_template(snakemake.params.prompt),
             retrieval=SearchSettings.from_config(

@@ -67,6 +67,30 @@ def schema_errors(config: Mapping[str, Any], schema: Mapping[str, Any] | None = 
     return messages
 
 
+#: What a shell would expand and a configuration value does not: ``${VAR}``, ``${VAR:-default}``,
+#: ``$VAR``, ``$(command)``, ``$((...))``.
+_ENVIRONMENT = re.compile(r"\$(?:\{[^}]*\}?|[A-Za-z_][A-Za-z0-9_]*|\()")
+
+
+def environment_errors(config: Any, path: tuple[str, ...] = ()) -> list[str]:
+    """One message per string value of ``config`` that looks like a shell variable or command:
+    nothing expands it (Snakemake and YAML read it as written), so it would reach a job as text.
+
+    >>> environment_errors({"mlflow": {"tracking_uri": "${MLFLOW_URI}"}})  # doctest: +ELLIPSIS
+    ["config key 'mlflow.tracking_uri': '${MLFLOW_URI}' looks like an environment variable..."]
+    """
+    if isinstance(config, Mapping):
+        return [e for k, v in config.items() for e in environment_errors(v, (*path, str(k)))]
+    if isinstance(config, list | tuple):
+        return [e for i, v in enumerate(config) for e in environment_errors(v, (*path, str(i)))]
+    if isinstance(config, str) and (found := _ENVIRONMENT.search(config)):
+        return [
+            f"config key '{_dotted(path)}': {config!r} looks like an environment variable or a shell "
+            f"command ({found.group(0)!r}), which configuration values never expand; write the value itself"
+        ]
+    return []
+
+
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.]*): ")
 
 
@@ -114,7 +138,7 @@ def check_config(
     """
     given = config["datasets"] if "datasets" in config else {}  # a config without it changes nothing
     config = {**config, "datasets": dataset_defaults(given)}
-    errors = schema_errors(config)
+    errors = environment_errors(config) + schema_errors(config)
     if not errors:
         try:
             return Config.model_validate(

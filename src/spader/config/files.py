@@ -11,13 +11,17 @@ configuration a ``snakemake --configfile A B`` run validates.
 
 Snakemake's YAML loader keeps the last of two equal keys of one mapping, so a section given twice
 loses the first silently; :func:`load_yaml` refuses it, naming the key, the file and both lines.
-The workflow re-reads its config files with it at start-up (``workflow/rules/common.smk``).
+The workflow re-reads its config files with it at start-up (``workflow/rules/common.smk``). A file
+that is not UTF-8 is one line naming it and the line (:func:`decoded`), from ``spader`` and from
+``snakemake`` (which the default profile has check the files before it reads them:
+:func:`refuse_unreadable_configfiles`).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,10 +34,13 @@ from spader.config.model import Config
 __all__ = [
     "DEFAULT_CONFIG",
     "config_paths",
+    "configfile_arguments",
+    "decoded",
     "load_config",
     "load_yaml",
     "merge_files",
     "overlay",
+    "refuse_unreadable_configfiles",
     "resolved_config",
 ]
 
@@ -68,6 +75,61 @@ def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
+def decoded(data: bytes, path: str | os.PathLike) -> str:
+    r"""A config file's bytes as text; a ConfigError naming the file, line and byte when they are
+    not UTF-8 (what YAML files are, and what Snakemake reads them as).
+
+    >>> decoded(b"a: 1\nb: \xff\n", "my.yaml")
+    Traceback (most recent call last):
+    ...
+    spader.config.checks.ConfigError: config file my.yaml line 2: not UTF-8 text (byte 0xff at column 4); save it as UTF-8
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(
+            f"config file {path} line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column "
+            f"{column}); save it as UTF-8"
+        ) from None
+
+
+def configfile_arguments(argv: Sequence[str]) -> list[str]:
+    """The files a ``snakemake`` command line names with ``--configfile``/``--configfiles``.
+
+    >>> configfile_arguments(["-n", "--configfile", "a.yaml", "b.yaml", "-c", "2", "--configfiles=c.yaml"])
+    ['a.yaml', 'b.yaml', 'c.yaml']
+    """
+    files: list[str] = []
+    taking = False
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if name in ("--configfile", "--configfiles"):
+            taking = not eq
+            files += [value] if eq else []
+        elif arg.startswith("-") and len(arg) > 1:
+            taking = False
+        elif taking:
+            files.append(arg)
+    return files
+
+
+def refuse_unreadable_configfiles(argv: Sequence[str] | None = None) -> None:
+    """Stop a ``snakemake`` run whose ``--configfile`` is not UTF-8 with one line naming it
+    (exit status 2). Snakemake reads those files before the workflow, and a byte that is not UTF-8
+    ends it with a traceback that names no file; the workflow's default profile calls this while
+    Snakemake reads it (``profiles/default/config.yaml``), before Snakemake reads the files."""
+    for path in configfile_arguments(sys.argv[1:] if argv is None else argv):
+        try:
+            decoded(Path(path).read_bytes(), path)
+        except OSError:
+            continue  # Snakemake says that a file is missing, in one line
+        except ConfigError as exc:
+            sys.stderr.write(f"snakemake: error: {exc}\n")
+            raise SystemExit(2) from None
+
+
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """One config file as a mapping (an empty file is ``{}``).
 
@@ -76,9 +138,10 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
             level, or gives a key twice in one mapping (the message names the key, file and lines).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
+    text = decoded(data, path)
     loader = _StrictLoader(text)
     loader.spader_path = str(path)
     try:

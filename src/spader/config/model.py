@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -112,7 +113,7 @@ MAX_SECONDS = 7 * 24 * 3600.0
 
 #: The rules between keys, as ``config/README.md`` states them (each is a validator below).
 CROSS_KEY_RULES = (
-    "`targets` name keys of `backbones`, each once.",
+    "`targets` name keys of `backbones` (a repeat is ignored).",
     "`backbones.<name>.variants` name keys of `variants`; no variant is called like a prompting "
     "method (`rag`, `react`).",
     "`backbones.<name>.model`: a tiny backbone is `tiny:qwen3`, and only tiny backbones take a "
@@ -135,6 +136,11 @@ CROSS_KEY_RULES = (
     "`training.time_limit.hours`: keys other than `default` name keys of `variants`.",
     "`mix.min_answers` <= `mix.max_answers`; `mix.counts` draw at least one instance.",
     "`training.ppo_mini_batch_size` <= `training.train_batch_size` <= the instances `mix.counts` draw.",
+    "`training.ppo_mini_batch_size` divides `training.train_batch_size`; a mini-batch's trajectories "
+    "(`training.ppo_mini_batch_size * training.rollout_n`) divide over a training's ranks (its GPUs, or "
+    "`training.cpu_workers`, on each node, less a judge it serves), and with fixed micro-batches "
+    "(`training.max_token_len_per_gpu` null) each rank's share divides into "
+    "`training.ppo_micro_batch_size_per_gpu` (verl 0.9.1's rules).",
     "`retrieval.topk` <= `retrieval.initial_k`; `stepsearch.evidence.queries_per_request` and "
     "`agent.max_queries_per_call` (unless null) <= `retrieval.service.max_queries_per_request`.",
     "More than one node for an LLM-judged R3-RAG variant (its `variants.<name>.nodes`, else "
@@ -147,6 +153,12 @@ Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 #: A release file's name: a plain file name (``.`` and ``..`` name directories).
 FileName = Annotated[str, StringConstraints(pattern=FILE_NAME_PATTERN)]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda:[0-9]+)$")]
+
+
+def _once(items: list[Any]) -> list[Any]:
+    """A list the code reads as a set, each item once (a repeat means nothing; the order given is
+    kept for display, params compare it sorted: ``spader.infra.reruns.LISTS``)."""
+    return list(dict.fromkeys(items))
 
 
 class Section(BaseModel):
@@ -1044,10 +1056,11 @@ class AgentConfig(Section):
         description="queries of one tool call beyond this are not run (they still count in q_t); null: "
         "every query runs (the authors' code)",
     )
-    stop: list[Literal["</tool_call>", "</answer>"]] = Field(
+    stop: Annotated[list[Literal["</tool_call>", "</answer>"]], AfterValidator(_once)] = Field(
         default_factory=lambda: ["</tool_call>", "</answer>"],
-        description="a turn ends right after the first of these closing tags (kept); [] : no stop "
-        "string, a turn runs to the model's end of turn or the budget (the authors' code)",
+        description="a turn ends right after the first of these closing tags to occur (kept; a set: "
+        "their order and repeats mean nothing); [] : no stop string, a turn runs to the model's end "
+        "of turn or the budget (the authors' code)",
     )
     parser: Literal["spader", "authors"] = Field(
         "spader",
@@ -1068,11 +1081,6 @@ class AgentConfig(Section):
         description="the user prompt: a packaged template by name (default, authors: the authors' "
         "wording) or a template file (one {question} placeholder); null: default",
     )
-
-    @model_validator(mode="after")
-    def _unique_stop(self) -> AgentConfig:
-        _unique(self.stop, "stop")
-        return self
 
 
 class EvaluationConfig(Section):
@@ -1393,9 +1401,10 @@ class Config(Section):
         ".snakemake/), sharing downloads, tiny models, the demo's warm start and results/<suite>/ "
         "(index, datasets, mix) with the default run; null: the default run.",
     )
-    targets: list[str] = Field(
+    targets: Annotated[list[str], AfterValidator(_once)] = Field(
         min_length=1,
-        description="Backbones built by `rule all` (results/<backbone>/f1.tsv).",
+        description="Backbones built by `rule all` (results/<backbone>/f1.tsv; a set: order and "
+        "repeats mean nothing).",
     )
     mlflow: MlflowConfig = Field(
         default_factory=MlflowConfig, description="MLflow tracking (not a rerun trigger)."
@@ -1457,7 +1466,6 @@ class Config(Section):
     def cross_key_errors(self, verl_config_dir: str | os.PathLike | None = None) -> list[str]:
         """Rules between sections, each message naming the key (``config key 'a.b': ...``)."""
         errors = []
-        _unique(self.targets, "targets")
         for t in self.targets:
             if t not in self.backbones:
                 errors.append(
@@ -1481,6 +1489,7 @@ class Config(Section):
                 )
         errors += self._size_errors()
         errors += self._served_judge_errors()
+        errors += self._batch_errors()
         for key in self.training.time_limit.hours:
             if key != "default" and key not in self.variants:
                 errors.append(
@@ -1555,6 +1564,54 @@ class Config(Section):
                         f"divide the {per_step} trajectories of a step (or set judge.url)"
                     )
         return errors
+
+    def training_ranks(self, backbone: str, variant: str) -> int:
+        """verl's data-parallel ranks in ``variant``'s training on ``backbone``: the backbone's GPUs
+        (``training.cpu_workers`` on a CPU) on each node, less a judge the job serves (on the
+        training node, or the last node of its own)."""
+        per_node = (
+            self.training.cpu_workers if self.training.device == "cpu" else self.backbones[backbone].gpus
+        )
+        nodes = self.training_nodes(variant)
+        served = self.judge.gpus if self.variants[variant].serves_judge and not self.judge.url else 0
+        if served and nodes > 1:
+            return per_node * (nodes - 1)
+        return (per_node - served) * nodes
+
+    def _batch_errors(self) -> list[str]:
+        """The batch sizes verl 0.9.1 splits without a remainder (its own checks fail the job after
+        Ray and the models have started): each step's prompts into whole mini-batches
+        (``make_iterator``), a mini-batch's trajectories over the ranks (``train_mini_batch``), and,
+        with fixed micro-batches, each rank's share into whole micro-batches
+        (``prepare_micro_batches``)."""
+        t = self.training
+        if t.train_batch_size % t.ppo_mini_batch_size:
+            return [
+                f"config key 'training.ppo_mini_batch_size': {t.ppo_mini_batch_size} does not divide "
+                f"training.train_batch_size ({t.train_batch_size}); verl trains each step in whole mini-batches"
+            ]
+        mini = t.ppo_mini_batch_size * t.rollout_n
+        errors: dict[int, str] = {}
+        for b, spec in self.backbones.items():
+            for v in (v for v in spec.variants if v in self.variants):
+                ranks = self.training_ranks(b, v)
+                if ranks < 1 or ranks in errors:  # none left: the judge's rule says so
+                    continue
+                where = f"backbone '{b}' trains {v} on {ranks} rank(s)"
+                if mini % ranks:
+                    errors[ranks] = (
+                        f"config key 'training.ppo_mini_batch_size': a mini-batch's {mini} trajectories "
+                        f"(ppo_mini_batch_size {t.ppo_mini_batch_size} x rollout_n {t.rollout_n}) do not "
+                        f"divide over the ranks: {where}"
+                    )
+                elif t.max_token_len_per_gpu is None and (mini // ranks) % t.ppo_micro_batch_size_per_gpu:
+                    errors[ranks] = (
+                        f"config key 'training.ppo_micro_batch_size_per_gpu': {t.ppo_micro_batch_size_per_gpu} "
+                        f"does not divide the {mini // ranks} trajectories of a mini-batch on each rank "
+                        f"(ppo_mini_batch_size {t.ppo_mini_batch_size} x rollout_n {t.rollout_n} / {ranks}): "
+                        f"{where}; verl splits them into whole micro-batches"
+                    )
+        return list(errors.values())
 
     def training_nodes(self, variant: str) -> int:
         """Nodes of ``variant``'s training job: its own ``nodes``, else ``training.nodes``."""

@@ -181,6 +181,8 @@ def _member_info(zf: zipfile.ZipFile, src: Source) -> zipfile.ZipInfo:
             "one is meant is ambiguous)",
         )
     info = infos[0]
+    if info.is_dir():
+        raise DataFormatError(src.name, None, "is a directory of the archive, not a release file")
     if info.flag_bits & 0x1:
         raise DataFormatError(
             src.name, None, "member is encrypted (password-protected); release files are not"
@@ -213,6 +215,8 @@ def open_release(path: str | os.PathLike, member: str | None = None) -> Iterator
         read: damaged compressed data, a checksum mismatch).
     """
     src = Source(path, member)
+    if src.path.is_dir():
+        raise DataFormatError(str(src.path), None, "is a directory, not a release file")
     if not src.path.is_file():
         raise DataFormatError(str(src.path), None, "file not found")
     if member is None:

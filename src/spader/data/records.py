@@ -63,6 +63,8 @@ DROP_REASONS = (
     "no_valid_parse",
     "no_entity_answers",
     "empty_answer",
+    "duplicate_id",
+    "duplicate_question",
 )
 
 

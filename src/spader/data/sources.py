@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from spader.core.text import clean_text
+from spader.core.text import clean_text, question_key
 from spader.data.readers import (
     Source,
     check_type,
@@ -258,7 +258,7 @@ def normalize_release(
     if member is None and entry.zip_member and looks_like_zip(path):
         member = entry.member(split)
     extract = entry.extractor()
-    records: list[dict] = []
+    records: list[tuple[int, dict]] = []
     with open_release(path, member) as (stream, src):
         summary = NormalizeSummary(dataset, split, src.member_name)
         for line, obj in tqdm(
@@ -274,8 +274,16 @@ def normalize_release(
                 log.debug("%s: dropped (%s)", src.where(line), d.reason)
                 continue
             _check_unicode(_texts(record["meta"], []), obj, src, line)
-            records.append(record)
-    summary.kept = len(records)
+            records.append((line, record))
+    if not summary.read:
+        raise DataFormatError(
+            src.name,
+            None,
+            "holds no records (an empty or blank file, or an empty list of records): a damaged, "
+            "truncated or wrong release file",
+        )
+    kept = _without_repeats(records, summary, src)
+    summary.kept = len(kept)
     log.info(
         "%s %s: read %d, kept %d, dropped %s",
         dataset,
@@ -284,7 +292,46 @@ def normalize_release(
         summary.kept,
         dict(summary.dropped) or 0,
     )
-    return records, summary
+    return kept, summary
+
+
+def _without_repeats(records: list[tuple[int, dict]], summary: NormalizeSummary, src: Source) -> list[dict]:
+    """The records without repeats (docs/data.md, "Normalized record"), in file order: a record whose id an earlier
+    line holds is dropped (``duplicate_id``); of records whose questions are one question
+    (:func:`spader.core.text.question_key`), the one with the smallest id is kept, the others
+    dropped (``duplicate_question``), as the training mix keeps them. Each drop is counted in the
+    summary and logged with its line."""
+    first: dict[str, int] = {}
+    unique: list[tuple[int, dict]] = []
+    for line, record in records:
+        if record["id"] in first:
+            summary.dropped["duplicate_id"] += 1
+            log.info(
+                "%s: dropped (duplicate_id: line %d has id %s)",
+                src.where(line),
+                first[record["id"]],
+                record["id"],
+            )
+            continue
+        first[record["id"]] = line
+        unique.append((line, record))
+    owner: dict[str, tuple[int, dict]] = {}
+    for line, record in sorted(unique, key=lambda item: item[1]["id"]):
+        owner.setdefault(question_key(record["question"]), (line, record))
+    kept = []
+    for line, record in unique:
+        held = owner[question_key(record["question"])]
+        if held[1] is record:
+            kept.append(record)
+            continue
+        summary.dropped["duplicate_question"] += 1
+        log.info(
+            "%s: dropped (duplicate_question: the question of line %d, id %s)",
+            src.where(line),
+            held[0],
+            held[1]["id"],
+        )
+    return kept
 
 
 def _record(

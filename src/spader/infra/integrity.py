@@ -534,10 +534,14 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Record (outputs written before records existed, known to be intact) or verify ``args.paths``;
-    returns the exit status (1 when a check fails)."""
+    returns the exit status (1 when a check fails, 2 when a path does not exist)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     status = 0
     for p in args.paths:
+        if not os.path.exists(p):  # a dangling link too
+            log.error("%s: no such file or directory (nothing to %s)", p, args.action)
+            status = 2
+            continue
         try:
             if args.action == "record":
                 rec = write_record(p, producer=args.producer)
@@ -548,7 +552,7 @@ def run(args) -> int:
                 log.info("%s: matches %s", p, record_path(p))
         except (IntegrityError, OSError) as exc:
             log.error("%s", exc)
-            status = 1
+            status = max(status, 1)
     return status
 
 

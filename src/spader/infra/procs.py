@@ -48,6 +48,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -561,20 +562,52 @@ def deferring_workflow_loss(seconds: float) -> Iterator[None]:
 HELP = "supervise a job's command, or watch a job's processes (used by the workflow's jobs)"
 
 
+#: What to give, in words (the usage error of a call without a command or a token).
+USAGE = (
+    "give the command to supervise after -- (spader procs [--parent PID] [--grace S] -- COMMAND "
+    "[ARG ...]), or the job token to watch (spader procs --watch TOKEN [--parent PID] [--grace S])"
+)
+
+
+def _pid(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_pid.__name__ = "process id"  # argparse names the type in its message: "invalid process id value"
+_seconds.__name__ = "number of seconds"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--parent", type=int, default=None, help="PID of the job (exit if it is gone)")
-    parser.add_argument("--grace", type=float, default=60.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--parent", type=_pid, default=None, help="PID of the job (exit if it is gone)")
+    parser.add_argument("--grace", type=_seconds, default=60.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--watch", default=None, metavar="TOKEN", help="be the watchdog of this job token")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
+    # not "command": that is the name ``spader`` gives its subcommand
+    parser.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to supervise"
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if ns.watch:
+    command = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
+    if ns.watch is not None:
+        if command or not ns.watch.strip():
+            raise ValueError(f"--watch takes a job token and no command: {USAGE}")
         return watch(ns.watch, parent=ns.parent, grace_s=ns.grace)
-    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
-        raise ValueError("no command given")
+        raise ValueError(f"no command given: {USAGE}")
+    if shutil.which(command[0]) is None:
+        raise ValueError(f"cannot run {command[0]!r}: no such program (on PATH, or at that path, executable)")
     return supervise(command, parent=ns.parent, grace_s=ns.grace)
 
 

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "GUARDED_RULES",
     "PlannedJob",
+    "as_target",
     "guard_message",
     "main",
     "move_workdir_aside",
@@ -157,6 +158,40 @@ def snakemake_command(outputs: Sequence[str], snakemake_args: Sequence[str]) -> 
     return [sys.executable, "-m", "snakemake", *snakemake_args, "--forcerun", *outputs]
 
 
+def _working_directory(snakemake_args: Sequence[str]) -> Path:
+    """The directory snakemake runs in: its ``-d``/``--directory``, else the current one."""
+    for i, arg in enumerate(snakemake_args):
+        if arg in ("-d", "--directory") and i + 1 < len(snakemake_args):
+            return Path(snakemake_args[i + 1]).resolve()
+        if arg.startswith("--directory="):
+            return Path(arg.split("=", 1)[1]).resolve()
+    return Path.cwd().resolve()
+
+
+def as_target(output: str, workdir: str | os.PathLike) -> str:
+    """``output`` as Snakemake names it, relative to its working directory ``workdir`` (a rule's
+    name as it is): an absolute path inside ``workdir``, or one with ``./`` or ``..`` in it, made
+    relative and normal; a path outside ``workdir`` is an error naming both.
+
+    >>> as_target("/repo/results/q/f1.tsv", "/repo"), as_target("./results//q/f1.tsv", "/repo")
+    ('results/q/f1.tsv', 'results/q/f1.tsv')
+    >>> as_target("train_policy", "/repo")
+    'train_policy'
+    """
+    if not os.path.isabs(output) and "/" not in output:
+        return output
+    workdir = Path(workdir)
+    path = Path(os.path.normpath(output if os.path.isabs(output) else workdir / output))
+    for base, candidate in ((workdir, path), (workdir.resolve(), path.resolve())):
+        try:
+            return str(candidate.relative_to(base))
+        except ValueError:
+            continue
+    raise ValueError(
+        f"{output} is outside the directory the workflow runs in ({workdir}); name an output under it"
+    )
+
+
 def rerun(
     outputs: Sequence[str],
     snakemake_args: Sequence[str] = (),
@@ -178,6 +213,8 @@ def rerun(
     """
     if not outputs:
         raise ValueError("name at least one output (or rule) to recompute")
+    workdir = _working_directory(snakemake_args)
+    outputs = [as_target(o, workdir) for o in outputs]
     dry = any(a in _DRY_RUN for a in snakemake_args)
     if from_scratch:
         workdirs = {o: training_workdir(o) for o in outputs}
@@ -191,7 +228,7 @@ def rerun(
             if dry:
                 log.info("dry run: %s would be moved aside (training from scratch)", workdirs[output])
                 continue
-            moved = move_workdir_aside(output)
+            moved = move_workdir_aside(workdir / output)
             if moved is not None:
                 log.info("moved %s to %s: the training starts from scratch", workdirs[output], moved)
     command = snakemake_command(outputs, snakemake_args)

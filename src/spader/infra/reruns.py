@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,11 +32,15 @@ from typing import Any
 from spader.datasets import registry
 
 __all__ = [
+    "LISTS",
+    "ORDERED",
+    "SET",
     "TABLE",
     "Rerun",
     "canonical",
     "entry",
     "for_rule",
+    "list_kind",
     "render",
     "reruns_nothing",
     "walked_on_demo",
@@ -328,6 +333,12 @@ TABLE: tuple[Rerun, ...] = (
     Rerun(("agent.*",), _TRAINED, "one agent turn, the same in training and evaluation", demo=_WARM),
     Rerun(("evaluation.cpu_threads",), NOTHING, "threads of a CPU evaluation job (a resource)"),
     Rerun(
+        ("evaluation.max_error_share",),
+        NOTHING,
+        "when an evaluation gives up on a failing engine (a failure threshold: an evaluation that "
+        "finished wrote the same records under any threshold it passed)",
+    ),
+    Rerun(
         ("evaluation.bootstrap_samples", "evaluation.bootstrap_seed", "evaluation.significance_level"),
         ("aggregate_results",),
         "the tables' intervals and tests only",
@@ -363,6 +374,43 @@ TABLE: tuple[Rerun, ...] = (
         "whether a later code change reruns a stage; switching one on after such a change reruns it",
     ),
 )
+
+
+#: How a list-typed key of the model compares (every one is classified; a test keeps it so).
+ORDERED, SET = "ordered", "set"
+#: ``{key: (ORDERED or SET, why)}``. A set list is one whose order and repeats the code ignores: its
+#: params compare it sorted and without repeats (:func:`canonical`), so reordering it reruns
+#: nothing, and the model drops its repeats. An ordered list is one where a job reads the order
+#: or counts a repeat (when in doubt, a list is ordered).
+LISTS: dict[str, tuple[str, str]] = {
+    "targets": (SET, "`rule all` asks for each backbone's tables; order and repeats ask for nothing more"),
+    "retrieval.reranker.devices": (
+        ORDERED,
+        "one reranker replica per entry (a repeat is one more replica) and chunks go to them in order",
+    ),
+    "backbones.*.variants": (
+        ORDERED,
+        "of variants that train alike, the first trains the run they share; the tables' rows follow it",
+    ),
+    "backbones.*.prompting": (ORDERED, "the tables' rows follow it"),
+    "agent.stop": (SET, "a turn ends at the earliest occurrence of any tag, whichever is listed first"),
+    "evaluation.seeds": (ORDERED, "an evaluation writes its records seed by seed, in this order"),
+}
+
+
+def list_kind(key: str | Sequence[str]) -> str | None:
+    """:data:`ORDERED` or :data:`SET` for a list-typed key of the model (concrete or with ``*``),
+    None for any other key.
+
+    >>> list_kind(("agent", "stop")), list_kind("backbones.qwen3_8b.variants"), list_kind("agent.max_turns")
+    ('set', 'ordered', None)
+    """
+    path = tuple(key.split(".")) if isinstance(key, str) else tuple(key)
+    for pattern, (kind, _) in LISTS.items():
+        parts = pattern.split(".")
+        if len(parts) == len(path) and all(p == "*" or p == q for p, q in zip(parts, path, strict=True)):
+            return kind
+    return None
 
 
 def _match(pattern: str, path: Sequence[str]) -> bool:
@@ -450,20 +498,31 @@ def for_rule(rule: str, section: Sequence[str], values: Mapping[str, Any]) -> di
     return out
 
 
-def canonical(value: Any) -> Any:
+def canonical(value: Any, at: Sequence[str] = ()) -> Any:
     """``value`` as a param: maps with sorted keys (recursively), tuples as lists, models as their
-    fields, so that two configs meaning the same thing give the same ``repr`` (what Snakemake's
-    params trigger compares).
+    fields, and the lists of :data:`LISTS` that are sets sorted with repeats left out, so that two
+    configs meaning the same thing give the same ``repr`` (what Snakemake's params trigger
+    compares).
+
+    Args:
+        value: the value (a config section, a key's value).
+        at: where ``value`` sits in the config (its key's parts): a set list is known by its key.
 
     >>> canonical({"b": 1, "a": (2.0, {"d": None, "c": True})})
     {'a': [2.0, {'c': True, 'd': None}], 'b': 1}
+    >>> canonical({"stop": ["</tool_call>", "</answer>", "</tool_call>"]}, ("agent",))
+    {'stop': ['</answer>', '</tool_call>']}
     """
     if hasattr(value, "model_dump"):
         value = value.model_dump(mode="json")
     if isinstance(value, Mapping):
-        return {str(k): canonical(value[k]) for k in sorted(value, key=str)}
+        return {str(k): canonical(value[k], (*at, str(k))) for k in sorted(value, key=str)}
     if isinstance(value, list | tuple):
-        return [canonical(v) for v in value]
+        items = [canonical(v) for v in value]
+        if at and list_kind(at) == SET:
+            unique = {json.dumps(v, sort_keys=True): v for v in items}
+            items = [unique[k] for k in sorted(unique)]
+        return items
     return value
 
 
@@ -524,7 +583,20 @@ def render() -> str:
             f"| {_keys(row.keys)} | {_rules(row.paper, PAPER_RULES)} | {_rules(row.demo, DEMO_RULES)} "
             f"| {row.scope or 'all'} | {row.why} |"
         )
-    lines += ["", _END]
+    lines += [
+        "",
+        "Lists: a list whose order the code ignores is compared as a set (its order and repeats "
+        "rerun nothing; the configuration keeps each item once); any other list is compared in order.",
+        "",
+        "| list key | compared | why |",
+        "|---|---|---|",
+        *(
+            f"| `{key}` | {'as a set' if kind == SET else 'in order'} | {why} |"
+            for key, (kind, why) in LISTS.items()
+        ),
+        "",
+        _END,
+    ]
     return "\n".join(lines)
 
 

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MlflowSettings",
+    "TrackingStoreError",
+    "check_store",
     "config_hash",
     "end_pipeline_run",
     "fingerprint",
@@ -134,7 +136,67 @@ def _mlflow():
     return mlflow
 
 
+class TrackingStoreError(ValueError):
+    """The MLflow store cannot be used as it is; the message names it and what is wrong."""
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_CHECKED_STORES: set[tuple[str, int, int]] = set()
+
+
+def _store_problem(db: Path) -> str | None:
+    """What is wrong with the SQLite MLflow store ``db`` (None: nothing SQLite or a look at its
+    tables finds), read only."""
+    if not db.is_file():
+        return "is not a file"
+    with open(db, "rb") as f:
+        head = f.read(len(_SQLITE_HEADER))
+    if not head:
+        return "is empty (cut short?)"
+    if head != _SQLITE_HEADER:
+        return "is not a SQLite database (replaced by another file?)"
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=60)) as con:
+            check = [row[0] for row in con.execute("PRAGMA quick_check")]
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return None  # another process writes it at length: MLflow waits its turn
+        return f"is damaged: SQLite says {exc} (cut short or overwritten?)"
+    except sqlite3.DatabaseError as exc:
+        return f"is damaged: SQLite says {exc} (cut short or overwritten?)"
+    if check != ["ok"]:
+        return f"is damaged: SQLite's check finds {'; '.join(check[:3])} (cut short or overwritten?)"
+    if not {"experiments", "runs"} <= tables:
+        return "is a SQLite database without MLflow's tables (replaced by another database?)"
+    return None
+
+
+def check_store(settings: MlflowSettings) -> None:
+    """Refuse an MLflow store that is damaged or is not one, naming it (MLflow's own errors are
+    tracebacks of dozens of frames that do not name the file); once per process and file state.
+
+    Raises:
+        TrackingStoreError: the store's file is cut short, damaged, not SQLite or not MLflow's.
+    """
+    db = settings.database
+    if db is None or not os.path.lexists(db):
+        return  # a server, or a store MLflow creates
+    stat = db.stat() if db.exists() else None
+    key = (str(db), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1)
+    if key in _CHECKED_STORES:
+        return
+    problem = _store_problem(db)
+    if problem is not None:
+        raise TrackingStoreError(
+            f"MLflow store {db} {problem}: move it aside (a new store is started) or restore it, or "
+            "set mlflow.enabled: false"
+        )
+    _CHECKED_STORES.add(key)
+
+
 def _experiment_id(settings: MlflowSettings) -> str:
+    check_store(settings)
     mlflow = _mlflow()
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
     exp = client.get_experiment_by_name(settings.experiment)
@@ -369,6 +431,7 @@ def start_pipeline_run(
     settings = MlflowSettings(config["mlflow"], root)
     if not settings.enabled:
         return
+    check_store(settings)
     mlflow = _mlflow()
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
     exp_id = _experiment_id(settings)
@@ -393,6 +456,7 @@ def end_pipeline_run(config: Mapping[str, Any], status: str, root: str | os.Path
     settings = MlflowSettings(config["mlflow"], root)
     if not settings.enabled or not settings.pipeline_file.exists():
         return
+    check_store(settings)
     run_id = json.loads(settings.pipeline_file.read_text())["run_id"]
     _mlflow().MlflowClient(tracking_uri=settings.tracking_uri).set_terminated(run_id, status=status)
 
@@ -432,6 +496,7 @@ def job_run(smk, *, extra_tags: Mapping[str, str] | None = None) -> Iterator[Any
     if not settings.enabled:
         yield None
         return
+    check_store(settings)
     mlflow = _mlflow()
     mlflow.set_tracking_uri(settings.tracking_uri)
     exp_id = _experiment_id(settings)

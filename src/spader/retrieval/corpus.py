@@ -17,6 +17,10 @@ without a word:
   name, since its passages would otherwise be lost;
 * a symbolic or hard link in an archive named like a chunk file is refused by name (its passages
   would be lost, or read twice);
+* a hidden file, one rule for an archive and a directory: a name or a directory on its path
+  starting with ``.`` (macOS's AppleDouble ``._*`` metadata files, ``.DS_Store``, an editor's
+  ``.x.jsonl.swp``, what is under ``.git/``), is not read, whatever its name ends with
+  (:func:`is_hidden`);
 * every other member or file (directories aside) is counted by kind in :attr:`ChunkReader.skipped`
   and named in the log, and the index build writes the counts into its record (``stats.json``).
 
@@ -54,6 +58,7 @@ __all__ = [
     "Passage",
     "check_record_line",
     "chunk_file_kind",
+    "is_hidden",
     "passage_from_record",
     "read_lines",
 ]
@@ -117,6 +122,18 @@ def check_record_line(line: str, where: str) -> None:
         raise CorpusFormatError(f"{where}: field 'meta' must be an object")
 
 
+def is_hidden(name: str | os.PathLike) -> bool:
+    """Whether a path inside the corpus (an archive member's name, or a file's path relative to
+    the corpus directory) is hidden: one of its parts starts with ``.`` (``.`` and ``..`` aside).
+
+    >>> is_hidden("wikipedia_chunks/._wikipedia_chunks_0.jsonl"), is_hidden(".git/x.jsonl")
+    (True, True)
+    >>> is_hidden("./wikipedia_chunks/chunks_v5/wikipedia_chunks_0.jsonl")
+    False
+    """
+    return any(part.startswith(".") and part not in (".", "..") for part in Path(name).parts)
+
+
 def chunk_file_kind(name: str) -> str | None:
     """``"plain"`` for ``*.jsonl``, ``"gzip"`` for ``*.jsonl.gz``, ``"other"`` for a chunk file
     compressed in another way (``*.jsonl.bz2``...), None for any other name."""
@@ -149,7 +166,7 @@ class ChunkReader:
     Iterating yields ``(file, line number, line)`` for non-blank lines; ``file`` is the path, or
     ``archive:member`` for archives (error messages name both). After the iteration,
     :attr:`members` lists the chunk files read and :attr:`skipped` counts what was not read, by
-    kind (``other file``, ``symbolic link``, ``hard link``, ``special file``).
+    kind (``hidden file``, ``other file``, ``symbolic link``, ``hard link``, ``special file``).
     """
 
     def __init__(self, source: str | os.PathLike):
@@ -160,6 +177,9 @@ class ChunkReader:
             self.files = []
             for p in sorted(self.source.rglob("*")):
                 if p.is_dir():
+                    continue
+                if is_hidden(p.relative_to(self.source)):
+                    self._skip(str(p), "hidden file")
                     continue
                 kind = chunk_file_kind(p.name) if p.is_file() else None
                 if kind == "other":
@@ -236,6 +256,9 @@ class ChunkReader:
         where = f"{self.source}:{member.name}"
         kind = chunk_file_kind(member.name)
         if member.isdir():
+            return
+        if is_hidden(member.name):
+            self._skip(member.name, "hidden file")
             return
         if member.issym() or member.islnk():
             link = "symbolic link" if member.issym() else "hard link"

@@ -37,9 +37,9 @@ from typing import Any
 from tqdm import tqdm
 
 from spader.infra.atomic import atomic_write
-from spader.retrieval.corpus import ChunkReader, CorpusFormatError, check_record_line
+from spader.retrieval.corpus import ChunkReader, CorpusFormatError, check_record_line, is_hidden
 from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
-from spader.retrieval.jvm import anserini_jar, start_jvm
+from spader.retrieval.jvm import anserini_jar, check_heap, start_jvm
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +82,24 @@ def build_bm25_index(
     """
     index_dir = Path(index_dir)
     stats_path = Path(stats_path) if stats_path is not None else index_dir.parent / "stats.json"
+    _check_options(threads, heap)
     if index_dir.exists() and any(index_dir.iterdir()):
         if not overwrite:
             raise IndexBuildError(f"index directory {index_dir} exists and is not empty (use overwrite)")
         shutil.rmtree(index_dir)
     reader = ChunkReader(source)
     building = _building_dir(index_dir)
-
-    start_jvm(heap)
-    started = time.perf_counter()
-    duplicates = _Duplicates()
-    lines = _count_unique(reader) if reader.files is not None and _plain_jsonl_tree(reader.source) else None
-    if lines is not None:
-        indexer, indexed = "IndexCollection", _index_collection(reader, building, threads, lines)
-    else:
-        indexer, indexed = "SimpleIndexer (streamed)", _index_lines(reader, building, threads, duplicates)
-    seconds = time.perf_counter() - started
-
-    info = _check_built(building, index_dir, source, indexed, expected_documents)
-    os.replace(building, index_dir)
+    try:  # a build that fails, whatever the reason, leaves no <index>.building behind
+        start_jvm(heap)
+        started = time.perf_counter()
+        duplicates = _Duplicates()
+        indexer, indexed = _index(reader, building, threads, duplicates)
+        seconds = time.perf_counter() - started
+        info = _check_built(building, index_dir, source, indexed, expected_documents)
+        os.replace(building, index_dir)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     stats = _index_record(index_dir, source, reader, info, duplicates, indexed, threads, seconds, indexer)
     atomic_write(stats_path, json.dumps(stats, indent=2) + "\n")
     log.info(
@@ -112,6 +111,22 @@ def build_bm25_index(
         index_dir,
     )
     return stats
+
+
+def _check_options(threads: int, heap: str) -> None:
+    """Refuse indexing threads below 1 and a heap the JVM cannot read, before the JVM starts (it
+    aborts the whole process on such a heap, and Anserini fails on 0 threads with a Java trace)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"indexing threads must be a whole number of at least 1, got {threads!r}")
+    check_heap(heap)
+
+
+def _index(reader: ChunkReader, building: Path, threads: int, duplicates: _Duplicates) -> tuple[str, int]:
+    """Index the corpus into ``building``: ``(the indexer used, documents indexed)``."""
+    lines = _count_unique(reader) if reader.files is not None and _plain_jsonl_tree(reader.source) else None
+    if lines is not None:
+        return "IndexCollection", _index_collection(reader, building, threads, lines)
+    return "SimpleIndexer (streamed)", _index_lines(reader, building, threads, duplicates)
 
 
 def _building_dir(index_dir: Path) -> Path:
@@ -126,6 +141,8 @@ def _check_built(
     building: Path, index_dir: Path, source, indexed: int, expected_documents: int | None
 ) -> dict[str, Any]:
     """The built index's :func:`verify_index` facts; removes it and raises on a wrong document count."""
+    if not indexed:
+        raise IndexBuildError(f"{source}: holds no passages, nothing to index (an empty or wrong corpus)")
     info = verify_index(building)
     if info["documents"] != indexed:
         shutil.rmtree(building, ignore_errors=True)
@@ -266,9 +283,11 @@ def _index_lines(reader: ChunkReader, building: Path, threads: int, duplicates: 
 
 def _plain_jsonl_tree(root: Path) -> bool:
     """True when JsonCollection would read exactly the ``*.jsonl`` files :class:`ChunkReader` reads
-    (it also takes ``.json`` and ``.gz`` files and skips hidden ones)."""
+    (it also takes ``.json`` and ``.gz`` files, and has its own idea of hidden ones: a tree with
+    anything hidden goes through the reader's one rule, :func:`spader.retrieval.corpus.is_hidden`)."""
     return not any(
-        p.is_file() and (p.suffix in (".json", ".gz") or p.name.startswith(".")) for p in root.rglob("*")
+        (p.is_file() and p.suffix in (".json", ".gz")) or is_hidden(p.relative_to(root))
+        for p in root.rglob("*")
     )
 
 

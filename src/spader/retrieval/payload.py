@@ -116,6 +116,19 @@ def _constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of the body, refused when it names a key twice: which value is meant is
+    ambiguous (the decoder would keep the last one silently)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(
+                f"field {key!r} is given twice in one object (which value is meant is ambiguous)"
+            )
+        obj[key] = value
+    return obj
+
+
 def parse_json(raw: bytes) -> Any:
     """Decode a request body under the depth and number limits.
 
@@ -127,7 +140,8 @@ def parse_json(raw: bytes) -> Any:
 
     Raises:
         BadSearchRequestError: 400 naming what is wrong (not JSON, not text, nested deeper than
-            :data:`MAX_DEPTH`, a number longer than :data:`MAX_NUMBER_CHARS`, NaN or Infinity).
+            :data:`MAX_DEPTH`, a number longer than :data:`MAX_NUMBER_CHARS`, NaN or Infinity, a key
+            given twice in one object).
     """
     depth = json_depth(raw) if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH else 0
     if depth > MAX_DEPTH:
@@ -135,7 +149,9 @@ def parse_json(raw: bytes) -> Any:
             f"request body is JSON nested {depth} levels deep; the limit is {MAX_DEPTH}", 400
         )
     try:
-        return json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)
+        return json.loads(
+            raw, parse_int=_int, parse_float=_float, parse_constant=_constant, object_pairs_hook=_object
+        )
     except UnicodeDecodeError as exc:
         raise BadSearchRequestError(f"request body is not valid JSON text: {exc}", 400) from None
     except RecursionError:  # unreachable after the depth check; kept so no input can become a 500

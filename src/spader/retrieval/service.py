@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -123,20 +124,39 @@ def _bind(host: str, port: int) -> socket.socket:
         ServiceError: the address cannot be bound (a port in use, an address not of this host),
             naming the address.
     """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ServiceError(f"cannot listen on {host}:{port}: not a TCP port (0-65535; 0 picks a free one)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
-    except OSError as exc:
+    except (OSError, OverflowError, UnicodeError) as exc:
         sock.close()
         hint = " (another process listens there: choose another --port, or 0 for a free one)"
         raise ServiceError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
-            f"{hint if exc.errno == errno.EADDRINUSE else ''}"
+            f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}"
+            f"{hint if getattr(exc, 'errno', None) == errno.EADDRINUSE else ''}"
         ) from None
     return sock
+
+
+def warn_beyond_loopback(sock: socket.socket) -> bool:
+    """Say so in the log when the service listens beyond this machine's loopback: it has no
+    authentication, so whoever reaches the address can search with it and load it. Returns
+    whether it does."""
+    address, port = sock.getsockname()[:2]
+    if ipaddress.ip_address(address.split("%")[0]).is_loopback:
+        return False
+    log.warning(
+        "the retrieval service listens on %s:%d, beyond this machine's loopback: it has no "
+        "authentication, so anyone who can reach that address can send it searches (bind 127.0.0.1, "
+        "the default, unless the network around it is trusted)",
+        address,
+        port,
+    )
+    return True
 
 
 _FD_RESERVE = 256  # descriptors kept for the index files, the JVM, torch and logs
@@ -208,6 +228,7 @@ def serve(
     if settings.reranker is not None and Path(settings.reranker).is_dir():
         check_model_dir(settings.reranker)
     sock = _bind(host or settings.host, port)
+    warn_beyond_loopback(sock)
     verify_index(index_dir)
     bound = sock.getsockname()[1]
     if port_file is not None:
