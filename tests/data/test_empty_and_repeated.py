@@ -1,5 +1,5 @@
 """A release that holds nothing is an error naming it; a question a release holds twice is kept
-once, the repeat dropped and counted (docs/data.md 7.1)."""
+once, the repeat dropped and counted (docs/data.md, "Normalized record")."""
 
 from __future__ import annotations
 
