@@ -195,7 +195,10 @@ def test_an_exported_training_keeps_only_its_final_checkpoint(tmp_path, caplog):
         removed = retire_checkpoints(ckpt / "global_step_300")
     assert sorted(d.name for d in removed) == ["global_step_100", "global_step_200", "global_step_50"]
     assert sorted(d.name for d in ckpt.iterdir() if d.is_dir()) == ["global_step_300", "global_step_400"]
-    assert "deleted 3 intermediate checkpoint(s)" in caplog.text and "kept the final one, step 300" in caplog.text
+    assert (
+        "deleted 3 intermediate checkpoint(s)" in caplog.text
+        and "kept the final one, step 300" in caplog.text
+    )
     assert latest_checkpoint(ckpt).step == 300  # a re-export, or a resume, still finds it
 
     make_step(ckpt, 350)

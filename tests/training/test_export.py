@@ -91,5 +91,7 @@ def test_export_names_a_missing_checkpoint(tmp_path):
         ExportError,
         match=r"names checkpoint .*global_step_1/actor, which is missing or incomplete.*demo/spader",
     ):
-        export_checkpoint(tmp_path / "final.json", tmp_path / "out", tmp_path / "out.json", keep_checkpoints=False)
+        export_checkpoint(
+            tmp_path / "final.json", tmp_path / "out", tmp_path / "out.json", keep_checkpoints=False
+        )
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.json").exists()

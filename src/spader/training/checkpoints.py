@@ -214,7 +214,9 @@ def retire_checkpoints(final_checkpoint: str | os.PathLike) -> list[Path]:
     final = Path(final_checkpoint)
     m = _STEP_DIR.match(final.name)
     if m is None or final.parent.name != "checkpoints" or _incomplete_reason(final) is not None:
-        log.warning("not deleting checkpoints beside %s: not a complete global_step_N under checkpoints/", final)
+        log.warning(
+            "not deleting checkpoints beside %s: not a complete global_step_N under checkpoints/", final
+        )
         return []
     step = int(m.group(1))
     removed, freed = [], 0

@@ -330,7 +330,9 @@ class TimeInputs:
             end=end,
             mfu=float(hardware.mfu if end == "low" else min(hardware.mfu, hardware.mfu_low)),
             length_share=float(
-                hardware.length_share if end == "low" else max(hardware.length_share, hardware.length_share_high)
+                hardware.length_share
+                if end == "low"
+                else max(hardware.length_share, hardware.length_share_high)
             ),
             searching_turns=SEARCH_RANGE["searching_turns"][i],
             queries_per_call=SEARCH_RANGE["queries_per_call"][i],

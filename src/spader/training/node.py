@@ -256,13 +256,16 @@ class Check:
 
 
 def _at_least(name: str, have: float | None, need: float, *, what: str, unit: str = "GiB") -> Check:
+    def fmt(x: float) -> str:
+        return f"{x:,.1f}" if unit == "GiB" else f"{x:g}"
+
     if have is None:
         return Check(name, "fail", f"could not measure {what}", need=need)
     if have < need:
         return Check(
-            name, "fail", f"{what}: {have:,.1f} {unit}, short of the {need:,.1f} {unit} needed", need, have
+            name, "fail", f"{what}: {fmt(have)} {unit}, short of the {fmt(need)} {unit} needed", need, have
         )
-    return Check(name, "ok", f"{what}: {have:,.1f} {unit} (needs {need:,.1f})", need, have)
+    return Check(name, "ok", f"{what}: {fmt(have)} {unit} (needs {fmt(need)})", need, have)
 
 
 def _claim(name: str, key: str, claimed: float, measured: float | None, *, what: str) -> Check:

@@ -234,7 +234,7 @@ class TrainJob:
             judge_model_dir=_optional(smk.input, "judge_model"),
             agent=dict(params.get("agent") or {}),
             attempt=int(getattr(getattr(smk, "resources", None), "train_attempt", 1) or 1),
-            hardware=smk.config["hardware"],
+            hardware=smk.config.get("hardware"),  # None: no node description, no time plan or node check
         )
 
     # Files in the work directory.
@@ -544,11 +544,11 @@ def prepare_launch(
         if resized.overrides != plan.overrides:
             plan, cfg = resized, compose_config(resized)
     planned = check_job_memory(job, cfg)  # the plan of this launch; refuses one that does not fit
-    cadence = planned[0].cadence if planned else None
-    if cadence is not None and cadence.save_every_steps < int(cfg.trainer.save_freq):
-        log.info("%s: saving every %d steps (its plan; training.save_freq is %s)", job.run_name,
-                 cadence.save_every_steps, cfg.trainer.save_freq)  # fmt: skip
-        plan = launch(storage_units=units, save_every=cadence.save_every_steps)
+    every = planned_save_every(planned, cfg)
+    if every is not None:
+        log.info("%s: saving every %d steps (its plan; training.save_freq is %s)", job.run_name, every,
+                 cfg.trainer.save_freq)  # fmt: skip
+        plan = launch(storage_units=units, save_every=every)
         cfg = compose_config(plan)
     if planned and planned[0].host:
         _check_node(job, planned[0], watch)
@@ -558,6 +558,16 @@ def prepare_launch(
 
     job.resolved_config.write_text(portable_text(OmegaConf.to_yaml(cfg, resolve=True)))
     return plan
+
+
+def planned_save_every(planned: list, cfg: Any) -> int | None:
+    """The plan's save cadence when it saves more often than the composed ``trainer.save_freq``
+    (``training.save_freq``, the most steps between two saves); None otherwise, and for a job
+    without a plan (a CPU run, or no node description), which saves every ``training.save_freq``."""
+    cadence = planned[0].cadence if planned else None
+    if cadence is None or cadence.save_every_steps >= int(cfg.trainer.save_freq):
+        return None
+    return int(cadence.save_every_steps)
 
 
 def _check_node(job: TrainJob, planned: Any, watch: TimeLimitWatch | None) -> None:
