@@ -91,6 +91,9 @@ def test_it_stops_at_the_first_failing_step():
     proc = _run()  # this machine has no sglang and no GPU: the preflight fails
     out = proc.stdout
     assert proc.returncode == 1
-    assert "FAIL  sglang: sglang is not installed" in out and "FAIL  gpus: GPUs visible: 0 GPU(s), short of" in out
+    assert (
+        "FAIL  sglang: sglang is not installed" in out
+        and "FAIL  gpus: GPUs visible: 0 GPU(s), short of" in out
+    )
     assert "== FAILED at step 1/4: preflight (exit 1" in out and "not run: plan, calibration, smoke" in out
     assert "== step 2/4" not in out
