@@ -165,3 +165,28 @@ def test_the_memory_limit_of_a_cgroup_is_the_nodes_memory(tmp_path):
     node = Node(ram_total_gib=64.0, ram_available_gib=60.0, cgroup_limit_gib=3.0, shm_gib=32.0, disk_path="/",
                 disk_free_gib=1.0, glibc="glibc 2.36")  # fmt: skip
     assert (node.ram_gib, node.ram_usable_gib) == (3.0, 3.0)
+
+
+def test_the_gpu_lock_pins_one_cuda_compiler_release_and_torchs_runtime():
+    """What a GPU node installs: nvcc with its own headers (crt), nvvm and tileiras of one release
+    (flashinfer's cuda-tile[tileiras] holds them to 13.2; crt, unversioned by nvcc, once resolved to
+    13.5), and the runtime libraries of torch's cuda-toolkit release (13.0)."""
+    pins = {}
+    for line in (REPO / "requirements" / "gpu-lock.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name] = version
+    compiler = {
+        p: pins[p] for p in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-tileiras")
+    }
+    assert len(set(compiler.values())) == 1, compiler
+    toolkit = ".".join(pins["cuda-toolkit"].split(".")[:2])
+    runtime = (
+        "nvidia-cuda-runtime",
+        "nvidia-cuda-nvrtc",
+        "nvidia-nvjitlink",
+        "nvidia-cuda-cupti",
+        "nvidia-nvtx",
+    )
+    assert {".".join(pins[p].split(".")[:2]) for p in runtime} == {toolkit}, {p: pins[p] for p in runtime}
+    assert compiler["nvidia-cuda-nvcc"].split(".")[0] == toolkit.split(".")[0] == "13"  # the preflight's nvcc
