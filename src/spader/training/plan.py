@@ -1499,11 +1499,8 @@ def _summary_lines(jobs: Sequence[Job], totals: Mapping[str, Any], refusals: Seq
             f"smallest GPU memory margin: {smallest:.1f} GiB ({gpu_bad} of {len(jobs)} job(s) over their GPUs' "
             "memory)"
         )
-    out.append(
-        "the plan refuses: " + "; ".join(refusals)
-        if refusals
-        else "the plan fits: every job and the DAG's disk"
-    )
+    fits = "the plan fits: every job" + (" and the DAG's disk" if "disk_gib" in totals else "")
+    out.append("the plan refuses: " + "; ".join(refusals) if refusals else fits)
     return out
 
 
