@@ -241,3 +241,21 @@ def test_the_launch_saves_at_the_planned_cadence(paper_config, tmp_path):
     cpu = _gpu_job(paper_config, tmp_path / "cpu", device="cpu")
     assert check_job_memory(cpu, cfg) == [] and planned_save_every([], cfg) is None
     assert math.isfinite(planned.cadence.stop_before_minutes)
+
+
+def test_a_step_longer_than_the_warning_window_moves_the_stop_earlier():
+    """R3-RAG's cadence: the job's time-left watch asks for the stop once the allocation has a step
+    and its save (and 10%) left, not at the 30-minute warning, so the step in flight is saved."""
+    from spader.training.run import stop_earlier
+    from spader.training.stop import TimeLimitWatch
+
+    asked: list[str] = []
+    left = {"s": 2000.0}  # 33 minutes left: inside the step and save window (39 min), not yet the warning
+    watch = TimeLimitWatch(1800, job_id="7", time_left=lambda job: left["s"], request=asked.append)
+    long = save_cadence(step_minutes=34.1, save_minutes=1.6, warning_s=1800, allocation_minutes=2880,
+                        bound_minutes=60, save_freq=100)  # fmt: skip
+    short = save_cadence(step_minutes=8.0, save_minutes=1.0, warning_s=1800, allocation_minutes=2880,
+                         bound_minutes=60, save_freq=100)  # fmt: skip
+    assert not stop_earlier(watch, short, "t") and not watch.check() and asked == []
+    assert stop_earlier(watch, long, "t") and watch.warning_s == pytest.approx(long.stop_before_minutes * 60)
+    assert watch.check() and "2000 s left" in asked[0]

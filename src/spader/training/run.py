@@ -580,14 +580,24 @@ def _check_node(job: TrainJob, planned: Any, watch: TimeLimitWatch | None) -> No
         planned, node, workdir_gib=tree_gib(job.ckpt_dir) if job.ckpt_dir.is_dir() else 0.0
     ):
         log.info("node: %s", check.line())
-    cadence = planned.cadence
-    if watch is not None and cadence is not None and cadence.stop_before_minutes * 60 > watch.warning_s:
-        log.warning(
-            "%s: a step (up to %.1f min) and its save (%.1f min) outlast the warning window (%.0f s, "
-            "training.time_limit.warning_s): the job stops %.0f min before its time limit and saves every step",
-            job.run_name, cadence.step_minutes, cadence.save_minutes, watch.warning_s, cadence.stop_before_minutes,
-        )  # fmt: skip
-        watch.warning_s = cadence.stop_before_minutes * 60
+    if watch is not None and planned.cadence is not None:
+        stop_earlier(watch, planned.cadence, job.run_name)
+
+
+def stop_earlier(watch: TimeLimitWatch, cadence: Any, name: str) -> bool:
+    """Move the job's stop before its time limit to the plan's (``cadence.stop_before_minutes``)
+    when a step and its save outlast the warning window: the watch then asks verl to stop once the
+    allocation has that much left, so that the step in flight and its save finish. Returns whether
+    it moved."""
+    if cadence.stop_before_minutes * 60 <= watch.warning_s:
+        return False
+    log.warning(
+        "%s: a step (up to %.1f min) and its save (%.1f min) outlast the warning window (%.0f s, "
+        "training.time_limit.warning_s): the job stops %.0f min before its time limit and saves every step",
+        name, cadence.step_minutes, cadence.save_minutes, watch.warning_s, cadence.stop_before_minutes,
+    )  # fmt: skip
+    watch.warning_s = cadence.stop_before_minutes * 60
+    return True
 
 
 @dataclass
