@@ -595,19 +595,20 @@ def save_cadence(*, step_minutes: float, save_minutes: float, warning_s: float, 
     else:
         every, stop_before = 1, 1.1 * (step_minutes + save_minutes)
     lost = every * step_minutes + save_minutes
-    refused = None
+    reasons = []
     if lost > bound_minutes:
-        refused = (
+        reasons.append(
             f"a step takes up to {step_minutes:.1f} min and its save {save_minutes:.1f} min: a lost allocation "
             f"costs up to {lost:.1f} min, over training.max_work_lost_minutes ({bound_minutes:g})"
         )
     start = TIME_CONSTANTS["startup_minutes"]
     if start + stop_before >= allocation_minutes:
-        refused = (
+        reasons.append(
             f"an allocation of {allocation_minutes:.0f} min (training.time_limit.hours) holds no step: the start "
             f"takes {start:.0f} min and the job stops {stop_before:.1f} min before its limit (a step of "
             f"{step_minutes:.1f} min and its save, or training.time_limit.warning_s)"
         )
+    refused = "; ".join(reasons) or None
     return Cadence(every, lost, stop_before, step_minutes, save_minutes, covered, refused)
 
 
