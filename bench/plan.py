@@ -55,26 +55,62 @@ def _terms(terms: dict[str, float], n: int = 3) -> str:
     return ", ".join(f"{k} {v:.0f}" for k, v in top)
 
 
+def _range(job, what: str, path: str, digits: int) -> str:
+    """``low-high`` of ``job.step_minutes`` or ``job.run_hours`` on ``path``, rounded as shown."""
+    low, high = (getattr(job, what)(path, end) for end in ("low", "high"))
+    return f"{low:,.{digits}f}-{high:,.{digits}f}"
+
+
 def _times(job) -> tuple:
-    """Minutes per step and hours per run, padded and packed, rounded as the table shows them."""
-    return tuple(round(job.step_minutes(p), 1) for p in ("padded", "packed")) + tuple(
-        round(job.run_hours(p)) for p in ("padded", "packed")
+    """Minutes per step and hours per run, padded and packed, low-high, rounded as the table shows them,
+    and the save cadence."""
+    return (
+        _range(job, "step_minutes", "padded", 1),
+        _range(job, "step_minutes", "packed", 1),
+        _range(job, "run_hours", "padded", 0),
+        _range(job, "run_hours", "packed", 0),
+        job.cadence.save_every_steps,
+        round(job.cadence.max_work_lost_minutes),
     )
 
 
 def _time_rows(config: Any, jobs: Sequence[Any]) -> list[list[str]]:
-    """The time table's rows: per group of runs, step and run times and GPU-hours per run."""
+    """The time table's rows: per group of runs, step and run times, GPU-hours per run, the cadence."""
     time_rows = []
     for label, group in _groups(jobs, _times):
         job = group[0]
-        step_padded, step_packed, run_padded, run_packed = _times(job)
+        step_padded, step_packed, run_padded, run_packed, every, lost = _times(job)
         held = (
             config.backbones[job.name.split()[1].split("/")[0]].gpus * config.training.nodes
         )  # the allocation's
-        gpu_hours = round(job.run_hours("padded") * held)
-        time_rows.append([label, str(job.gpus), f"{step_padded}", f"{step_packed}", f"{run_padded}", f"{run_packed}",
-                          f"{gpu_hours:,}"])  # fmt: skip
+        gpu_hours = "-".join(f"{round(job.run_hours('padded', end) * held):,}" for end in ("low", "high"))
+        time_rows.append([label, str(job.gpus), step_padded, step_packed, run_padded, run_packed, gpu_hours,
+                          str(every), str(lost)])  # fmt: skip
     return time_rows
+
+
+def _input_rows(jobs: Sequence[Any]) -> list[list[str]]:
+    """The time model's named inputs per group of runs: the KV pool's demand against its capacity
+    and the search seconds per turn, low and high end."""
+
+    def inputs(job) -> tuple:
+        a = job.assumptions
+        return tuple(
+            (
+                a[e]["kv_demand_tokens_per_replica"],
+                a[e]["kv_pool_tokens_per_replica"],
+                a[e]["search_seconds_per_turn"],
+            )
+            for e in ("low", "high")
+        )
+
+    rows = []
+    for label, group in _groups(jobs, inputs):
+        (d0, pool, s0), (d1, _, s1) = inputs(group[0])
+        rows.append(
+            [label, f"{pool:,}", f"{d0:,} ({d0 / pool:.2f}x)", f"{d1:,} ({d1 / pool:.2f}x)", f"{s0:g}-{s1:g}"]
+        )
+    return rows
 
 
 def _host_and_disk_rows(jobs: Sequence[Any]) -> tuple[list[list[str]], list[list[str]]]:
@@ -87,8 +123,9 @@ def _host_and_disk_rows(jobs: Sequence[Any]) -> tuple[list[list[str]], list[list
     disk_rows = []
     for label, group in _groups(jobs, lambda j: (round(j.disk_gib), round(j.kept_gib))):
         job = group[0]
+        export = job.disk["export (bf16)"]
         disk_rows.append([label, f"{job.disk_gib:.0f}", "; ".join(f"{k} {v:.0f}" for k, v in job.disk.items()),
-                          f"{job.kept_gib:.0f}"])  # fmt: skip
+                          f"{job.final_checkpoint_gib + export:.0f}", f"{job.kept_gib:.0f}"])  # fmt: skip
     return host_rows, disk_rows
 
 
@@ -99,11 +136,24 @@ def _tables(config: Any, jobs: Sequence[Any]) -> dict[str, dict]:
     host_rows, disk_rows = _host_and_disk_rows(jobs)
     return {
         "time": {
-            "title": f"Time per training step and per run, {node}, {hw.mfu:g} MFU, trajectories {hw.length_share:g} "
-            f"of the maximum length (python -m spader.training.plan)",
+            "title": f"Time per training step and per run, {node}: low end at {hw.mfu:g} MFU and trajectories "
+            f"{hw.length_share:g} of the maximum length, high end at {hw.mfu_low:g} MFU and {hw.length_share_high:g}; "
+            f"the save cadence and the most work a lost allocation costs (training.max_work_lost_minutes "
+            f"{config.training.max_work_lost_minutes:g}; python -m spader.training.plan)",
             "columns": ["runs", "training GPUs", "min per step, padded (today)", "min per step, packed",
-                        "hours per run, padded", "hours per run, packed", "GPU-hours per run, padded"],
+                        "hours per run, padded", "hours per run, packed", "GPU-hours per run, padded",
+                        "saves every (steps)", "work lost at most (min)"],
             "rows": _time_rows(config, jobs),
+        },
+        "inputs": {
+            "title": "The time model's inputs beyond hardware.*: a sglang replica's KV pool against what its "
+            "sequences need at their mean length (low and high end; above 1x the high end prefills the retracted "
+            "ones again), and the seconds each turn of a step waits for its search (reranking of the turn's "
+            "queries on the node's reranker replicas, from bench/retrieval.py's query stream and bench/reranker_gpu.py's "
+            "rate, plus 0.5 s of BM25 and bookkeeping)",
+            "columns": ["runs", "KV pool per replica (tokens)", "demand, low end", "demand, high end",
+                        "search s per turn, low-high"],
+            "rows": _input_rows(jobs),
         },
         "host": {
             "title": f"Host memory per node and what a training job asks SLURM for (hardware.cores {hw.cores}, "
@@ -113,8 +163,9 @@ def _tables(config: Any, jobs: Sequence[Any]) -> dict[str, dict]:
         },
         "disk": {
             "title": "Disk of a training job: its work directory at the peak of an attempt and its export; "
-            "what it keeps after the run",
-            "columns": ["runs", "GiB at the peak", "terms (GiB)", "GiB kept after the run"],
+            "what it keeps once exported (the final checkpoint and the export), or with every checkpoint kept",
+            "columns": ["runs", "GiB at the peak", "terms (GiB)", "GiB kept after the export (retention rule)",
+                        "GiB kept with every checkpoint (training.keep_checkpoints)"],
             "rows": disk_rows,
         },
     }  # fmt: skip
@@ -125,12 +176,18 @@ def _job_row(job: Any, gpu: str, row_id: str, what: str) -> dict:
     return {
         "id": row_id,
         "what": what,
-        "result": f"**{job.step_minutes('padded'):.1f} min** per step, **{job.run_hours('padded'):.0f} h** per run "
-        f"on {job.gpus} training GPUs ({gpu}; padded path; packed: {job.step_minutes('packed'):.1f} min, "
-        f"{job.run_hours('packed'):.0f} h); host {job.host_gib:.0f} GiB per node, disk {job.disk_gib:.0f} GiB",
+        "result": f"**{_range(job, 'step_minutes', 'padded', 1)} min** per step, "
+        f"**{_range(job, 'run_hours', 'padded', 0)} h** per run on {job.gpus} training GPUs ({gpu}; padded path; "
+        f"packed: {_range(job, 'step_minutes', 'packed', 1)} min, {_range(job, 'run_hours', 'packed', 0)} h); "
+        f"saves every {job.cadence.save_every_steps} step(s), a lost allocation costs at most "
+        f"{job.cadence.max_work_lost_minutes:.0f} min; host {job.host_gib:.0f} GiB per node, disk {job.disk_gib:.0f} GiB",
         "numbers": {
             "step_minutes": {p: round(job.step_minutes(p), 2) for p in ("padded", "packed")},
+            "step_minutes_high": {p: round(job.step_minutes(p, "high"), 2) for p in ("padded", "packed")},
             "run_hours": {p: round(job.run_hours(p), 1) for p in ("padded", "packed")},
+            "run_hours_high": {p: round(job.run_hours(p, "high"), 1) for p in ("padded", "packed")},
+            "save_every_steps": job.cadence.save_every_steps,
+            "max_work_lost_minutes": round(job.cadence.max_work_lost_minutes, 1),
             "host_gib": round(job.host_gib, 1),
             "disk_gib": round(job.disk_gib, 1),
         },
@@ -145,6 +202,19 @@ def build(config: Any, jobs: Sequence[Any]) -> tuple[list[dict], dict[str, dict]
     train = {j.name: j for j in jobs if j.name.startswith("train ")}
     tables = _tables(config, jobs)
     totals = dag_totals(jobs, config)
+    gpu_low, gpu_high = totals["gpu_hours_range"]
+    wall_low, wall_high = totals["wall_hours_range"]
+    tables["dag_disk"] = {
+        "title": f"The DAG's disk (hardware.disk_gib {config.hardware.disk_gib:g}): what every job keeps, once "
+        "each training's export has deleted its intermediate checkpoints, and what comes on top while one trains",
+        "columns": ["what", "GiB"],
+        "rows": [[k, f"{v:,.0f}"] for k, v in totals["disk_keepers"].items()]
+        + [
+            ["a training at its peak, beyond its final checkpoint", f"{totals['disk_running_gib']:,.0f}"],
+            ["a finished training's checkpoints until its export deletes them", f"{totals['disk_awaiting_export_gib']:,.0f}"],
+            ["**the DAG**", f"**{totals['disk_gib']:,.0f}**"],
+        ],
+    }  # fmt: skip
     rows = [
         _job_row(
             train["train qwen3_8b/spader"], gpu, "critic-free", "one critic-free run (Qwen3-8B `spader`)"
@@ -159,10 +229,12 @@ def build(config: Any, jobs: Sequence[Any]) -> tuple[list[dict], dict[str, dict]
         {
             "id": "dag",
             "what": "every training run of the paper DAG (both backbones)",
-            "result": f"{totals['training_runs']} runs: **~{totals['gpu_hours']:,} GPU-hours**, "
-            f"~{totals['wall_hours']:,.0f} hours (~{totals['wall_hours'] / 24:.0f} days) one after another on one "
-            f"node; ~{totals['kept_gib']:,} GiB of checkpoints and exports if no work directory is deleted",
-            "numbers": dict(totals),
+            "result": f"{totals['training_runs']} runs: **~{gpu_low:,}-{gpu_high:,} GPU-hours**, "
+            f"~{wall_low:,.0f}-{wall_high:,.0f} hours (~{wall_low / 24:.0f}-{wall_high / 24:.0f} days) one after another "
+            f"on one node; the DAG's disk **~{totals['disk_gib']:,.0f} GiB** (what its jobs keep once each training's "
+            f"intermediate checkpoints go with its export, and one training at its peak; "
+            f"~{totals['kept_gib']:,} GiB of checkpoints and exports alone with every checkpoint kept)",
+            "numbers": {k: v for k, v in totals.items() if k not in ("disk_keepers", "disk_refused")},
         },
     ]
     return rows, tables
@@ -184,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         tables=tables,
         directory=args.records,
         source="computed by bench/plan.py from config/config.yaml: the plan's model (docs/gpu.md), not a measurement",
-        machine_text=f"no machine: the plan for nodes of {hw.gpus} x {hw.gpu} at {hw.mfu:g} MFU (hardware.*)",
+        machine_text=f"no machine: the plan for nodes of {hw.gpus} x {hw.gpu} at {hw.mfu:g}-{hw.mfu_low:g} MFU "
+        "(hardware.*)",
     )
     print(f"record: {path}")
     return 0

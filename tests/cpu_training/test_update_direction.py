@@ -153,7 +153,9 @@ def test_the_exported_checkpoint_loads_in_the_evaluation_engine(runs, tmp_path, 
     from spader.training.hf_export import export_checkpoint
 
     job, _ = runs["spader"]
-    meta = export_checkpoint(job.final_json, tmp_path / "model", tmp_path / "model.json")
+    meta = export_checkpoint(
+        job.final_json, tmp_path / "model", tmp_path / "model.json", keep_checkpoints=True
+    )
     assert meta["steps_done"] == spader_steps and (tmp_path / "model" / TINY_MARKER).exists()
     engine = TransformersEngine(tmp_path / "model", device="cpu", threads=1)
     prompt = engine.tokenizer("Question: which villages?", add_special_tokens=False)["input_ids"]

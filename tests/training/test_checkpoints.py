@@ -18,6 +18,7 @@ from spader.training.checkpoints import (
     prune_checkpoints,
     read_step_metrics,
     resume_overrides,
+    retire_checkpoints,
 )
 
 
@@ -178,3 +179,31 @@ def test_retention_holds_across_resumes(tmp_path):
     assert latest_checkpoint(tmp_path).step == 300
     assert prune_checkpoints(tmp_path, keep=None) == []  # keep all
     assert prune_checkpoints(tmp_path, keep=1)[0].name == "global_step_200"
+
+
+def test_an_exported_training_keeps_only_its_final_checkpoint(tmp_path, caplog):
+    """The export's retention rule: the intermediate checkpoints go, the final one stays, a newer
+    step directory (never written by a finished training) is left alone; a final checkpoint that is
+    incomplete or outside a work directory's checkpoints/ deletes nothing."""
+    ckpt = tmp_path / "work" / "checkpoints"
+    for step in (100, 200, 300):
+        make_step(ckpt, step)
+    make_step(ckpt, 50, data=False)  # a remnant
+    make_step(ckpt, 400, data=False)  # newer than the final one
+    track(ckpt, 300)
+    with caplog.at_level("INFO", logger="spader.training.checkpoints"):
+        removed = retire_checkpoints(ckpt / "global_step_300")
+    assert sorted(d.name for d in removed) == ["global_step_100", "global_step_200", "global_step_50"]
+    assert sorted(d.name for d in ckpt.iterdir() if d.is_dir()) == ["global_step_300", "global_step_400"]
+    assert (
+        "deleted 3 intermediate checkpoint(s)" in caplog.text
+        and "kept the final one, step 300" in caplog.text
+    )
+    assert latest_checkpoint(ckpt).step == 300  # a re-export, or a resume, still finds it
+
+    make_step(ckpt, 350)
+    assert retire_checkpoints(ckpt / "global_step_400") == []  # incomplete: nothing goes
+    elsewhere = tmp_path / "other"
+    make_step(elsewhere, 1)
+    make_step(elsewhere, 2)
+    assert retire_checkpoints(elsewhere / "global_step_2") == [] and (elsewhere / "global_step_1").is_dir()

@@ -42,11 +42,17 @@ def test_export_merges_the_shards_into_the_trained_weights(tmp_path, fsdp_actor,
     monkeypatch.chdir(tmp_path)  # the job's working directory: final.json's paths are relative to it
     work = Path("results/demo/train/spader/work/checkpoints/global_step_1")
     shutil.copytree(fsdp_actor, work / "actor")
+    torch.save({}, work / "data.pt")
+    shutil.copytree(work, work.with_name("global_step_0"))  # an intermediate checkpoint
     final = _final(tmp_path, work / "actor")
     out = Path("results/demo/models/spader")
     out.mkdir(parents=True)
     (out / "stale.bin").write_text("from an earlier export")
-    meta = export_checkpoint(tmp_path / "final.json", out, Path("results/demo/models/spader.json"))
+    meta = export_checkpoint(
+        tmp_path / "final.json", out, Path("results/demo/models/spader.json"), keep_checkpoints=False
+    )
+    # the retention rule: the intermediate checkpoint went once the export was written, the final stays
+    assert not work.with_name("global_step_0").exists() and (work / "actor" / "fsdp_config.json").is_file()
 
     assert not (out / "stale.bin").exists()
     assert not list(out.parent.glob(".*export-tmp"))
@@ -85,5 +91,7 @@ def test_export_names_a_missing_checkpoint(tmp_path):
         ExportError,
         match=r"names checkpoint .*global_step_1/actor, which is missing or incomplete.*demo/spader",
     ):
-        export_checkpoint(tmp_path / "final.json", tmp_path / "out", tmp_path / "out.json")
+        export_checkpoint(
+            tmp_path / "final.json", tmp_path / "out", tmp_path / "out.json", keep_checkpoints=False
+        )
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.json").exists()

@@ -331,8 +331,11 @@ def test_a_node_too_small_is_refused_naming_host_memory_and_disk():
     assert host.startswith("host memory: needs") and "hardware.host_memory_gib is 128" in host
     assert disk.startswith("disk: needs") and "hardware.disk_gib is 500" in disk
     text = "\n".join(small.lines())
-    assert "DOES NOT FIT" in text and "refused: host memory" in text and "refused: disk" in text
+    # the headline agrees with the margins: the GPUs fit, the node is refused for its host memory
+    assert small.lines()[0].endswith(f"margin {small.margin:.1f} GiB: REFUSED (host memory)")
+    assert "DOES NOT FIT" not in text and "refused: host memory" in text and "refused: disk" in text
     assert small.to_json()["problems"] == [host, disk]
+    assert small.to_json()["refused"] == f"{host}; {disk}" and fits.to_json()["refused"] is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,4 +4,9 @@ from spader.infra.glue import job
 from spader.training.hf_export import export_checkpoint
 
 with job(snakemake):
-    export_checkpoint(snakemake.input.final, snakemake.output.model, snakemake.output.meta)
+    export_checkpoint(
+        snakemake.input.final,
+        snakemake.output.model,
+        snakemake.output.meta,
+        keep_checkpoints=snakemake.config["training"]["keep_checkpoints"],  # operational, no param
+    )

@@ -30,6 +30,7 @@ DESCRIPTION = "The SPADER reproduction's command line: one subcommand per group 
 COMMANDS = {
     "config": "spader.cli.config",
     "plan": "spader.cli.plan",
+    "preflight": "spader.cli.preflight",
     "data": "spader.cli.data",
     "retrieval": "spader.cli.retrieval",
     "demo": "spader.cli.demo",

@@ -912,7 +912,13 @@ class TrainingConfig(Section):
         description="sglang's mem_fraction_static: its share, for weights and KV cache, of the GPU memory "
         "free when it starts (after verl's models and the reranker; sglang 0.5.14)",
     )
-    save_freq: StrictInt = Field(100, ge=1, le=MAX_COUNT, description="checkpoint every N steps")
+    save_freq: StrictInt = Field(
+        100,
+        ge=1,
+        le=MAX_COUNT,
+        description="checkpoint every N steps at most; a GPU training saves more often when its plan says "
+        "so, to bound the work a time limit can lose (max_work_lost_minutes; a CPU training saves every N)",
+    )
     test_freq: StrictInt = Field(50, ge=1, le=MAX_COUNT, description="validate every N steps")
     val_before_train: bool = Field(
         True, description="validate once before the first step (verl's trainer.val_before_train)"
@@ -922,6 +928,21 @@ class TrainingConfig(Section):
     )
     max_critic_ckpt_to_keep: StrictInt | None = Field(
         2, ge=1, le=10**4, description="critic checkpoints kept, the newest (null: all)"
+    )
+    max_work_lost_minutes: StrictFloat = Field(
+        60.0,
+        gt=0,
+        le=10**6,
+        description="most minutes of training a GPU training may lose when its allocation ends without a "
+        "save (a time limit whose warning the step and its save do not fit, a lost node): its plan saves "
+        "every N steps with N x step + save within this, and refuses a run whose one step and save exceed "
+        "it (operational: retrains nothing)",
+    )
+    keep_checkpoints: bool = Field(
+        False,
+        description="keep a training's intermediate checkpoints once its export is written (false: the "
+        "export step deletes every checkpoint of the work directory but the final one, which a re-export "
+        "reads; operational: retrains nothing)",
     )
     seed: StrictInt = Field(
         1,
@@ -1351,6 +1372,13 @@ class HardwareConfig(Section):
         "rollouts' prefill reach (model FLOPs utilisation; 0.35-0.45 is typical of FSDP training of 8B "
         "models with activation checkpointing)",
     )
+    mfu_low: StrictFloat = Field(
+        0.3,
+        ge=0.05,
+        le=0.8,
+        description="time model: the MFU of the high end of the step and run times (mfu gives the low end; "
+        "above mfu it counts as mfu)",
+    )
     bandwidth_efficiency: StrictFloat = Field(
         0.6,
         ge=0.05,
@@ -1366,6 +1394,13 @@ class HardwareConfig(Section):
         description="time model: mean trajectory length (prompt, generated tokens and tool observations) as "
         "a share of max_prompt_length + max_response_length; lengths are modelled as uniform with this mean "
         "and the maximum as upper end (docs/gpu.md)",
+    )
+    length_share_high: StrictFloat = Field(
+        0.65,
+        gt=0,
+        le=1,
+        description="time model: the mean trajectory length's share of the high end of the step and run times "
+        "(length_share gives the low end; below length_share it counts as length_share)",
     )
     generated_share: StrictFloat = Field(
         0.25,

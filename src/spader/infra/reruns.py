@@ -312,9 +312,12 @@ TABLE: tuple[Rerun, ...] = (
             "training.time_limit.*",
             "training.max_search_error_rate",
             "training.rollout_timeout_s",
+            "training.max_work_lost_minutes",
+            "training.keep_checkpoints",
         ),
         NOTHING,
-        "how a training job lives with time limits and when it gives up on a failing service or a hung "
+        "how a training job lives with time limits (how often it saves, how much a time limit may cost), "
+        "which checkpoints it keeps once exported, and when it gives up on a failing service or a hung "
         "rollout engine",
     ),
     Rerun(("training.*", "training.divergences.*"), _TRAINED, "verl's training settings: every training"),

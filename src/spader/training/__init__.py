@@ -4,7 +4,12 @@
 Modules:
 
 * :mod:`~spader.training.preflight` - the checks that run before any GPU work (model path,
-  backbone/variant selection, GPUs, retrieval service health, pinned verl version).
+  backbone/variant selection, GPUs, retrieval service health, pinned verl version), and
+  ``spader preflight``.
+* :mod:`~spader.training.node` - the node a job landed on, measured (memory, its cgroup's limit,
+  disk, /dev/shm, GPUs, glibc and the wheel tag, driver, nvcc) and compared with the plan.
+* :mod:`~spader.training.plan`, :mod:`~spader.training.costs` - the plan of every GPU job (memory,
+  a time range from named inputs, the save cadence, host memory, disk, the DAG's disk).
 * :mod:`~spader.training.launch` - composes the verl command line from the workflow config
   (method overrides from :mod:`spader.integrations.verl` plus this job's paths, GPUs, logging,
   checkpoint directory and resume point) and runs it as a process group.
@@ -19,7 +24,8 @@ Modules:
 * :mod:`~spader.training.workdir` - one trainer per work directory (a lock; stale ones taken over).
 * :mod:`~spader.training.ray_cluster` - where verl's Ray runs (loopback, or a cluster over the
   job's SLURM nodes) and its token authentication.
-* :mod:`~spader.training.hf_export` - the ``export_checkpoint`` job.
+* :mod:`~spader.training.hf_export` - the ``export_checkpoint`` job (and the retention rule: the
+  training's intermediate checkpoints go once its export is written).
 * :mod:`~spader.training.smoke` - the GPU smoke test (``scripts/gpu_smoke.sh``).
 
 Nothing here imports verl, ray or sglang at module import time; the functions that need verl

@@ -43,6 +43,7 @@ __all__ = [
     "prune_checkpoints",
     "read_step_metrics",
     "resume_overrides",
+    "retire_checkpoints",
     "training_steps",
 ]
 
@@ -194,6 +195,47 @@ def prune_checkpoints(ckpt_dir: str | os.PathLike, keep: int | None) -> list[Pat
             ", ".join(f"step {s}" for s in sorted(kept)),
             ", ".join(d.name for d in removed),
         )
+    return removed
+
+
+def retire_checkpoints(final_checkpoint: str | os.PathLike) -> list[Path]:
+    """Delete a finished training's intermediate checkpoints once its export is written: every
+    ``global_step_N`` beside ``final_checkpoint`` with N below its step. The final one stays (a
+    re-export reads it); a step directory newer than it is left alone with a warning.
+
+    Guarded: ``final_checkpoint`` must be a complete ``global_step_N`` inside a ``checkpoints``
+    directory (the training's work directory), else nothing is deleted.
+
+    Returns:
+        The deleted directories.
+    """
+    import shutil
+
+    final = Path(final_checkpoint)
+    m = _STEP_DIR.match(final.name)
+    if m is None or final.parent.name != "checkpoints" or _incomplete_reason(final) is not None:
+        log.warning(
+            "not deleting checkpoints beside %s: not a complete global_step_N under checkpoints/", final
+        )
+        return []
+    step = int(m.group(1))
+    removed, freed = [], 0
+    for d in sorted(final.parent.iterdir()):
+        other = _STEP_DIR.match(d.name)
+        if not (other and d.is_dir()) or d == final:
+            continue
+        if int(other.group(1)) > step:
+            log.warning("leaving %s, newer than the final checkpoint (step %d)", d, step)
+            continue
+        freed += sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(d)
+        removed.append(d)
+    if removed:
+        log.info(
+            "deleted %d intermediate checkpoint(s) (%s, %.1f GiB) now that the export is written; kept the final "
+            "one, step %d (training.keep_checkpoints: true keeps them)",
+            len(removed), ", ".join(d.name for d in removed), freed / (1 << 30), step,
+        )  # fmt: skip
     return removed
 
 

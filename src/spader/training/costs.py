@@ -47,15 +47,23 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DATA_GIB",
     "GPUS",
     "HOST_CONSTANTS",
+    "RERANK_PAIRS_PER_S",
+    "SEARCH_RANGE",
     "TIME_CONSTANTS",
+    "Cadence",
     "GpuSpec",
     "Lengths",
     "RunSettings",
+    "Search",
+    "TimeInputs",
     "Workload",
     "disk_terms",
     "host_terms",
+    "save_cadence",
+    "search_seconds",
     "step_time",
 ]
 
@@ -70,6 +78,13 @@ class GpuSpec:
     memory_gbps: float
     host_link_gbps: float
     source: str
+
+    @property
+    def rerank_pairs_per_s(self) -> float:
+        """Pairs one reranker replica scores per second on this GPU: :data:`RERANK_PAIRS_PER_S`
+        measured on an H200, scaled by the dense bf16 peak (the cross-encoder is compute-bound;
+        bench/retrieval.py's projection does the same for the A100)."""
+        return RERANK_PAIRS_PER_S * self.tflops / RERANK_MEASURED_TFLOPS
 
 
 #: GPUs the time model knows (``hardware.gpu``). Dense bf16 (NVIDIA quotes H100/H200 with
@@ -95,10 +110,27 @@ GPUS = {
     ),
 }
 
+#: Pairs per second of one bge-reranker-v2-m3 replica on one H200 (fp16/bf16, pairs of mean 160
+#: tokens, batches of 512): bench/reranker_gpu.py, 2026-11-30 (docs/benchmarks.md), and the dense
+#: bf16 peak of the GPU it was measured on; other GPUs scale with their peak (:class:`GpuSpec`).
+RERANK_PAIRS_PER_S = 4576.0
+RERANK_MEASURED_TFLOPS = 989.5
+
+#: The search load of a training step, low and high end, from the rollout-shaped query stream of
+#: bench/retrieval.py (2026-12-01: 2-3 searching turns per trajectory, 2-3 queries per call, 0-60%
+#: repeated queries, which the service's cache answers without reranking): searching turns per
+#: trajectory, queries per call, the share of distinct queries.
+SEARCH_RANGE = {
+    "searching_turns": (2.0, 3.0),
+    "queries_per_call": (2.0, 3.0),
+    "distinct_share": (0.5, 1.0),
+}
+
 #: Stated constants of the time model.
 TIME_CONSTANTS = {
-    # seconds each turn of a step's longest trajectory waits between its generations (the search
-    # request of a turn: BM25 and reranking of its queries, plus the agent loop's bookkeeping)
+    # seconds each turn of a step's longest trajectory waits between its generations beyond the
+    # reranking (:func:`search_seconds`): BM25 of its queries, the HTTP round trip, the agent
+    # loop's bookkeeping
     "turn_wait_s": 0.5,
     # fixed seconds per step: the weight sync from the actor to sglang, sglang's sleep and wake,
     # the optimizer step (memory-bound, tens of ms for an 8B model), rewards and advantages
@@ -112,6 +144,11 @@ TIME_CONSTANTS = {
     # one start of the job: Ray, model loading and sharding, sglang's start and CUDA graphs
     "startup_minutes": 10.0,
 }
+
+#: What the DAG keeps besides its trainings and models (GiB): the corpus dump (docs/data.md: about
+#: 6.4 GB compressed), its BM25 index with the raw passages stored (docs/running.md: ~25 GB), the
+#: datasets, evaluations and the MLflow store (under 1 GB each).
+DATA_GIB = {"corpus dump": 6.4e9 / GIB, "BM25 index": 25e9 / GIB, "data, evaluations, MLflow": 3.0}
 
 #: Stated constants of the host memory model (GiB).
 HOST_CONSTANTS = {
@@ -271,11 +308,69 @@ def _pass_tokens(lengths: Lengths, trajectories: int, micro: int, *, padded: boo
     return trajectories * lengths.mean, trajectories * lengths.mean_square
 
 
+@dataclass(frozen=True)
+class TimeInputs:
+    """The assumptions of one end of the time model's range (``low``: the faster end, at
+    ``hardware.mfu`` and ``hardware.length_share``; ``high``: at ``hardware.mfu_low`` and
+    ``hardware.length_share_high`` (each no better than the low end's), with the search load's high
+    end and the KV pool's retracted sequences prefilled again)."""
+
+    end: str
+    mfu: float
+    length_share: float
+    searching_turns: float
+    queries_per_call: float
+    distinct_share: float
+    retraction: bool
+
+    @classmethod
+    def of(cls, hardware, end: str = "low") -> TimeInputs:
+        i = 0 if end == "low" else 1
+        return cls(
+            end=end,
+            mfu=float(hardware.mfu if end == "low" else min(hardware.mfu, hardware.mfu_low)),
+            length_share=float(
+                hardware.length_share
+                if end == "low"
+                else max(hardware.length_share, hardware.length_share_high)
+            ),
+            searching_turns=SEARCH_RANGE["searching_turns"][i],
+            queries_per_call=SEARCH_RANGE["queries_per_call"][i],
+            distinct_share=SEARCH_RANGE["distinct_share"][i],
+            retraction=end == "high",
+        )
+
+
+@dataclass(frozen=True)
+class Search:
+    """The retrieval service a job's rollouts search: reranker replicas on the job's GPUs (0: none
+    there, the reranking is not modelled) and the BM25 candidates each query's reranking scores."""
+
+    replicas: int
+    pairs_per_query: int
+
+
+def search_seconds(search: Search | None, inputs: TimeInputs, *, trajectories: float, spec: GpuSpec) -> float:
+    """Seconds of reranking one turn round of ``trajectories`` costs (every trajectory searching
+    once, ``queries_per_call`` queries, ``distinct_share`` of them not answered by the cache)."""
+    if search is None or search.replicas <= 0:
+        return 0.0
+    pairs = trajectories * inputs.queries_per_call * inputs.distinct_share * search.pairs_per_query
+    return pairs / (spec.rerank_pairs_per_s * search.replicas)
+
+
+def kv_demand(trajectories: int, replicas: int, lengths: Lengths) -> float:
+    """Tokens a replica's KV pool must hold to run all its sequences at once to their mean length."""
+    return trajectories / max(1, replicas) * lengths.mean
+
+
 def rollout_seconds(
     shape, *, trajectories: int, replicas: int, tp: int, kv_tokens: int, lengths: Lengths, spec: GpuSpec,
-    hardware, max_turns: int,
+    hardware, max_turns: int, inputs: TimeInputs | None = None, search: Search | None = None,
 ) -> dict[str, float]:  # fmt: skip
-    """Seconds of one rollout phase: decoding (memory-bound), prefill (compute-bound), turn waits."""
+    """Seconds of one rollout phase: decoding (memory-bound), prefill (compute-bound, sequences
+    the KV pool retracted prefilled again at the high end), the turns' search waits."""
+    inputs = inputs or TimeInputs.of(hardware)
     generated = float(hardware.generated_share)
     per_replica = trajectories / max(1, replicas)
     mean_generated = generated * lengths.mean
@@ -290,19 +385,27 @@ def rollout_seconds(
     bandwidth = spec.memory_gbps * 1e9 * float(hardware.bandwidth_efficiency)
     decode = (steps * weights_per_gpu + kv_read) / bandwidth
     prefilled = (1 - generated) * per_replica
-    prefill_flops = prefilled * (
-        2.0 * matmul * lengths.mean + 2.0 * lengths.mean_square * shape.q_dim * shape.layers
-    )
-    prefill = prefill_flops / (tp * spec.tflops * 1e12 * float(hardware.mfu))
-    return {
-        "decode": decode,
-        "prefill": prefill,
-        "turn waits": max_turns * TIME_CONSTANTS["turn_wait_s"],
-    }
+    per_sequence = 2.0 * matmul * lengths.mean + 2.0 * lengths.mean_square * shape.q_dim * shape.layers
+    compute = tp * spec.tflops * 1e12 * inputs.mfu
+    out = {"decode": decode, "prefill": prefilled * per_sequence / compute}
+    demand = kv_demand(trajectories, replicas, lengths)
+    if inputs.retraction and demand > kv_tokens > 0:
+        # sglang retracts running sequences when its pool is full and prefills them again later: the
+        # share of the demand beyond the pool, at half its length on average when retracted
+        out["retracted prefill"] = (1 - kv_tokens / demand) * per_replica * per_sequence / 2 / compute
+    rerank = search_seconds(search, inputs, trajectories=trajectories, spec=spec)
+    out["search waits"] = inputs.searching_turns * rerank + max_turns * TIME_CONSTANTS["turn_wait_s"]
+    return out
 
 
 def judge_seconds(
-    judge_shape, judge: Mapping[str, Any], *, requests: float, spec: GpuSpec, hardware
+    judge_shape,
+    judge: Mapping[str, Any],
+    *,
+    requests: float,
+    spec: GpuSpec,
+    hardware,
+    mfu: float | None = None,
 ) -> float:
     """Seconds the served judge takes to score ``requests`` turns, ``judge.concurrency`` at a time."""
     tp = int(judge["tensor_parallel"])
@@ -315,7 +418,8 @@ def judge_seconds(
     kv_per_gpu = judge_shape.kv_bytes_per_token() / min(tp, judge_shape.kv_heads)
     read = steps * 2.0 * matmul / tp + per_replica * reply * (prompt + reply / 2) * kv_per_gpu
     decode = read / (spec.memory_gbps * 1e9 * float(hardware.bandwidth_efficiency))
-    prefill = per_replica * prompt * 2.0 * matmul / (tp * spec.tflops * 1e12 * float(hardware.mfu))
+    mfu = float(hardware.mfu) if mfu is None else mfu
+    prefill = per_replica * prompt * 2.0 * matmul / (tp * spec.tflops * 1e12 * mfu)
     return decode + prefill
 
 
@@ -387,6 +491,8 @@ def step_time(
     padded: bool,
     judge_shape=None,
     judge: Mapping[str, Any] | None = None,
+    inputs: TimeInputs | None = None,
+    search: Search | None = None,
 ) -> dict[str, float]:
     """Seconds of one training step by phase (see the module docstring).
 
@@ -401,20 +507,26 @@ def step_time(
         kv_tokens: tokens one sglang replica's KV pool holds (the memory plan's).
         padded: the padded path (else the packed one).
         judge_shape, judge: R3-RAG's served judge (shape and ``judge`` section), or None.
+        inputs: the end of the range (default: the low end, :meth:`TimeInputs.of`).
+        search: the retrieval service's reranker on the job's GPUs (None: BM25 and bookkeeping only).
     """
+    inputs = inputs or TimeInputs.of(hardware)
     spec = GPUS[hardware.gpu]
-    lengths = Lengths.from_share(memory.seq_len, float(hardware.length_share))
+    lengths = Lengths.from_share(memory.seq_len, inputs.length_share)
     n = work.trajectories
-    compute = gpus * spec.tflops * 1e12 * float(hardware.mfu)
+    compute = gpus * spec.tflops * 1e12 * inputs.mfu
     out: dict[str, float] = {}
     rollout = rollout_seconds(
         shape, trajectories=n, replicas=gpus // max(1, memory.rollout_tp), tp=memory.rollout_tp,
         kv_tokens=kv_tokens, lengths=lengths, spec=spec, hardware=hardware, max_turns=work.max_turns,
+        inputs=inputs, search=search,
     )  # fmt: skip
     out["rollout"] = sum(rollout.values())
     if judge_shape is not None and judge is not None:
-        turns = max(1.0, float(hardware.length_share) * work.max_turns)
-        out["judge"] = judge_seconds(judge_shape, judge, requests=n * turns, spec=spec, hardware=hardware)
+        turns = max(1.0, inputs.length_share * work.max_turns)
+        out["judge"] = judge_seconds(
+            judge_shape, judge, requests=n * turns, spec=spec, hardware=hardware, mfu=inputs.mfu
+        )
     out.update(_pass_seconds(shape, memory, run, lengths, n, compute, padded=padded))
     # host link: offloaded states in and out, the reference's pinned shards streamed per micro-batch
     moved = _host_bytes(shape, memory, run, gpus=gpus, n=n)
@@ -424,16 +536,85 @@ def step_time(
 
 
 def run_hours(step_seconds: float, validation_seconds: float, work: Workload, run: RunSettings,
-              checkpoint_bytes: float) -> dict[str, float]:  # fmt: skip
-    """Hours of a whole run by part: the steps, the validations, the checkpoint saves, one start."""
+              checkpoint_bytes: float, *, save_every: int | None = None) -> dict[str, float]:  # fmt: skip
+    """Hours of a whole run by part: the steps, the validations, the checkpoint saves (every
+    ``save_every`` steps, default ``run.save_freq``), one start."""
     validations = _every(work.steps, run.test_freq) + (1 if run.val_before_train else 0)
-    saves = _every(work.steps, run.save_freq)
+    saves = _every(work.steps, save_every or run.save_freq)
     return {
         "steps": work.steps * step_seconds / 3600,
         "validation": validations * validation_seconds / 3600,
         "checkpoints": saves * checkpoint_bytes / (TIME_CONSTANTS["checkpoint_write_gbps"] * 1e9) / 3600,
         "start": TIME_CONSTANTS["startup_minutes"] / 60,
     }
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a training saves and what an end of its allocation can cost (:func:`save_cadence`)."""
+
+    save_every_steps: int
+    max_work_lost_minutes: float
+    #: the time left at which the job stops itself at its next step boundary (minutes): the
+    #: warning window, or longer when a step and its save do not fit in it
+    stop_before_minutes: float
+    step_minutes: float
+    save_minutes: float
+    covered: bool
+    refused: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "save_every_steps": self.save_every_steps,
+            "max_work_lost_minutes": round(self.max_work_lost_minutes, 1),
+            "stop_before_minutes": round(self.stop_before_minutes, 1),
+            "step_minutes_high": round(self.step_minutes, 2),
+            "save_minutes": round(self.save_minutes, 2),
+            "warning_covers_step_and_save": self.covered,
+        }
+
+
+def save_cadence(*, step_minutes: float, save_minutes: float, warning_s: float, allocation_minutes: float,
+                 bound_minutes: float, save_freq: int) -> Cadence:  # fmt: skip
+    """The save cadence of a GPU training from its step time (the high end of its range) and its
+    allocation (docs/cluster.md, "Time limits").
+
+    The job stops at its first step boundary once its allocation has ``warning_s`` or less left and
+    saves that step. When the step in flight and its save fit in that window, a time limit loses no
+    trained step; the cadence then bounds what an end without that save loses (a lost node, a
+    warning that never came): every N steps with N x step + save within ``bound_minutes``, at most
+    ``save_freq``. When they do not fit, the job saves every step and stops earlier (with a step
+    and its save, and 10% more, left), so a time limit costs at most one step. Refused: a run whose
+    one step and its save exceed ``bound_minutes``, and an allocation that holds no step.
+    """
+    window = warning_s / 60
+    covered = step_minutes + save_minutes <= window
+    if covered:
+        every = max(1, min(int(save_freq), math.floor((bound_minutes - save_minutes) / step_minutes)))
+        stop_before = window
+    else:
+        every, stop_before = 1, 1.1 * (step_minutes + save_minutes)
+    lost = every * step_minutes + save_minutes
+    reasons = []
+    if lost > bound_minutes:
+        reasons.append(
+            f"a step takes up to {step_minutes:.1f} min and its save {save_minutes:.1f} min: a lost allocation "
+            f"costs up to {lost:.1f} min, over training.max_work_lost_minutes ({bound_minutes:g})"
+        )
+    start = TIME_CONSTANTS["startup_minutes"]
+    if start + stop_before >= allocation_minutes:
+        reasons.append(
+            f"an allocation of {allocation_minutes:.0f} min (training.time_limit.hours) holds no step: the start "
+            f"takes {start:.0f} min and the job stops {stop_before:.1f} min before its limit (a step of "
+            f"{step_minutes:.1f} min and its save, or training.time_limit.warning_s)"
+        )
+    refused = "; ".join(reasons) or None
+    return Cadence(every, lost, stop_before, step_minutes, save_minutes, covered, refused)
+
+
+def save_minutes(checkpoint_bytes: float) -> float:
+    """Minutes one checkpoint takes to write (``checkpoint_write_gbps``)."""
+    return checkpoint_bytes / (TIME_CONSTANTS["checkpoint_write_gbps"] * 1e9) / 60
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,13 +4,15 @@ stopping at the first failure (``scripts/gpu_first_hour.sh``; docs/gpu.md, "The 
 Each :class:`Step` is a command of the project run as its own process from the repository root,
 with what it prints when it passes and how long it takes. ``--cpu`` runs the steps a machine
 without GPUs can run on its CPU path (the preflight's CPU checks, the plan, the smoke test's dry
-run) and skips the GPU-only ones with a line that says so.
+run) and skips the GPU-only ones with a line that says so. Every step runs this interpreter
+(``scripts/gpu_first_hour.sh`` starts it with the project's ``.venv/bin/python``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -47,9 +49,11 @@ class Step:
 STEPS = (
     Step(
         "preflight",
-        ("{python}", "-m", "spader.training.preflight"),
-        ("{python}", "-m", "spader.training.preflight", "--cpu"),
-        "one `ok` line each for verl, sglang, the driver (580+), glibc (2.34+), nvcc (CUDA 13) and the GPUs",
+        ("{python}", "-m", "spader.training.preflight", "{configfiles}"),
+        ("{python}", "-m", "spader.training.preflight", "{configfiles}", "--cpu"),
+        "one `ok` line each for Python, glibc (2.34+, the manylinux_2_34 wheel tag), the driver (580+), the "
+        "GPUs and their memory against the plan's peak, nvcc (CUDA 13), host memory, disk and /dev/shm against "
+        "the plan and `hardware`, verl and sglang",
         "seconds",
     ),
     Step(
@@ -110,7 +114,9 @@ def run_steps(planned: Sequence[tuple[Step, list[str] | None]], *, root: str | P
         echo(f"{head}: {shlex.join(argv)}")
         echo(f"   expect: {step.expect} ({step.duration})")
         start = time.monotonic()
-        rc = subprocess.run(argv, cwd=root, check=False).returncode
+        # the smoke test's script runs the same interpreter (its PYTHON)
+        env = {**os.environ, "PYTHON": sys.executable}
+        rc = subprocess.run(argv, cwd=root, env=env, check=False).returncode
         took = time.monotonic() - start
         if rc != 0:
             rest = [s.name for s, _ in planned[i:]]

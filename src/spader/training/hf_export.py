@@ -20,7 +20,7 @@ from pathlib import Path
 
 from spader.infra.atomic import atomic_write
 from spader.infra.tracking import fingerprint
-from spader.training.checkpoints import portable_path
+from spader.training.checkpoints import portable_path, retire_checkpoints
 from spader.training.launch import log_stream
 
 log = logging.getLogger(__name__)
@@ -79,15 +79,22 @@ def _keep_tiny_marker(final: dict, target: Path) -> None:
 
 
 def export_checkpoint(
-    final_json: str | os.PathLike, model_out: str | os.PathLike, meta_out: str | os.PathLike
+    final_json: str | os.PathLike,
+    model_out: str | os.PathLike,
+    meta_out: str | os.PathLike,
+    *,
+    keep_checkpoints: bool,
 ) -> dict:
-    """Merge the checkpoint named by ``final_json`` into ``model_out``; write ``meta_out``.
+    """Merge the checkpoint named by ``final_json`` into ``model_out``; write ``meta_out``; then,
+    unless ``keep_checkpoints``, delete the training's intermediate checkpoints (the final one
+    stays: :func:`spader.training.checkpoints.retire_checkpoints`).
 
     Args:
         final_json: ``train_policy``'s output (``actor_dir``, ``steps_done``, hashes, ...).
         model_out: directory for the Hugging Face model (weights, config, tokenizer).
         meta_out: JSON metadata: steps done, config/data/index hashes, verl version, source
             checkpoint, MLflow run, and a fingerprint of the exported model.
+        keep_checkpoints: ``training.keep_checkpoints``.
 
     Returns:
         The metadata.
@@ -128,4 +135,6 @@ def export_checkpoint(
     meta_out = Path(meta_out)
     atomic_write(meta_out, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     log.info("exported %s step %s to %s", final.get("variant"), final.get("steps_done"), model_out)
+    if not keep_checkpoints:
+        retire_checkpoints(actor_dir.parent)
     return meta

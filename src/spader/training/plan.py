@@ -353,6 +353,14 @@ class Job:
     kept_gib: float | None = None
     #: the variant whose training run this job is (identical settings share one run)
     run_of: str | None = None
+    #: the high end of the time range, as ``time`` (the low end)
+    time_high: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    #: the save cadence and what an end of the allocation can cost (spader.training.costs.Cadence)
+    cadence: Any = None
+    #: the named inputs of the time model, both ends
+    assumptions: dict[str, Any] = field(default_factory=dict)
+    #: GiB of one checkpoint (actor and critic with their optimizer states)
+    final_checkpoint_gib: float | None = None
 
     def total(self, phase: str) -> float:
         return sum(self.phases[phase].values())
@@ -382,12 +390,12 @@ class Job:
     def disk_gib(self) -> float | None:
         return sum(self.disk.values()) if self.disk else None
 
-    def step_minutes(self, path: str | None = None) -> float | None:
-        times = self.time.get(path or self.path or "")
+    def step_minutes(self, path: str | None = None, end: str = "low") -> float | None:
+        times = (self.time if end == "low" else self.time_high).get(path or self.path or "")
         return sum(times["step"].values()) / 60 if times else None
 
-    def run_hours(self, path: str | None = None) -> float | None:
-        times = self.time.get(path or self.path or "")
+    def run_hours(self, path: str | None = None, end: str = "low") -> float | None:
+        times = (self.time if end == "low" else self.time_high).get(path or self.path or "")
         return sum(times["run"].values()) if times else None
 
     @property
@@ -412,7 +420,30 @@ class Job:
                 f"disk: needs {self.disk_gib:.1f} GiB for its work directory and export, "
                 f"hardware.disk_gib is {self.disk_capacity:g}"
             )
+        if self.cadence is not None and self.cadence.refused:
+            out.append(f"time limit: {self.cadence.refused}")
         return out
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the plan refuses the job (one line), or None when it fits."""
+        reasons = ([self.refused] if self.refused else []) + self.problems
+        if self.phases and self.peak > self.capacity:
+            reasons.insert(
+                0, f"GPU memory: peak {self.peak:.1f} GiB ({self.peak_phase}) of {self.capacity:.1f}"
+            )
+        return "; ".join(reasons) or None
+
+    @property
+    def status(self) -> str:
+        """``fits``, or what does not: the GPU memory, or the first other reason."""
+        if self.fits:
+            return "fits"
+        if self.refused:
+            return "REFUSED"
+        if self.phases and self.peak > self.capacity:
+            return "DOES NOT FIT in GPU memory"
+        return f"REFUSED ({self.problems[0].split(':', 1)[0]})"
 
     @property
     def fits(self) -> bool:
@@ -427,7 +458,7 @@ class Job:
             "peak_phase": self.peak_phase if self.phases else None,
             "margin_gib": round(self.margin, 2),
             "fits": self.fits,
-            "refused": self.refused,
+            "refused": self.refusal,
             "problems": self.problems,
             "phases": {p: {k: round(v, 2) for k, v in c.items()} for p, c in self.phases.items()},
             "constants": dict(self.constants),
@@ -443,47 +474,90 @@ class Job:
             out["disk_terms"] = {k: round(v, 1) for k, v in self.disk.items()}
             out["disk_capacity_gib"] = self.disk_capacity
         if self.time:
-            out["path"] = self.path
-            out["step_minutes"] = round(self.step_minutes(), 2)
-            out["run_hours"] = round(self.run_hours(), 1)
-            out["paths"] = {
-                p: {
-                    "step_minutes": round(self.step_minutes(p), 2),
-                    "run_hours": round(self.run_hours(p), 1),
-                    "step_seconds": {k: round(v, 1) for k, v in t["step"].items()},
-                    "run_hours_by_part": {k: round(v, 2) for k, v in t["run"].items()},
-                }
-                for p, t in self.time.items()
-            }
+            out.update(self._time_json())
         if self.threads is not None:
             out["threads"] = self.threads
             out["mem_mb"] = self.mem_mb
         return out
 
+    def _time_lines(self) -> list[str]:
+        other = [p for p in self.time if p != self.path]
+        step = self.time[self.path]["step"]
+        parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in step.items() if round(v / 60, 1) != 0)
+        high = bool(self.time_high)
+
+        def span(p: str | None = None) -> str:
+            low = f"{self.step_minutes(p):.1f}"
+            return f"{low}-{self.step_minutes(p, 'high'):.1f}" if high else low
+
+        def hours(p: str | None = None) -> str:
+            low = f"{self.run_hours(p):.1f}"
+            return f"{low}-{self.run_hours(p, 'high'):.1f}" if high else low
+
+        out = [
+            f"    time ({self.path})    {span()} min per step (low end: {parts}); run {hours()} h"
+            + "".join(f"; {p}: {span(p)} min per step, {hours(p)} h" for p in other)
+        ]
+        if self.cadence is not None:
+            c = self.cadence
+            how = (
+                f"the stop at {c.stop_before_minutes:.0f} min before the limit saves the step in flight"
+                if c.covered
+                else f"a step and its save outlast the warning window: the job stops {c.stop_before_minutes:.0f} "
+                "min before its limit"
+            )
+            out.append(
+                f"    saves              every {c.save_every_steps} step(s) ({c.save_minutes:.1f} min each); "
+                f"a lost allocation costs at most {c.max_work_lost_minutes:.1f} min; {how}"
+            )
+        return out
+
+    def _time_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.path,
+            "step_minutes": round(self.step_minutes(), 2),
+            "run_hours": round(self.run_hours(), 1),
+        }
+        if self.time_high:
+            out["step_minutes_range"] = [
+                round(self.step_minutes(), 2),
+                round(self.step_minutes(end="high"), 2),
+            ]
+            out["run_hours_range"] = [round(self.run_hours(), 1), round(self.run_hours(end="high"), 1)]
+        if self.cadence is not None:
+            out["save_every_steps"] = self.cadence.save_every_steps
+            out["max_work_lost_minutes"] = round(self.cadence.max_work_lost_minutes, 1)
+            out["cadence"] = self.cadence.to_json()
+        out["paths"] = {
+            p: {
+                "step_minutes": round(self.step_minutes(p), 2),
+                "run_hours": round(self.run_hours(p), 1),
+                **({"step_minutes_range": [round(self.step_minutes(p), 2), round(self.step_minutes(p, "high"), 2)],
+                    "run_hours_range": [round(self.run_hours(p), 1), round(self.run_hours(p, "high"), 1)],
+                    "step_seconds_high": {k: round(v, 1) for k, v in self.time_high[p]["step"].items()}}
+                   if p in self.time_high else {}),
+                "step_seconds": {k: round(v, 1) for k, v in t["step"].items()},
+                "run_hours_by_part": {k: round(v, 2) for k, v in t["run"].items()},
+            }
+            for p, t in self.time.items()
+        }  # fmt: skip
+        if self.assumptions:
+            out["assumptions"] = self.assumptions
+        return out
+
     def lines(self) -> list[str]:
         """The job as text: a header, one line per phase with its components, time, host memory and
         disk, the notes."""
-        status = "fits" if self.fits else ("REFUSED" if self.refused else "DOES NOT FIT")
         head = (
             f"{self.name}: {self.gpus} GPU(s), peak {self.peak:.1f} of {self.capacity:.1f} GiB "
-            f"({self.peak_phase if self.phases else '-'}), margin {self.margin:.1f} GiB: {status}"
+            f"({self.peak_phase if self.phases else '-'}), margin {self.margin:.1f} GiB: {self.status}"
         )
         out = [head]
         for phase, components in self.phases.items():
             parts = ", ".join(f"{k} {v:.1f}" for k, v in components.items() if round(v, 1) != 0)
             out.append(f"    {phase:<18} {self.total(phase):6.1f}  = {parts}")
         if self.time:
-            other = [p for p in self.time if p != self.path]
-            step = self.time[self.path]["step"]
-            parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in step.items() if round(v / 60, 1) != 0)
-            out.append(
-                f"    time ({self.path})    {self.step_minutes():6.1f} min per step = {parts}; "
-                f"run {self.run_hours():.1f} h"
-                + "".join(
-                    f"; {p}: {self.step_minutes(p):.1f} min per step, {self.run_hours(p):.1f} h"
-                    for p in other
-                )
-            )
+            out += self._time_lines()
         if self.host:
             for phase, terms in self.host.items():
                 parts = ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if round(v, 1) != 0)
@@ -831,34 +905,109 @@ class JobCosts:
     judge_shape: Shape | None = None
     judge: Mapping[str, Any] | None = None
     judge_gpus_on_node: int = 0
+    #: the retrieval service's reranker replicas and BM25 candidates (spader.training.costs.Search)
+    search: Any = None
+    #: the allocation: its time limit (minutes; None: no cadence planned), the warning window
+    #: (training.time_limit.warning_s) and the bound on the work an end of it may lose
+    allocation_minutes: float | None = None
+    warning_s: float = 1800.0
+    max_work_lost_minutes: float = 60.0
+
+
+def _checkpoint_bytes(shape: Shape, m: VerlMemory, run: Any) -> float:
+    """Bytes of one checkpoint: the actor's shards and Adam's moments, the critic's likewise."""
+    actor = shape.params * (m.param_bytes + (8 if run.saves_optimizer else 0))
+    critic = (
+        shape.value_params * (m.param_bytes + (8 if run.critic_saves_optimizer else 0)) if m.critic else 0
+    )
+    return float(actor + critic)
+
+
+def _path_times(job: Job, shape: Shape, m: VerlMemory, run: Any, jc: JobCosts, *, kv_tokens: int,
+                path: str, end: str) -> tuple[dict[str, float], float]:  # fmt: skip
+    """(seconds of a step by phase, seconds of one validation) on ``path`` at ``end`` of the range."""
+    from spader.training import costs
+
+    work, hw = jc.workload, jc.hardware
+    inputs = costs.TimeInputs.of(hw, end)
+    step = costs.step_time(
+        shape, m, run, work, hw, gpus=job.gpus, kv_tokens=kv_tokens, padded=path == "padded",
+        judge_shape=jc.judge_shape, judge=jc.judge, inputs=inputs, search=jc.search,
+    )  # fmt: skip
+    validation = costs.rollout_seconds(
+        shape, trajectories=work.val_prompts * run.val_rollouts, replicas=job.gpus // max(1, m.rollout_tp),
+        tp=m.rollout_tp, kv_tokens=kv_tokens, lengths=costs.Lengths.from_share(m.seq_len, inputs.length_share),
+        spec=costs.GPUS[hw.gpu], hardware=hw, max_turns=work.max_turns, inputs=inputs, search=jc.search,
+    )  # fmt: skip
+    return step, sum(validation.values())
+
+
+def _assumptions(job: Job, shape: Shape, m: VerlMemory, jc: JobCosts, kv_tokens: int) -> dict[str, Any]:
+    """The named inputs of the job's time model, both ends (shown by ``spader plan --json``)."""
+    from spader.training import costs
+
+    hw, work = jc.hardware, jc.workload
+    spec = costs.GPUS[hw.gpu]
+    replicas = job.gpus // max(1, m.rollout_tp)
+    out: dict[str, Any] = {}
+    for end in ("low", "high"):
+        inputs = costs.TimeInputs.of(hw, end)
+        lengths = costs.Lengths.from_share(m.seq_len, inputs.length_share)
+        demand = costs.kv_demand(work.trajectories, replicas, lengths)
+        out[end] = {
+            "mfu": inputs.mfu,
+            "length_share": inputs.length_share,
+            "lengths_tokens": [round(lengths.low), round(lengths.high)],
+            "generated_share": float(hw.generated_share),
+            "kv_demand_tokens_per_replica": round(demand),
+            "kv_pool_tokens_per_replica": kv_tokens,
+            "kv_demand_over_pool": round(demand / max(1, kv_tokens), 2),
+            "retracted_prefilled_again": inputs.retraction and demand > kv_tokens,
+            "search_seconds_per_turn": round(
+                costs.search_seconds(jc.search, inputs, trajectories=work.trajectories, spec=spec)
+                + costs.TIME_CONSTANTS["turn_wait_s"], 2
+            ),
+            "searching_turns": inputs.searching_turns,
+            "queries_per_call": inputs.queries_per_call,
+            "distinct_share": inputs.distinct_share,
+        }  # fmt: skip
+    search = jc.search
+    out["search"] = {
+        "reranker_replicas": search.replicas if search else 0,
+        "pairs_per_query": search.pairs_per_query if search else 0,
+        "pairs_per_s_per_replica": round(spec.rerank_pairs_per_s),
+        "source": "bench/reranker_gpu.py (4,576 pairs/s, one H200) scaled by the bf16 peak; the query "
+        "stream of bench/retrieval.py (docs/benchmarks.md)",
+    }
+    return out
 
 
 def _plan_costs(job: Job, shape: Shape, m: VerlMemory, verl_cfg: Mapping[str, Any], jc: JobCosts, *,
                 kv_tokens: int) -> None:  # fmt: skip
-    """Fill ``job``'s time (both actor paths), host memory and disk (:mod:`spader.training.costs`)."""
+    """Fill ``job``'s time (both actor paths, both ends of the range), save cadence, host memory and
+    disk (:mod:`spader.training.costs`)."""
     from spader.training import costs
 
     run = costs.RunSettings.from_verl(verl_cfg)
     work, hw = jc.workload, jc.hardware
     job.path = "packed" if m.remove_padding else "padded"
-    for path in ("padded", "packed"):
-        step = costs.step_time(
-            shape, m, run, work, hw, gpus=job.gpus, kv_tokens=kv_tokens, padded=path == "padded",
-            judge_shape=jc.judge_shape, judge=jc.judge,
+    checkpoint = _checkpoint_bytes(shape, m, run)
+    ends = {(path, end): _path_times(job, shape, m, run, jc, kv_tokens=kv_tokens, path=path, end=end)
+            for path in ("padded", "packed") for end in ("low", "high")}  # fmt: skip
+    if jc.allocation_minutes is not None:
+        job.cadence = costs.save_cadence(
+            step_minutes=sum(ends[(job.path, "high")][0].values()) / 60, save_minutes=costs.save_minutes(checkpoint),
+            warning_s=jc.warning_s, allocation_minutes=jc.allocation_minutes,
+            bound_minutes=jc.max_work_lost_minutes, save_freq=run.save_freq,
         )  # fmt: skip
-        lengths = costs.Lengths.from_share(m.seq_len, float(hw.length_share))
-        validation = costs.rollout_seconds(
-            shape, trajectories=work.val_prompts * run.val_rollouts, replicas=job.gpus // max(1, m.rollout_tp),
-            tp=m.rollout_tp, kv_tokens=kv_tokens, lengths=lengths, spec=costs.GPUS[hw.gpu], hardware=hw,
-            max_turns=work.max_turns,
-        )  # fmt: skip
-        checkpoint = shape.params * (m.param_bytes + 8) + (
-            shape.value_params * (m.param_bytes + 8) if m.critic else 0
-        )
-        job.time[path] = {
+    every = job.cadence.save_every_steps if job.cadence else None
+    for (path, end), (step, validation) in ends.items():
+        times = job.time if end == "low" else job.time_high
+        times[path] = {
             "step": step,
-            "run": costs.run_hours(sum(step.values()), sum(validation.values()), work, run, checkpoint),
+            "run": costs.run_hours(sum(step.values()), validation, work, run, checkpoint, save_every=every),
         }
+    job.assumptions = _assumptions(job, shape, m, jc, kv_tokens)
     steady, loading = costs.host_terms(
         shape, m, run, work, gpus=job.gpus, reranker_on_gpus=jc.reranker_on_gpus, cache_bytes=jc.cache_bytes,
         judge_gpus_on_node=jc.judge_gpus_on_node,
@@ -868,6 +1017,7 @@ def _plan_costs(job: Job, shape: Shape, m: VerlMemory, verl_cfg: Mapping[str, An
     job.disk = costs.disk_terms(shape, m, run, work)
     job.disk_capacity = float(hw.disk_gib)
     job.kept_gib = costs.kept_after(shape, m, run, work)
+    job.final_checkpoint_gib = checkpoint / GIB
 
 
 def judge_job(name: str, shape: Shape, judge: Mapping[str, Any], *, capacity: float, reranker: float) -> Job:
@@ -1060,14 +1210,21 @@ class _PlanInputs:
     val_prompts: int
 
 
-def _job_costs(inputs: _PlanInputs, *, nodes: int, served: bool, judge_shape: Shape | None) -> JobCosts:
-    """What a training job of ``nodes`` nodes (serving the judge or not) needs for its time, host
-    memory and disk."""
-    from spader.training.costs import Workload
+def _job_costs(inputs: _PlanInputs, variant: str, *, nodes: int, served: bool, judge_shape: Shape | None,
+               node_gpus: int) -> JobCosts:  # fmt: skip
+    """What training ``variant``'s job of ``nodes`` nodes of ``node_gpus`` GPUs (serving the judge or
+    not) needs for its time, host memory and disk."""
+    from spader.training.costs import Search, Workload
 
     training, agent, judge, retrieval = inputs.training, inputs.agent, inputs.judge, inputs.retrieval
     verl_nodes = nodes - 1 if served and nodes > 1 else nodes
+    limit = inputs.config.training.time_limit
+    on_gpus = reranker_on_gpus(retrieval)
     return JobCosts(
+        search=Search(replicas=nodes * node_gpus if on_gpus else 0, pairs_per_query=int(retrieval["initial_k"])),
+        allocation_minutes=float(limit.estimate_minutes(variant)),
+        warning_s=float(limit.warning_s),
+        max_work_lost_minutes=float(training["max_work_lost_minutes"]),
         hardware=inputs.config.hardware,
         workload=Workload(
             steps=inputs.steps, prompts=int(training["train_batch_size"]), rollouts=int(training["rollout_n"]),
@@ -1108,7 +1265,7 @@ def _variant_jobs(inputs: _PlanInputs, b: str, spec: Any, v: str, shape: Shape, 
     job = training_job(
         f"train {b}/{v}", shape, cfg, gpus=gpus, capacity=inputs.capacity, reranker=on_gpus,
         measured=measured, calibration_path=calibration.path if calibration else None,
-        costs=_job_costs(inputs, nodes=nodes, served=served, judge_shape=judge_shape),
+        costs=_job_costs(inputs, v, nodes=nodes, served=served, judge_shape=judge_shape, node_gpus=spec.gpus),
     )  # fmt: skip
     job.host_capacity = float(config.hardware.host_memory_gib) * min(
         1.0, spec.gpus / int(config.hardware.gpus)
@@ -1197,18 +1354,108 @@ def plan_config(
     return jobs
 
 
-def dag_totals(jobs: Sequence[Job], config: Any) -> dict[str, float]:
+def dag_totals(jobs: Sequence[Job], config: Any) -> dict[str, Any]:
     """What the DAG's training runs cost together (variants that share a run count once): GPU-hours,
-    wall hours one after another, and the disk their work directories and exports keep when no
-    work directory is deleted."""
+    wall hours one after another (low and high end), and the disk the whole DAG needs
+    (:func:`dag_disk`)."""
     train = [j for j in jobs if j.name.startswith("train ") and j.time and j.run_of is None]
     node_gpus = {b: spec.gpus * int(config.training.nodes) for b, spec in config.backbones.items()}
-    gpu_hours = sum(j.run_hours() * node_gpus[j.name.split()[1].split("/")[0]] for j in train)
-    return {
+    gpu_hours = {
+        end: sum(j.run_hours(end=end) * node_gpus[j.name.split()[1].split("/")[0]] for j in train)
+        for end in ("low", "high")
+        if all(j.run_hours(end=end) is not None for j in train)
+    }
+    wall = {
+        end: sum(j.run_hours(end=end) for j in train)
+        for end in ("low", "high")
+        if all(j.run_hours(end=end) is not None for j in train)
+    }
+    out: dict[str, Any] = {
         "training_runs": len(train),
-        "gpu_hours": round(gpu_hours),
-        "wall_hours": round(sum(j.run_hours() for j in train), 1),
+        "gpu_hours": round(gpu_hours.get("low", 0.0)),
+        "wall_hours": round(wall.get("low", 0.0), 1),
         "kept_gib": round(sum(j.kept_gib or 0.0 for j in train)),
+    }
+    if "high" in wall:
+        out["gpu_hours_range"] = [round(gpu_hours["low"]), round(gpu_hours["high"])]
+        out["wall_hours_range"] = [round(wall["low"], 1), round(wall["high"], 1)]
+    if train:
+        out.update(dag_disk(train, config))
+    return out
+
+
+def _hub_gib(model: str, models: Mapping[str, str], *, dtype_bytes: int = 2) -> float:
+    """GiB of a hub model's snapshot: its weights (Meta's Llama repositories ship them twice, the
+    ``original/`` consolidated copy beside the safetensors)."""
+    try:
+        shape = load_shape(model, models.get(model))
+    except ValueError:
+        return 0.0
+    copies = 2 if model.startswith("meta-llama/") else 1
+    return copies * shape.params * dtype_bytes / GIB
+
+
+def _dag_keepers(train: Sequence[Job], config: Any, models: Mapping[str, str]) -> dict[str, float]:
+    """What every job of the DAG keeps once it ran (GiB): downloads, index, data, the trainings'
+    exports and the checkpoints the retention rule leaves."""
+    from spader.training.costs import DATA_GIB
+
+    keep = bool(config.training.keep_checkpoints)
+    keepers: dict[str, float] = {}
+    corpus = config.corpus
+    if not (corpus.archive or corpus.prebuilt_index):
+        keepers["corpus dump"] = DATA_GIB["corpus dump"]
+    if not corpus.prebuilt_index:
+        keepers["BM25 index"] = DATA_GIB["BM25 index"]
+    keepers["data, evaluations, MLflow"] = DATA_GIB["data, evaluations, MLflow"]
+    trained = {j.name.split()[1].split("/")[0] for j in train}
+    for b in sorted(trained):
+        keepers[f"model {config.backbones[b].model}"] = _hub_gib(config.backbones[b].model, models)
+    if any(config.variants[j.name.split("/")[1]].serves_judge and not config.judge.url for j in train):
+        keepers[f"model {config.judge.model}"] = _hub_gib(config.judge.model, models)
+    reranker = config.retrieval.reranker.model
+    if reranker:
+        keepers[f"model {reranker}"] = _hub_gib(reranker, models, dtype_bytes=4)
+    for j in train:
+        export = j.disk.get("export (bf16)", 0.0)
+        checkpoints = (j.kept_gib or 0.0) - export if keep else (j.final_checkpoint_gib or 0.0)
+        what = "checkpoints kept" if keep else "final checkpoint"
+        keepers[f"{j.name.removeprefix('train ')} ({what} and export)"] = checkpoints + export
+    return keepers
+
+
+def dag_disk(train: Sequence[Job], config: Any, models: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The disk the whole DAG needs (GiB): what every job keeps (:func:`_dag_keepers`), plus one
+    training at its peak beside a finished training's checkpoints that its export has not yet
+    deleted (``training.keep_checkpoints`` false); refused (one line, naming the total and the
+    largest keepers) when it exceeds ``hardware.disk_gib``."""
+    keepers = _dag_keepers(train, config, models or {})
+    keep = bool(config.training.keep_checkpoints)
+    kept = {j.name: j.kept_gib or 0.0 for j in train}
+    final = {j.name: (kept[j.name] - j.disk.get("export (bf16)", 0.0)) if keep else (j.final_checkpoint_gib or 0.0)
+             for j in train}  # fmt: skip
+    # the running training's checkpoints at its peak, beyond the final one counted among the keepers
+    running = max((j.disk_gib or 0.0) - j.disk.get("export (bf16)", 0.0) - final[j.name] for j in train)
+    awaiting = 0.0 if keep else max(kept[n] - final[n] - j.disk.get("export (bf16)", 0.0)
+                                    for n, j in ((j.name, j) for j in train))  # fmt: skip
+    total = sum(keepers.values()) + running + awaiting
+    capacity = float(config.hardware.disk_gib)
+    largest = sorted(keepers.items(), key=lambda kv: -kv[1])[:3]
+    refused = None
+    if total > capacity:
+        refused = (
+            f"disk: the DAG needs {total:,.0f} GiB (what its jobs keep {sum(keepers.values()):,.0f}, largest: "
+            + ", ".join(f"{k} {v:,.0f}" for k, v in largest)
+            + f"; a training at its peak {running:,.0f} and a finished one's checkpoints until its export "
+            f"{awaiting:,.0f}), hardware.disk_gib is {capacity:g}"
+        )
+    return {
+        "disk_gib": round(total, 1),
+        "disk_capacity_gib": capacity,
+        "disk_keepers": {k: round(v, 1) for k, v in sorted(keepers.items(), key=lambda kv: -kv[1])},
+        "disk_running_gib": round(running, 1),
+        "disk_awaiting_export_gib": round(awaiting, 1),
+        "disk_refused": refused,
     }
 
 
@@ -1221,41 +1468,72 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+def _refusals(jobs: Sequence[Job], totals: Mapping[str, Any]) -> list[str]:
+    """Every reason the plan refuses (one line each, naming the job or the DAG)."""
+    out = [f"{j.name}: {j.refusal}" for j in jobs if not j.fits]
+    if totals.get("disk_refused"):
+        out.append(f"the DAG: {totals['disk_refused']}")
+    return out
+
+
+def _summary_lines(jobs: Sequence[Job], totals: Mapping[str, Any], refusals: Sequence[str]) -> list[str]:
+    """The text plan's closing lines: the DAG's runs, time and disk, the margins, the verdict."""
+    out = []
+    if totals["training_runs"]:
+        hours = totals.get("wall_hours_range", [totals["wall_hours"]] * 2)
+        gpu_hours = totals.get("gpu_hours_range", [totals["gpu_hours"]] * 2)
+        out.append(
+            f"training, {totals['training_runs']} runs: ~{gpu_hours[0]:,}-{gpu_hours[1]:,} GPU-hours, "
+            f"~{hours[0]:,}-{hours[1]:,} hours one after another"
+        )
+        keepers = list(totals["disk_keepers"].items())[:3]
+        out.append(
+            f"disk of the DAG: {totals['disk_gib']:,.0f} of {totals['disk_capacity_gib']:g} GiB (hardware.disk_gib): "
+            f"what its jobs keep, largest "
+            + ", ".join(f"{k} {v:,.0f}" for k, v in keepers)
+            + f"; a training at its peak {totals['disk_running_gib']:,.0f} more"
+        )
+    smallest = min((j.margin for j in jobs), default=None)
+    if smallest is not None:
+        gpu_bad = sum(1 for j in jobs if j.phases and j.peak > j.capacity)
+        out.append(
+            f"smallest GPU memory margin: {smallest:.1f} GiB ({gpu_bad} of {len(jobs)} job(s) over their GPUs' "
+            "memory)"
+        )
+    fits = "the plan fits: every job" + (" and the DAG's disk" if "disk_gib" in totals else "")
+    out.append("the plan refuses: " + "; ".join(refusals) if refusals else fits)
+    return out
+
+
 def run(args: argparse.Namespace, *, out: Callable[[str], Any] | None = None) -> int:
-    """Print the plan of the configuration ``args`` names; exit 1 when a job does not fit."""
+    """Print the plan of the configuration ``args`` names; exit 1 when a job or the DAG does not fit."""
     write = out or (lambda s: sys.stdout.write(s + "\n"))
     config = configured(args)
     root = repository(args)
     calibration = load_record(config, root)  # a bad record: one line (ValueError)
     jobs = plan_config(config, root / "config" / "verl", calibration=calibration)
-    bad = [j for j in jobs if not j.fits]
-    hw = config.hardware
     totals = dag_totals(jobs, config)
+    refusals = _refusals(jobs, totals)
+    hw = config.hardware
     if args.json:
-        write(json.dumps({"jobs": [j.to_json() for j in jobs], "dag": totals, "fits": not bad}, indent=2))
-    else:
-        write(
-            f"Plan for nodes of {hw.gpus} x {hw.gpu} ({hw.gpu_memory_gib:g} GiB per GPU), {hw.cores} cores, "
-            f"{hw.host_memory_gib:g} GiB host memory, {hw.disk_gib:g} GiB disk (hardware.*); time at "
-            f"{hw.mfu:g} MFU, {hw.bandwidth_efficiency:g} of the memory bandwidth; trajectories "
-            f"{hw.length_share:g} of the maximum length, {hw.generated_share:g} generated; "
-            + (f"calibration {calibration.path}" if calibration else "no calibration record (estimates)")
-            + ":"
-        )
-        for job in jobs:
-            write("\n".join(job.lines()))
-        if not jobs:
-            write("no GPU jobs (training.device is cpu and evaluation.gpus is 0)")
-        smallest = min((j.margin for j in jobs), default=None)
-        if totals["training_runs"]:
-            write(
-                f"training, {totals['training_runs']} runs: ~{totals['gpu_hours']:,} GPU-hours, "
-                f"~{totals['wall_hours']:,} hours one after another; ~{totals['kept_gib']:,} GiB of "
-                "checkpoints and exports if no work directory is deleted"
-            )
-        if smallest is not None:
-            write(f"smallest margin: {smallest:.1f} GiB; {len(bad)} of {len(jobs)} job(s) do not fit")
-    return 1 if bad else 0
+        write(json.dumps({"jobs": [j.to_json() for j in jobs], "dag": totals, "fits": not refusals,
+                          "refused": refusals or None}, indent=2))  # fmt: skip
+        return 1 if refusals else 0
+    write(
+        f"Plan for nodes of {hw.gpus} x {hw.gpu} ({hw.gpu_memory_gib:g} GiB per GPU), {hw.cores} cores, "
+        f"{hw.host_memory_gib:g} GiB host memory, {hw.disk_gib:g} GiB disk (hardware.*); time from "
+        f"{hw.mfu:g} to {hw.mfu_low:g} MFU, trajectories {hw.length_share:g} to {hw.length_share_high:g} of the "
+        f"maximum length ({hw.generated_share:g} generated), {hw.bandwidth_efficiency:g} of the memory bandwidth; "
+        + (f"calibration {calibration.path}" if calibration else "no calibration record (estimates)")
+        + ":"
+    )
+    for job in jobs:
+        write("\n".join(job.lines()))
+    if not jobs:
+        write("no GPU jobs (training.device is cpu and evaluation.gpus is 0)")
+    for line in _summary_lines(jobs, totals, refusals):
+        write(line)
+    return 1 if refusals else 0
 
 
 def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None = None) -> int:

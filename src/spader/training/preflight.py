@@ -43,10 +43,12 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "GATED_MODELS",
+    "HELP",
     "MIN_DRIVER",
     "MIN_GLIBC",
     "NVCC_MAJOR",
     "PreflightError",
+    "add_arguments",
     "check_driver",
     "check_glibc",
     "check_gpus",
@@ -58,12 +60,13 @@ __all__ = [
     "check_retrieval",
     "check_verl_version",
     "driver_version",
-    "environment_checks",
     "glibc_version",
     "gpu_memory_gib",
     "hub_token_configured",
+    "job_costs",
     "main",
     "nvcc_version",
+    "run",
     "select",
     "static_checks",
 ]
@@ -420,9 +423,12 @@ def check_memory(
     judge: Mapping[str, Any] | None = None,
     judge_model_dir: str | os.PathLike | None = None,
     capacity_gib: float | None = None,
+    costs: Any = None,
 ):
     """The job's memory plan (:mod:`spader.training.plan`) on its own composed config and model
-    shape, logged line by line; the jobs it checks are returned.
+    shape, with its time, save cadence, host memory and disk when ``costs`` (a
+    :class:`spader.training.plan.JobCosts`) is given, logged line by line; the jobs it checks are
+    returned.
 
     Args:
         name: the job's name in the log.
@@ -457,6 +463,7 @@ def check_memory(
             gpus=training_gpus,
             capacity=capacity,
             reranker=reranker,
+            costs=costs,
         )
     ]
     if judge:
@@ -472,18 +479,62 @@ def _log_and_refuse(jobs: Sequence[Any], capacity: float) -> None:
         for line in job.lines():
             log.info("memory plan: %s", line)
     bad = [job for job in jobs if not job.fits]
-    if bad:
+    if any(job.phases and job.peak > capacity for job in bad):
         text = "\n".join(line for job in bad for line in job.lines())
         raise PreflightError(
             f"the job does not fit in {capacity:.1f} GiB per GPU:\n{text}\nlower "
             "training.ppo_micro_batch_size_per_gpu or training.gpu_memory_utilization, or offload the "
             "optimizer state (config/verl, docs/gpu.md); `python -m spader.training.plan` plans every job"
         )
+    if bad:
+        raise PreflightError("; ".join(f"{job.name}: {job.refusal}" for job in bad) + " (spader plan)")
+
+
+def _rows(path: str | os.PathLike | None) -> int | None:
+    """Rows of a parquet file (None when it cannot be read)."""
+    try:
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except Exception:  # noqa: BLE001  (no file, not parquet: the plan then has no time)
+        return None
+
+
+def job_costs(job: Any) -> Any:
+    """What the plan's time, cadence, host memory and disk need of a
+    :class:`spader.training.run.TrainJob` (None without ``job.hardware`` or a readable training
+    file): its steps from the rows of its training file, as verl's loader counts them."""
+    from spader.training.costs import Search, Workload
+    from spader.training.plan import JobCosts, reranker_on_gpus
+
+    hardware = getattr(job, "hardware", None)
+    rows = _rows(getattr(job, "train_file", None))
+    if hardware is None or rows is None:
+        return None
+    training = job.training
+    steps = training.max_steps or training.epochs * (rows // training.train_batch_size)
+    retrieval = _plain(getattr(job, "retrieval", None))
+    judge_gpus = int(getattr(job.scorer, "judge_gpus", 0) or 0)
+    on_gpus = reranker_on_gpus(retrieval)
+    replicas = job.training.nodes * job.backbone_spec.gpus if on_gpus else 0
+    search = Search(replicas, int(retrieval["initial_k"])) if retrieval else None
+    work = Workload(
+        steps=int(steps), prompts=training.train_batch_size, rollouts=training.rollout_n,
+        val_prompts=_rows(job.val_file) or 0, max_turns=job.agent.max_turns, nodes=job.train_nodes,
+    )  # fmt: skip
+    return JobCosts(
+        hardware=hardware, workload=work, reranker_on_gpus=on_gpus,
+        cache_bytes=int(retrieval["service"]["cache_bytes"]) if retrieval else 0,
+        judge_gpus_on_node=0 if job.judge_node else judge_gpus, search=search,
+        allocation_minutes=float(training.time_limit.estimate_minutes(job.variant)),
+        warning_s=float(training.time_limit.warning_s), max_work_lost_minutes=float(training.max_work_lost_minutes),
+    )  # fmt: skip
 
 
 def check_job_memory(job: Any, verl_config: Any, *, capacity_gib: float | None = None):
-    """:func:`check_memory` of a :class:`spader.training.run.TrainJob` and its composed config
-    (nothing for a CPU run)."""
+    """:func:`check_memory` of a :class:`spader.training.run.TrainJob` and its composed config, with
+    its time, cadence, host memory and disk when the job knows its node's description (nothing for
+    a CPU run)."""
     if str(getattr(job, "device", "cuda")) == "cpu":
         return []
     scorer = getattr(job, "scorer", None)
@@ -508,6 +559,7 @@ def check_job_memory(job: Any, verl_config: Any, *, capacity_gib: float | None =
         judge=_plain(getattr(job, "judge", None)) if judge_gpus else None,
         judge_model_dir=getattr(job, "judge_model_dir", None),
         capacity_gib=capacity_gib,
+        costs=job_costs(job),
     )
 
 
@@ -521,48 +573,98 @@ def _sglang_version() -> str:
         ) from None
 
 
-def environment_checks(*, gpu: bool = True) -> list[tuple[str, Callable[[], Any]]]:
-    """The node's checks, in order, as ``(name, check)``; without ``gpu`` only those a CPU
-    machine can pass (verl's version)."""
-    checks: list[tuple[str, Callable[[], Any]]] = [("verl", check_verl_version)]
+def _version_checks(*, gpu: bool) -> list[Any]:
+    """The pinned verl (every training) and sglang (GPU runs) as node checks."""
+    from spader.training.node import Check
+
+    out = []
+    try:
+        out.append(Check("verl", "ok", check_verl_version()))
+    except PreflightError as exc:
+        out.append(Check("verl", "fail", str(exc)))
     if gpu:
-        checks += [
-            ("sglang", _sglang_version),
-            ("driver", lambda: check_driver() or "unknown (no nvidia-smi)"),
-            ("glibc", check_glibc),
-            ("nvcc", check_nvcc),
-            ("gpus", _gpus_visible),
-        ]
-    return checks
+        try:
+            out.append(Check("sglang", "ok", _sglang_version()))
+        except PreflightError as exc:
+            out.append(Check("sglang", "fail", str(exc)))
+    else:
+        out.append(Check("sglang", "skip", "none needed without a GPU job"))
+    return out
 
 
-def _gpus_visible() -> str:
-    count = visible_gpus()
-    if not count:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise PreflightError(
-            f"torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES={visible if visible is not None else 'unset'}); "
-            "check the driver line above, the allocation's --gpus, and that torch is the gpu extra's CUDA build"
+def _python_check() -> Any:
+    from spader.training.node import Check
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if (3, 11) <= sys.version_info[:2] <= (3, 12):
+        return Check("python", "ok", f"Python {version} ({sys.executable})")
+    return Check(
+        "python", "fail", f"Python {version} ({sys.executable}); the locks are for Python 3.11 and 3.12"
+    )
+
+
+HELP = (
+    "check this node against a configuration's plan: glibc and the wheel tag, the driver, nvcc, the GPUs "
+    "and their memory, host memory, disk, /dev/shm, verl and sglang (exit 1 naming what is short)"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``spader preflight`` (``python -m spader.training.preflight``): ``--configfile``, ``--root``,
+    ``--json``, ``--cpu``."""
+    from spader.config.command import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the checks and the node as JSON")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="this machine is not a GPU node: skip the GPU checks and hardware.*",
+    )
+
+
+def _planned(config: Any, root: Path) -> tuple[list, dict | None]:
+    """The plan's jobs and the DAG's totals (none for a configuration without GPU jobs)."""
+    from spader.training.plan import dag_totals, load_record, plan_config
+
+    jobs = plan_config(config, root / "config" / "verl", calibration=load_record(config, root))
+    return jobs, (dag_totals(jobs, config) if jobs else None)
+
+
+def run(args: argparse.Namespace, *, out: Callable[[str], Any] | None = None) -> int:
+    """Run every check (none stops the others); exit 1 when one fails."""
+    import json
+
+    from spader.config.command import configured, repository
+    from spader.training.node import measure_node, node_checks
+
+    write = out or (lambda s: sys.stdout.write(s + "\n"))
+    config = configured(args)
+    root = repository(args)
+    gpu = not args.cpu and (config.training.device == "cuda" or int(config.evaluation.gpus) > 0)
+    node = measure_node(Path("results"), trees=[Path("results"), Path("resources")], gpus=gpu)
+    jobs, totals = _planned(config, root) if gpu else ([], None)
+    checks = [_python_check(), *node_checks(config, node, jobs, totals, gpu=gpu), *_version_checks(gpu=gpu)]
+    failed = [c for c in checks if c.status == "fail"]
+    if args.json:
+        write(json.dumps({"checks": [c.to_json() for c in checks], "node": node.to_json(), "gpu_node": gpu,
+                          "refused": [f"{c.name}: {c.detail}" for c in failed] or None}, indent=2))  # fmt: skip
+    else:
+        for check in checks:
+            write(check.line())
+        write(
+            f"preflight: {len(failed)} of {len(checks)} check(s) failed"
+            if failed
+            else "preflight: every check passed"
         )
-    return f"{count} visible"
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m spader.training.preflight [--cpu]``: the node's checks, one line each; exit 1 at
-    any failure (every check still runs)."""
-    parser = argparse.ArgumentParser(prog="python -m spader.training.preflight", description=main.__doc__)
-    parser.add_argument("--cpu", action="store_true", help="a machine without GPUs: skip the GPU checks")
-    args = parser.parse_args(argv)
-    failed = 0
-    for name, check in environment_checks(gpu=not args.cpu):
-        try:
-            print(f"ok    {name}: {check()}")  # noqa: T201
-        except PreflightError as exc:
-            failed += 1
-            print(f"FAIL  {name}: {exc}")  # noqa: T201
-    if args.cpu:
-        print("skip  sglang, driver, glibc, nvcc, gpus: GPU checks (--cpu)")  # noqa: T201
-    return 1 if failed else 0
+    """``python -m spader.training.preflight`` (an alias of ``spader preflight``)."""
+    from spader.config.command import run_command
+
+    return run_command("python -m spader.training.preflight", add_arguments, run, argv, description=HELP)
 
 
 if __name__ == "__main__":

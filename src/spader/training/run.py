@@ -35,6 +35,7 @@ rerun resumes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -48,6 +49,7 @@ from typing import Any
 from spader.config.model import (
     AgentConfig,
     BackboneConfig,
+    HardwareConfig,
     JudgeConfig,
     MlflowConfig,
     RetrievalConfig,
@@ -174,6 +176,9 @@ class TrainJob:
     reranker_path: Path | None = None
     attempt: int = 1
     ray_address: str | None = None
+    # config.yaml `hardware` (operational, no param): the node a GPU job is planned for; with it the
+    # job plans its time, save cadence, host memory and disk and checks the node it landed on
+    hardware: HardwareConfig | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.retrieval, Mapping):
@@ -191,6 +196,7 @@ class TrainJob:
         self.stepsearch = _typed(StepSearchConfig, self.stepsearch)
         self.judge = _typed(JudgeConfig, self.judge)
         self.agent = _typed(AgentConfig, self.agent)
+        self.hardware = _typed(HardwareConfig, self.hardware)
         nodes = self.variant_spec.nodes
         if nodes is not None and nodes != self.training.nodes:  # the variant's own node count
             self.training = self.training.model_copy(update={"nodes": nodes})
@@ -228,6 +234,7 @@ class TrainJob:
             judge_model_dir=_optional(smk.input, "judge_model"),
             agent=dict(params.get("agent") or {}),
             attempt=int(getattr(getattr(smk, "resources", None), "train_attempt", 1) or 1),
+            hardware=smk.config.get("hardware"),  # None: no node description, no time plan or node check
         )
 
     # Files in the work directory.
@@ -354,6 +361,7 @@ def plan_launch(
     metrics_file: Path,
     link: RunLink,
     storage_units: int | None = None,
+    save_every: int | None = None,
 ) -> LaunchPlan:
     """The verl launch of ``job``: method overrides, this job's paths/GPUs/nodes/loggers, resume point.
 
@@ -364,6 +372,8 @@ def plan_launch(
         link: the job's MLflow run (verl's ``mlflow`` logger is enabled only when it is).
         storage_units: TransferQueue storage units, for the CPUs a private Ray instance advertises
             (None: one on a CPU, verl's 8 on GPUs; :func:`prepare_launch` reads the composed value).
+        save_every: the plan's save cadence (``trainer.save_freq``), when it saves more often than
+            ``training.save_freq`` (None: that key's).
 
     Returns:
         The plan; ``plan.argv`` is the command, ``plan.env`` what it adds to the environment.
@@ -395,7 +405,8 @@ def plan_launch(
             storage_units=storage_units,
             link=link,
             env=env,
-        ),
+        )
+        + ([f"trainer.save_freq={int(save_every)}"] if save_every else []),
         resume=resume_overrides(resume_from),
         extra=job.extra_overrides,
         env=env,
@@ -512,26 +523,81 @@ def resume_point(job: TrainJob) -> Checkpoint | None:
     return resume_from
 
 
-def prepare_launch(job: TrainJob, resume_from: Checkpoint | None, link: RunLink) -> LaunchPlan:
+def prepare_launch(
+    job: TrainJob, resume_from: Checkpoint | None, link: RunLink, watch: TimeLimitWatch | None = None
+) -> LaunchPlan:
     """The verl launch, composed and validated with Hydra; ``launch.json`` and the resolved config
-    written. The CPUs a private Ray instance advertises follow the composed TransferQueue size."""
+    written. The CPUs a private Ray instance advertises follow the composed TransferQueue size. A GPU
+    job plans itself on its composed config (memory, time, save cadence, host memory, disk), saves
+    as often as its plan says, stops as early before its time limit as its steps need (``watch``)
+    and checks the node it landed on, before any model loads."""
     metrics_file = new_metrics_file(job.metrics_dir)
-    plan = plan_launch(job, resume_from=resume_from, metrics_file=metrics_file, link=link)
+    launch = functools.partial(
+        plan_launch, job, resume_from=resume_from, metrics_file=metrics_file, link=link
+    )
+    plan = launch()
     cfg = compose_config(plan)
-    units = int(cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units)
+    units = None
     if plan.get("ray_kwargs.ray_init.num_cpus") not in (None, "null"):
-        resized = plan_launch(
-            job, resume_from=resume_from, metrics_file=metrics_file, link=link, storage_units=units
-        )
+        units = int(cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units)
+        resized = launch(storage_units=units)
         if resized.overrides != plan.overrides:
             plan, cfg = resized, compose_config(resized)
-    check_job_memory(job, cfg)  # the memory plan of this launch; refuses one that does not fit
+    planned = check_job_memory(job, cfg)  # the plan of this launch; refuses one that does not fit
+    every = planned_save_every(planned, cfg)
+    if every is not None:
+        log.info("%s: saving every %d steps (its plan; training.save_freq is %s)", job.run_name, every,
+                 cfg.trainer.save_freq)  # fmt: skip
+        plan = launch(storage_units=units, save_every=every)
+        cfg = compose_config(plan)
+    if planned and planned[0].host:
+        _check_node(job, planned[0], watch)
     write_plan(plan, job.launch_file)
     job.launch_file.write_text(portable_text(job.launch_file.read_text()))
     from omegaconf import OmegaConf
 
     job.resolved_config.write_text(portable_text(OmegaConf.to_yaml(cfg, resolve=True)))
     return plan
+
+
+def planned_save_every(planned: list, cfg: Any) -> int | None:
+    """The plan's save cadence when it saves more often than the composed ``trainer.save_freq``
+    (``training.save_freq``, the most steps between two saves); None otherwise, and for a job
+    without a plan (a CPU run, or no node description), which saves every ``training.save_freq``."""
+    cadence = planned[0].cadence if planned else None
+    if cadence is None or cadence.save_every_steps >= int(cfg.trainer.save_freq):
+        return None
+    return int(cadence.save_every_steps)
+
+
+def _check_node(job: TrainJob, planned: Any, watch: TimeLimitWatch | None) -> None:
+    """The node against the job's plan (one line naming what is short), and the stop moved earlier
+    when a step and its save outlast the warning window."""
+    from spader.training.node import check_job_node, measure_node, tree_gib
+
+    node = measure_node(job.workdir, gpus=False)
+    for check in check_job_node(
+        planned, node, workdir_gib=tree_gib(job.ckpt_dir) if job.ckpt_dir.is_dir() else 0.0
+    ):
+        log.info("node: %s", check.line())
+    if watch is not None and planned.cadence is not None:
+        stop_earlier(watch, planned.cadence, job.run_name)
+
+
+def stop_earlier(watch: TimeLimitWatch, cadence: Any, name: str) -> bool:
+    """Move the job's stop before its time limit to the plan's (``cadence.stop_before_minutes``)
+    when a step and its save outlast the warning window: the watch then asks verl to stop once the
+    allocation has that much left, so that the step in flight and its save finish. Returns whether
+    it moved."""
+    if cadence.stop_before_minutes * 60 <= watch.warning_s:
+        return False
+    log.warning(
+        "%s: a step (up to %.1f min) and its save (%.1f min) outlast the warning window (%.0f s, "
+        "training.time_limit.warning_s): the job stops %.0f min before its time limit and saves every step",
+        name, cadence.step_minutes, cadence.save_minutes, watch.warning_s, cadence.stop_before_minutes,
+    )  # fmt: skip
+    watch.warning_s = cadence.stop_before_minutes * 60
+    return True
 
 
 @dataclass
@@ -776,7 +842,7 @@ def run_training(
         StoppedForResume: verl stopped at a step boundary on request; a rerun resumes.
         TrainingError: verl failed (checkpoints stay in the work directory for the rerun).
     """
-    with TimeLimitWatch(job.training.time_limit.warning_s):  # SLURM's time left, from the start
+    with TimeLimitWatch(job.training.time_limit.warning_s) as watch:  # SLURM's time left, from the start
         lock = claim_workdir(job)
         try:
             try:
@@ -788,7 +854,7 @@ def run_training(
             link = RunLink.from_active_run(run, job.tracking_uri)
             # a stop asked for before verl runs (the warning, the time left) is kept for it
             with StopControl(job.stop_file) as stop, stop.handling_signals(sigterm=False):
-                return _attempt(job, link, stop, resume_from, verl_version, lock, service)
+                return _attempt(job, link, stop, resume_from, verl_version, lock, service, watch)
         finally:
             lock.release()
 
@@ -816,13 +882,14 @@ def _attempt(
     verl_version: str,
     lock: WorkdirLock,
     service: Callable | None,
+    watch: TimeLimitWatch | None = None,
 ) -> dict:
     """One recorded attempt: its start recorded, the launch prepared, verl run, its outcome in
     ``attempts.jsonl`` (with the error and the newest checkpoint when it did not finish)."""
     attempt = record_start(job, link, verl_version, resume_from)
     outcome: dict[str, Any] = {"event": "end", "attempt": attempt.number, "status": "failed"}
     try:
-        plan = prepare_launch(job, resume_from, link)
+        plan = prepare_launch(job, resume_from, link, watch)
         result = train(job, plan, stop, lock, service)
         outcome["returncode"] = result.returncode
         final = conclude(job, link, attempt, result)

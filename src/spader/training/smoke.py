@@ -529,7 +529,9 @@ def changed_weights(job, start_model: str | os.PathLike) -> Check:
     if not Path(job.final_json).is_file():
         return Check("weights changed", False, f"no {job.final_json}")
     with tempfile.TemporaryDirectory(dir=Path(job.final_json).parent) as tmp:
-        export_checkpoint(job.final_json, Path(tmp) / "model", Path(tmp) / "model.json")
+        export_checkpoint(
+            job.final_json, Path(tmp) / "model", Path(tmp) / "model.json", keep_checkpoints=True
+        )
         trained = AutoModelForCausalLM.from_pretrained(Path(tmp) / "model", dtype=torch.float32).state_dict()
     start = AutoModelForCausalLM.from_pretrained(start_model, dtype=torch.float32).state_dict()
     changed = sum(
