@@ -274,6 +274,13 @@ def training_run(backbone, variant):
     return TRAINING_RUN[backbone][variant]
 
 
+def topics_file():
+    """The evaluation questions' topics file (`evaluation.topics`, relative to the repository, as
+    the demo's bundled files are) as the tables' input, or none."""
+    topics = config["evaluation"]["topics"]
+    return [workflow_file(REPO / topics)] if topics else []
+
+
 def table_variants():
     """What the ablation and beta-sweep tables read of `variants`: every configured name (a row
     that a backbone did not run says so) and the beta of the `beta_*` rows, nothing else, so that

@@ -2,8 +2,9 @@
 
 A small fictional world (:mod:`spader.demo.world`) written out in the real formats: the QAMPARI
 Wikipedia chunk dump (``chunked_wikipedia.tar.gz``, docs/data.md 1.4) and each dataset's release files
-(:mod:`spader.demo.releases`). The output is deterministic byte for byte, so the committed files
-can be compared with a fresh regeneration.
+(:mod:`spader.demo.releases`), beside the topic of each test question (``topics.tsv``,
+:mod:`spader.evaluation.topics`: ``evaluation.topics`` of config/demo.yaml). The output is
+deterministic byte for byte, so the committed files can be compared with a fresh regeneration.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from spader.data.layout import dump_jsonl, dump_mintaka_json
 from spader.demo.archive import write_tar_gz, write_zip
-from spader.demo.releases import mintaka_splits, qampari_splits, quest_splits, webqsp_splits
+from spader.demo.releases import held_out_topics, mintaka_splits, qampari_splits, quest_splits, webqsp_splits
 from spader.demo.world import EVAL_TOPICS, SEED, World, build_world
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ DEMO_FILES = (
     "quest/train_aug.jsonl",
     "quest/val.jsonl",
     "quest/test.jsonl",
+    "topics.tsv",
 )
 
 _CHUNK_FILES = 3
@@ -83,7 +85,8 @@ def generate(outdir: str | os.PathLike, seed: int = SEED) -> list[Path]:
         out / "qampari.zip",
         {f"qampari_data/{s}_data.jsonl": dump_jsonl(r).encode() for s, r in qampari.items()},
     )
-    for split, records in mintaka_splits(world, rng).items():
+    mintaka = mintaka_splits(world, rng)
+    for split, records in mintaka.items():
         (out / f"mintaka_{split}.json").write_text(dump_mintaka_json(records), encoding="utf-8")
     webqsp = webqsp_splits(world)
     write_zip(
@@ -93,8 +96,13 @@ def generate(outdir: str | os.PathLike, seed: int = SEED) -> list[Path]:
             for s, doc in webqsp.items()
         },
     )
-    for split, records in quest_splits(world).items():
+    quest = quest_splits(world)
+    for split, records in quest.items():
         (out / "quest" / f"{split}.jsonl").write_text(dump_jsonl(records), encoding="ascii")
+    # the topic of each test question (spader.evaluation.topics: header, then "id<TAB>topic")
+    topics = held_out_topics(world, qampari["test"], mintaka["test"], webqsp["test"], quest["test"])
+    lines = ["id\ttopic", *(f"{qid}\t{topic}" for qid, topic in topics)]
+    (out / "topics.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     paths = [out / name for name in DEMO_FILES]
     log.info("demo: %d passages, %d files under %s", len(lines), len(paths), out)
     return paths

@@ -16,7 +16,7 @@ from itertools import pairwise
 
 from spader.demo.world import KINDS, Entity, Topic, World
 
-__all__ = ["mintaka_splits", "qampari_splits", "quest_splits", "webqsp_splits"]
+__all__ = ["held_out_topics", "mintaka_splits", "qampari_splits", "quest_splits", "webqsp_splits"]
 
 _LANGS = ("ar", "de", "ja", "hi", "pt", "es", "it", "fr")
 _WIKI = "https://en.wikipedia.org/wiki/"
@@ -417,3 +417,36 @@ def quest_splits(world: World) -> dict[str, list[dict]]:
         },
     }  # drop: empty_answer_list
     return {"train_aug": [*queries[:11], empty], "val": queries[11:14], "test": _held_quest(world)}
+
+
+# ------------------------------------------------------------------------------------------------
+# The topics of the test questions (topics.tsv: the evaluation's unit over datasets)
+# ------------------------------------------------------------------------------------------------
+def _topic_of_name(topics: list[Topic]) -> dict[str, str]:
+    """Every name (subject, object, QUEST title) of ``topics`` -> its topic's subject."""
+    out: dict[str, str] = {}
+    for t in topics:
+        for name in (t.subject.plain, *(o.plain for o in t.objects), *(_title(t, o) for o in t.objects)):
+            if out.setdefault(name, t.subject.plain) != t.subject.plain:
+                raise ValueError(f"demo world: the name {name!r} belongs to two evaluation topics")
+    return out
+
+
+def held_out_topics(
+    world: World, qampari: list[dict], mintaka: list[dict], webqsp: dict, quest: list[dict]
+) -> list[tuple[str, str]]:
+    """``(question id, topic)`` of every test record of the four releases, as the normalized
+    records name the question (``<dataset>:<source id>``; QUEST's source id is its line). A topic
+    is an evaluation topic's subject; a record names the topics of the entities it is about:
+    QAMPARI's question entities, WebQSP's topic entities, Mintaka's question entities (an object
+    belongs to its topic), QUEST's answer titles (a union of two topics has both)."""
+    of = _topic_of_name(world.eval_topics)
+    rows: list[tuple[str, list[str]]] = []
+    rows += [(f"qampari:{r['qid']}", [e["entity_text"] for e in r["entities"]]) for r in qampari]
+    rows += [(f"mintaka:{r['id']}", [e["label"] for e in r["questionEntity"]]) for r in mintaka]
+    rows += [
+        (f"webqsp:{q['QuestionId']}", [p["TopicEntityName"] for p in q["Parses"]])
+        for q in webqsp["Questions"]
+    ]
+    rows += [(f"quest:test:{i:05d}", list(r["docs"])) for i, r in enumerate(quest)]
+    return [(qid, topic) for qid, names in rows for topic in dict.fromkeys(of[n] for n in names)]
