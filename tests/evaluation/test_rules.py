@@ -87,13 +87,18 @@ def recorded(*paths: Path) -> None:
 
 
 def test_aggregate_results_tables_rerun_and_report(tmp_path):
-    # the prompting baselines only: the tables must say that no variant was trained
-    work = workdir(tmp_path, {"backbones": {"demo": {"variants": []}}})
+    # the prompting baselines only: the tables must say that no variant was trained; question i of
+    # every dataset asks about topic T<i> (evaluation.topics): avg and all resample the two topics
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("id\ttopic\n" + "".join(f"{d}-{i}\tT{i}\n" for d in DATASETS for i in range(2)))
+    work = workdir(tmp_path, {"backbones": {"demo": {"variants": []}}, "evaluation": {"topics": str(topics)}})
     for m in ("rag", "react"):
         for j, d in enumerate(DATASETS):
             write_evaluation(work, m, d, [0.1 * (j + 1), 0.0] if m == "rag" else [0.5, 0.5])
     allowed = ("aggregate_results",)
     snakemake(work, "--allowed-rules", *allowed, "--", "results/demo/f1.tsv")
+    log = (work / "logs" / "aggregate_results" / "demo.log").read_text()
+    assert "avg over 2 clusters of questions sharing a topic" in log
     res = work / "results" / "demo"
     f1 = pl.read_csv(res / "f1.tsv", separator="\t")
     assert f1.columns == ["method", *DATASETS, "avg"] and f1["method"].to_list() == ["rag", "react"]

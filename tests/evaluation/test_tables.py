@@ -13,7 +13,7 @@ import pytest
 
 from spader.config import resolved_config
 from spader.evaluation.aggregate import aggregate_results
-from spader.evaluation.stats import bootstrap_means, paired_permutation_test, percentile_interval
+from spader.evaluation.stats import SignFlip, bootstrap_means, paired_permutation_test, percentile_interval
 from spader.evaluation.tables import (
     NOT_RUN,
     Estimates,
@@ -283,7 +283,9 @@ def test_training_runs_table_says_which_rows_share_a_run():
 # --------------------------------------------------------------------------------------------
 # uncertainty: intervals, paired tests, seeds
 # --------------------------------------------------------------------------------------------
-U = Uncertainty(samples=1000, seed=3, alpha=0.05)  # exact up to 12 questions, 1,000 random patterns beyond
+U = Uncertainty(
+    samples=1000, seed=3, alpha=0.05, topics=None
+)  # exact up to 12 questions, 1,000 random patterns beyond
 
 
 def _graded(scores: list[float], prefix: str = "q", seed=None) -> list[dict]:
@@ -316,20 +318,22 @@ def test_intervals_and_tests_are_the_stats_modules_on_each_questions_scores():
     )
     sig = significance_table(runs, ["spader", "react"], DATASETS, est)
     assert sig.columns == [
-        "method", "reference", "dataset", "metric", "n", "diff", "diff_lo", "diff_hi", "p_value", "p_holm",
-        "significant", "p_min",
+        "method", "reference", "dataset", "metric", "n", "units", "diff", "diff_lo", "diff_hi", "p_value",
+        "p_holm", "significant", "p_min",
     ]  # fmt: skip
     f1 = sig.filter(pl.col("metric") == "f1")
     assert f1["dataset"].to_list() == [*DATASETS, "avg"] and set(f1["reference"]) == {"spader"}
     assert f1["diff"].to_list() == pytest.approx([-2 / 3] * 5) and f1["n"].to_list() == [9] * 4 + [36]
+    assert f1["units"].to_list() == [9] * 4 + [36]  # no topics: every question is a unit
     # 6 of 9 questions differ: exact enumeration, 2 of 64 sign patterns as extreme
     assert f1["p_value"].to_list()[:4] == pytest.approx([2 / 64] * 4)
     direct = paired_permutation_test(react[2], np.ones(9), U.samples, U.seed)
     assert f1["p_value"][0] == pytest.approx(float(direct[0]))
     # the intervals are the differences the same test does not reject: every one excludes 0
     assert all(f1["diff_hi"] < 0) and all(f1["diff_lo"] >= -1 - 1e-9)
-    # 9 questions: the smallest reachable p is 2 / 512; 36 over avg: 1 / 1001 with random patterns
-    assert f1["p_min"].to_list() == pytest.approx([2 / 512] * 4 + [1 / 1001])
+    # 6 of the 9 questions differ (3 tie): the smallest reachable p is 2 / 64, not the 2 / 512 of 9
+    # differing questions; 24 differ over avg: too many to enumerate, 1 / 1001 with random patterns
+    assert f1["p_min"].to_list() == pytest.approx([2 / 64] * 4 + [1 / 1001])
     # Holm over the 5 rows of a metric: 4 x 0.031 is not below 0.05, avg (p ~ 0.001) is
     assert f1["p_holm"].to_list()[:4] == pytest.approx([4 * 2 / 64] * 4)
     assert f1["significant"].to_list() == [False] * 4 + [True]
@@ -376,6 +380,96 @@ def test_significance_and_the_marks_follow_holms_p_and_the_intervals_follow_the_
     cells = {r["method"]: r for r in f1_ci_table(runs, methods, DATASETS, est).iter_rows(named=True)}
     assert cells["grpo"]["qampari"].endswith("(n.s.)") and not cells["grpo"]["avg"].endswith("(n.s.)")
     assert est.significant("grpo", "qampari") is False and est.significant("grpo", "avg") is True
+
+
+def test_the_smallest_p_counts_only_the_questions_where_the_methods_differ():
+    """grpo differs from spader on one question of nine per test set (as the demo's trained
+    variants did on one of 200): no test can go below p = 1 there, and p_min says so; over avg
+    four questions differ, 2 / 16."""
+    runs = {}
+    for d in DATASETS:
+        runs[("spader", d)] = _graded([1.0, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 0.25, 0.0])
+        runs[("grpo", d)] = _graded([1.0, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 0.25, 1.0])
+    sig = significance_table(runs, ["spader", "grpo"], DATASETS)
+    f1 = sig.filter(pl.col("metric") == "f1")
+    assert f1["p_min"].to_list() == pytest.approx([1.0] * 4 + [2 / 16])
+    assert f1["p_value"].to_list() == pytest.approx([1.0] * 4 + [2 / 16])
+    assert all(r["p_value"] >= r["p_min"] for r in sig.iter_rows(named=True))
+    abl = ablation_table(
+        runs | {("no_np", d): runs[("grpo", d)] for d in DATASETS}, ["spader", "no_np"], VARIANTS, DATASETS
+    )
+    assert abl.filter(pl.col("method") == "no_np")["avg_p_min"].item() == pytest.approx(2 / 16)
+
+
+def _topics() -> dict[str, tuple[str, ...]]:
+    """Question ``q{i}`` of every dataset asks about topic ``T{i % 3}``: three topics, each asked
+    in all four datasets (as the demo asks about one topic in several datasets)."""
+    return {f"{d}:q{i}": (f"T{i % 3}",) for d in DATASETS for i in range(9)}
+
+
+def _prefixed(runs):
+    return {(m, d): [r | {"id": f"{d}:{r['id']}"} for r in recs] for (m, d), recs in runs.items()}
+
+
+def test_the_avg_row_resamples_topics_when_they_are_known():
+    """With topics, ``avg`` resamples the three topics (each with its questions in every dataset)
+    for its intervals and flips one sign per topic in its test: the numbers equal the stats
+    module's on those clusters; the datasets' rows stay per question."""
+    runs = _prefixed(_two_methods())
+    clustered = Uncertainty(samples=U.samples, seed=U.seed, alpha=U.alpha, topics=_topics())
+    est = Estimates(runs, ["spader", "react"], DATASETS, clustered)
+    assert est.units("avg") == 3 and est.units("quest") == 9 and est.questions("avg") == 36
+    sig = significance_table(runs, ["spader", "react"], DATASETS, est).filter(pl.col("metric") == "f1")
+    assert sig["units"].to_list() == [9] * 4 + [3]
+    react = [np.array([1.0 if i % 3 == 0 else 0.0 for i in range(9)])] * 4
+    labels = [[i % 3 for i in range(9)]] * 4
+    flip = SignFlip(react, [np.ones(9)] * 4, U.samples, U.seed, clusters=labels)
+    # topics T1 and T2 differ (every question of T0 ties): 2 / 2**2 is as low as p can go
+    assert sig["p_value"][4] == pytest.approx(float(flip.p_value()[0])) == pytest.approx(0.5)
+    assert sig["p_min"][4] == pytest.approx(0.5)
+    lo, hi = flip.interval(U.level)
+    assert (sig["diff_lo"][4], sig["diff_hi"][4]) == pytest.approx((float(lo[0]), float(hi[0])))
+    assert sig["p_value"][0] == pytest.approx(2 / 64)  # a dataset's row: its 6 differing questions
+    draws = bootstrap_means(react, U.samples, U.seed, clusters=labels)
+    a_lo, a_hi = percentile_interval(draws, U.level)
+    assert est.interval("react", "avg")[0][2] == pytest.approx(float(a_lo[0]))
+    assert est.interval("react", "avg")[1][2] == pytest.approx(float(a_hi[0]))
+    # without topics the same avg is 36 independent questions: a narrower interval, a smaller p
+    plain = Estimates(runs, ["spader", "react"], DATASETS, U)
+    assert plain.p_value("react", "avg", "spader")[2] < 0.01
+    width = est.interval("react", "avg")[1][2] - est.interval("react", "avg")[0][2]
+    assert plain.interval("react", "avg")[1][2] - plain.interval("react", "avg")[0][2] < width
+
+
+def test_a_question_without_a_topic_is_named():
+    from spader.evaluation.topics import TopicsError
+
+    runs = _prefixed(_two_methods())
+    topics = {q: t for q, t in _topics().items() if q != "webqsp:q4"}
+    u = Uncertainty(samples=100, seed=0, alpha=0.05, topics=topics)
+    with pytest.raises(TopicsError, match="no topic for evaluation question 'webqsp:q4'"):
+        Estimates(runs, ["spader", "react"], DATASETS, u)
+
+
+def test_the_pooled_rows_of_efficiency_and_temporal_resample_topics():
+    runs = _prefixed(
+        {("react", d): [rec(0.5, queries=q, per_turn=[q % 2], correct=1) | {"id": f"q{i}"} for i, q in
+                        enumerate([1, 3, 2, 1, 4, 2, 1, 1, 5])] for d in DATASETS}
+    )  # fmt: skip
+    clustered = Uncertainty(samples=500, seed=0, alpha=0.05, topics=_topics())
+    plain = Uncertainty(samples=500, seed=0, alpha=0.05, topics=None)
+    for table in (efficiency_table, temporal_table):
+        a = table(runs, ["react"], DATASETS, clustered)
+        b = table(runs, ["react"], DATASETS, plain)
+        lo = "search_efficiency_lo" if table is efficiency_table else "ci_lo"
+        assert (
+            a.filter(pl.col("dataset") != "all")[lo].to_list()
+            == b.filter(pl.col("dataset") != "all")[lo].to_list()
+        )
+        assert (
+            a.filter(pl.col("dataset") == "all")[lo].to_list()
+            != b.filter(pl.col("dataset") == "all")[lo].to_list()
+        )
 
 
 def test_without_the_reference_there_is_no_test():

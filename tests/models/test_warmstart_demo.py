@@ -80,6 +80,40 @@ def test_rule_writes_a_tiny_warm_started_model(demo):
         assert t["answers"] and all(a in seen for a in t["answers"])
 
 
+def _questions_named(text: str, gold: list[list[list[str]]]) -> tuple[int, int]:
+    """How many questions (of their gold lists ``gold``) have a gold entity named in ``text`` as a
+    whole-word, normalized match (as the rewards count a find), and how many have all of them."""
+    from spader.core.matching import find_hits
+
+    entities = [entity for answers in gold for entity in answers]
+    owner = [q for q, answers in enumerate(gold) for _ in answers]
+    hits = find_hits([text], entities)  # one normalization of the text for every entity
+    found = [sum(owner[i] == q for i in hits) for q in range(len(gold))]
+    return sum(n > 0 for n in found), sum(n == len(g) for n, g in zip(found, gold, strict=True))
+
+
+def test_what_the_warm_start_names_of_the_evaluation(demo):
+    """The README's claim, on the demo run's own warm start: no question it scripts and nothing
+    it trains the model to write (the assistant's turns carry the loss) names a gold entity of an
+    evaluation question; the passages its searches retrieved do, since the demo has one corpus for
+    both sides of its world: in its kept episodes, gold entities of 100 of the 200 evaluation
+    questions, every one of them for 61 (README, docs/cpu-training.md)."""
+    trajectories = [
+        json.loads(line) for line in (demo / WARM / "trajectories.jsonl").read_text().splitlines()
+    ]
+    kept = [t for t in trajectories if t["kept"]]
+    gold = [
+        json.loads(line)["ground_truth"]
+        for d in DATASETS
+        for line in (demo / f"results/demo/data/eval/{d}.jsonl").read_text().splitlines()
+    ]
+    written = [t["question"] for t in trajectories]
+    written += [m["content"] for t in kept for m in t["messages"] if m["role"] == "assistant"]
+    assert _questions_named("\n".join(written), gold) == (0, 0)
+    seen = "\n".join(o for t in kept for o in t["observations"])
+    assert len(gold) == 200 and _questions_named(seen, gold) == (100, 61)
+
+
 def test_warm_started_policy_searches_and_answers_in_the_evaluation_loop(episodes):
     """The floors of tests/support/warmstart_rates.py (measured over warm-start seeds by
     bench/warmstart.py), on every evaluation question, greedy: ReAct's first step searches, its

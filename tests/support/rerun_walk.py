@@ -366,6 +366,7 @@ VALUES: dict[str, Any] = {
     "evaluation.max_context_tokens": 4096,
     "evaluation.max_response_tokens": 4096,
     "evaluation.max_turn_tokens": 512,
+    "evaluation.topics": "resources/demo/topics.tsv",
     "evaluation.seeds": lambda c, k: {
         "evaluation.seeds": [0, 1],
         **({"evaluation.temperature": 1.0} if c["evaluation"]["temperature"] == 0 else {}),

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from spader.core.metrics import authors_prf
+from spader.evaluation.stats import smallest_p
 
 pytestmark = pytest.mark.slow
 
@@ -97,6 +98,16 @@ def test_demo_sets_the_authors_run_beside_the_default_run(demo):
         assert int(row["n"]) == EVAL_N * len(names)
         for side in ("default", "this_run", "diff"):
             assert float(row[f"{side}_lo"]) <= float(row[side]) + 1e-3 <= float(row[f"{side}_hi"]) + 2e-3
+    for row in rows:  # the difference's interval and the test agree, on the same units
+        excludes = float(row["diff_lo"]) > 0 or float(row["diff_hi"]) < 0
+        assert (
+            excludes == (float(row["p_value"]) < 0.05) and float(row["p_value"]) >= float(row["p_min"]) - 5e-5
+        )
+        assert (
+            int(row["units"]) < int(row["n"])
+            if row["dataset"] == "avg"
+            else int(row["units"]) == int(row["n"])
+        )
     # it evaluated with the authors' options from its own warm start and shared the rest: no
     # download, index, data or tiny model of its own
     summary = json.loads((root / "results/demo/eval/react/qampari.json").read_text())
@@ -210,6 +221,17 @@ def test_no_row_of_the_demos_f1_table_is_zero(demo):
     assert len(rows) == 4 and all(float(row["avg"]) > 0 for row in rows), rows
 
 
+def _differing(results: Path, method: str, dataset: str) -> int:
+    """How many questions of ``dataset`` ``method`` and spader score differently (F1)."""
+    import json
+
+    def f1(m):
+        return {r["id"]: r["f1"] for r in map(json.loads, (results / f"eval/{m}/{dataset}.jsonl").open())}
+
+    mine, ref = f1(method), f1("spader")
+    return sum(mine[q] != ref[q] for q in ref)
+
+
 def test_demo_tables_carry_intervals_and_tests_against_spader(demo):
     results = demo["work"] / "results" / "demo"
     prf = _tsv(results / "prf.tsv")
@@ -227,8 +249,19 @@ def test_demo_tables_carry_intervals_and_tests_against_spader(demo):
         r["reference"] for r in significance
     } == {"spader"}
     assert all(0.0 < float(r["p_value"]) <= 1.0 for r in significance)
-    # at 50 questions a paired test can reach far below the level (6 could not go below 0.031)
-    assert all(float(r["p_min"]) < 0.001 for r in significance)
+    # p_min is the floor of the row's test: 2 / 2**k over the k questions whose F1 differs from
+    # spader's (1 for one), 1 / (samples + 1) beyond 13; no p-value is below it
+    for r in (r for r in significance if r["metric"] == "f1" and r["dataset"] != "avg"):
+        k = _differing(results, r["method"], r["dataset"])
+        assert float(r["p_min"]) == pytest.approx(smallest_p(k, 10_000), abs=5e-5), (r, k)
+    assert all(float(r["p_value"]) >= float(r["p_min"]) - 5e-5 for r in significance)
+    # avg resamples the clusters of questions that share a topic (evaluation.topics)
+    avg = [r for r in significance if r["dataset"] == "avg"]
+    assert all(int(r["n"]) == 4 * EVAL_N and 1 < int(r["units"]) < int(r["n"]) for r in avg)
+    # the difference's interval is the set of differences the test does not reject
+    alpha = 0.05
+    assert all(((float(r["diff_lo"]) > 0) or (float(r["diff_hi"]) < 0)) == (float(r["p_value"]) < alpha)
+               for r in significance)  # fmt: skip
     shown = _tsv(results / "f1_ci.tsv")
     assert [r["method"] for r in shown] == ["rag", "react", "spader", "grpo"]
     assert all(re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]( \(n\.s\.\))?", r["avg"]) for r in shown)

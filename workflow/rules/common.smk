@@ -335,6 +335,13 @@ def variant_params(variant):
     return canonical({**params, "verl_config": verl_yaml(config["variants"][variant])})
 
 
+def topics_file():
+    """The evaluation questions' topics file (`evaluation.topics`, relative to the repository, as
+    the demo's bundled files are) as the tables' input, or none."""
+    topics = config["evaluation"]["topics"]
+    return [workflow_file(REPO / topics)] if topics else []
+
+
 def table_variants():
     """`[[variant, table row], ...]` of every configured variant in config order
     (spader.methods.table_rows): the ablation and beta-sweep rows and the plots' order, nothing of

@@ -56,6 +56,8 @@ rule aggregate_results:
             backbone=wc.backbone,
             variant=trained_runs_of(wc.backbone),
         ),
+        # which questions share a topic (evaluation.topics): the unit of the avg rows
+        topics=topics_file(),
     output:
         f1=report(
             "results/{backbone}/f1.tsv",
@@ -176,6 +178,7 @@ if CONFIG.run is not None:
                 dataset=DATASETS,
                 ext=["json", "jsonl"],
             ),
+            topics=topics_file(),
         output:
             table=report(
                 "results/{backbone}/versus_default.tsv",

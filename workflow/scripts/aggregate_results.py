@@ -16,4 +16,5 @@ with job(snakemake):
         shared_runs=snakemake.params.shared_runs,
         uncertainty=snakemake.params.uncertainty,
         training_steps=training_steps(list(snakemake.input.finals), snakemake.config["mlflow"]),
+        topics=next(iter(snakemake.input.topics), None),
     )

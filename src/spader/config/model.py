@@ -1209,6 +1209,14 @@ class EvaluationConfig(Section):
         lt=0.5,
         description="level of the paired tests against spader (significance.tsv); intervals are at 1 - level",
     )
+    topics: Annotated[str, StringConstraints(min_length=1)] | None = Field(
+        None,
+        description="a TSV file naming the topics of the evaluation questions (header `id<TAB>topic`, one "
+        "line per question and topic): the rows pooled over datasets (`avg`, `all`) resample and test "
+        "clusters of questions that share a topic instead of single questions (a relative path resolves "
+        "against the repository root); null: every question is its own unit (the paper's four datasets "
+        "share no topic; the CPU demo's do)",
+    )
 
     @model_validator(mode="after")
     def _seeds_sample(self) -> EvaluationConfig:

@@ -3,7 +3,9 @@
 A small fictional world (:mod:`spader.demo.world`) written out in the real formats: the QAMPARI
 Wikipedia chunk dump (``chunked_wikipedia.tar.gz``, docs/data.md, "The chunked Wikipedia corpus")
 and each dataset's release files, by the ``demo_writer`` of its registry entry
-(:mod:`spader.datasets`; the paper's are in :mod:`spader.demo.releases`). The output is
+(:mod:`spader.datasets`; the paper's are in :mod:`spader.demo.releases`), beside the topic of each
+test question (``topics.tsv``, :mod:`spader.evaluation.topics`: ``evaluation.topics`` of
+config/demo.yaml). The output is
 deterministic byte for byte, so the committed files can be compared with a fresh regeneration.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from spader.data.layout import dump_jsonl
 from spader.datasets import registry
 from spader.demo.archive import write_tar_gz
+from spader.demo.releases import held_out_topics
 from spader.demo.world import EVAL_TOPICS, SEED, World, build_world
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,7 @@ DEMO_FILES = (
     "quest/train_aug.jsonl",
     "quest/val.jsonl",
     "quest/test.jsonl",
+    "topics.tsv",
 )
 
 _CHUNK_FILES = 3
@@ -85,6 +89,12 @@ def generate(outdir: str | os.PathLike, seed: int = SEED) -> list[Path]:
         writer = entry.writer()
         if writer is not None:
             names += writer(out, world, rng)
+    # the topic of each test question (spader.evaluation.topics: header, then "id<TAB>topic"),
+    # read from the test splits as written
+    topics = held_out_topics(world, out)
+    lines = ["id\ttopic", *(f"{qid}\t{topic}" for qid, topic in topics)]
+    (out / "topics.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    names.append("topics.tsv")
     paths = [out / name for name in names]
     log.info("demo: %d passages, %d files under %s", len(lines), len(paths), out)
     return paths

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import zipfile
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -23,9 +24,11 @@ from spader.demo.archive import write_zip
 from spader.demo.world import KINDS, Entity, Topic, World
 
 __all__ = [
+    "held_out_topics",
     "mintaka_splits",
     "qampari_splits",
     "quest_splits",
+    "topics_of_records",
     "webqsp_splits",
     "write_mintaka",
     "write_qampari",
@@ -478,3 +481,47 @@ def write_quest(out: Path, world: World, rng: random.Random) -> list[str]:
         (out / "quest" / f"{split}.jsonl").write_text(dump_jsonl(records), encoding="ascii")
         names.append(f"quest/{split}.jsonl")
     return names
+
+
+# ------------------------------------------------------------------------------------------------
+# The topics of the test questions (topics.tsv: the evaluation's unit over datasets)
+# ------------------------------------------------------------------------------------------------
+def _topic_of_name(topics: list[Topic]) -> dict[str, str]:
+    """Every name (subject, object, QUEST title) of ``topics`` -> its topic's subject."""
+    out: dict[str, str] = {}
+    for t in topics:
+        for name in (t.subject.plain, *(o.plain for o in t.objects), *(_title(t, o) for o in t.objects)):
+            if out.setdefault(name, t.subject.plain) != t.subject.plain:
+                raise ValueError(f"demo world: the name {name!r} belongs to two evaluation topics")
+    return out
+
+
+def held_out_topics(world: World, out: Path) -> list[tuple[str, str]]:
+    """:func:`topics_of_records` of the four releases' test splits as written under ``out``."""
+    with zipfile.ZipFile(out / "qampari.zip") as z:
+        qampari = [json.loads(line) for line in z.read("qampari_data/test_data.jsonl").decode().splitlines()]
+    with zipfile.ZipFile(out / "WebQSP.zip") as z:
+        webqsp = json.loads(z.read("WebQSP/data/WebQSP.test.json"))
+    mintaka = json.loads((out / "mintaka_test.json").read_text(encoding="utf-8"))
+    lines = (out / "quest" / "test.jsonl").read_text(encoding="ascii").splitlines()
+    return topics_of_records(world, qampari, mintaka, webqsp, [json.loads(line) for line in lines])
+
+
+def topics_of_records(
+    world: World, qampari: list[dict], mintaka: list[dict], webqsp: dict, quest: list[dict]
+) -> list[tuple[str, str]]:
+    """``(question id, topic)`` of every test record of the four releases, as the normalized
+    records name the question (``<dataset>:<source id>``; QUEST's source id is its line). A topic
+    is an evaluation topic's subject; a record names the topics of the entities it is about:
+    QAMPARI's question entities, WebQSP's topic entities, Mintaka's question entities (an object
+    belongs to its topic), QUEST's answer titles (a union of two topics has both)."""
+    of = _topic_of_name(world.eval_topics)
+    rows: list[tuple[str, list[str]]] = []
+    rows += [(f"qampari:{r['qid']}", [e["entity_text"] for e in r["entities"]]) for r in qampari]
+    rows += [(f"mintaka:{r['id']}", [e["label"] for e in r["questionEntity"]]) for r in mintaka]
+    rows += [
+        (f"webqsp:{q['QuestionId']}", [p["TopicEntityName"] for p in q["Parses"]])
+        for q in webqsp["Questions"]
+    ]
+    rows += [(f"quest:test:{i:05d}", list(r["docs"])) for i, r in enumerate(quest)]
+    return [(qid, topic) for qid, names in rows for topic in dict.fromkeys(of[n] for n in names)]

@@ -5,6 +5,7 @@ the intervals and tests, ``curves`` for the learning curves."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from spader.evaluation.tables import (
     significance_table,
     temporal_table,
 )
+from spader.evaluation.topics import read_topics
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +209,14 @@ def _write_plots(
     )
 
 
+def _uncertainty(
+    uncertainty: Mapping[str, Any] | Uncertainty | None, topics: str | os.PathLike | None
+) -> Uncertainty:
+    """The tables' settings, with the questions' topics read from ``topics`` when given."""
+    u = uncertainty if isinstance(uncertainty, Uncertainty) else Uncertainty.from_config(uncertainty)
+    return u if topics is None else dataclasses.replace(u, topics=read_topics(topics))
+
+
 def aggregate_results(
     summaries: Sequence[str | os.PathLike],
     records: Sequence[str | os.PathLike],
@@ -219,6 +229,7 @@ def aggregate_results(
     shared_runs: Mapping[str, str] | None = None,
     uncertainty: Mapping[str, Any] | Uncertainty | None = None,
     training_steps: Mapping[str, Mapping[int, Mapping[str, float]]] | None = None,
+    topics: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Write the tables and plots of one backbone.
 
@@ -238,6 +249,9 @@ def aggregate_results(
             with ``bootstrap_samples``, ``bootstrap_seed``, ``significance_level``).
         training_steps: per training run, its per-step metrics (the learning curves); None or
             empty: the backbone trained nothing.
+        topics: the questions' topics file (``evaluation.topics``,
+            :mod:`spader.evaluation.topics`): the rows pooled over datasets resample clusters of
+            questions that share a topic; None: questions.
     Returns:
         The F1 table as ``{method: {dataset: f1, "avg": f1}}``.
     """
@@ -245,11 +259,12 @@ def aggregate_results(
     if missing:
         raise ValueError(f"aggregate_results: no output path for {missing}")
     runs, note = _load(summaries, records, methods, datasets)
-    u = uncertainty if isinstance(uncertainty, Uncertainty) else Uncertainty.from_config(uncertainty)
+    u = _uncertainty(uncertainty, topics)
     est = Estimates(runs, methods, datasets, u)
     log.info(
-        "intervals: %d bootstrap resamples (seed %d) at %.0f%%; tests against %r",
-        u.samples, u.seed, 100 * u.level, u.reference,
+        "intervals: %d bootstrap resamples (seed %d) at %.0f%%; tests against %r; avg over %d %s",
+        u.samples, u.seed, 100 * u.level, u.reference, est.units(AVG),
+        "questions" if u.topics is None else f"clusters of questions sharing a topic ({topics})",
     )  # fmt: skip
     names = [name for name, _ in variants]
     shared = shared_runs or {m: m for m in names if m in methods}

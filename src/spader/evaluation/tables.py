@@ -26,23 +26,26 @@ Every table is computed from the records of ``results/{backbone}/eval/{method}/{
 
 Uncertainty (:mod:`spader.evaluation.stats`, settings :class:`Uncertainty`): a score is a mean
 over questions, so its interval comes from resampling the questions (percentile bootstrap; the
-``avg`` over datasets resamples within each dataset). With several sampling seeds a question's
-score is first averaged over the seeds, and the spread of the run-level score over seeds is
-reported beside it.
+``avg`` over datasets resamples within each dataset). Rows pooled over datasets (``avg``, and
+``all`` of efficiency and temporal) resample clusters of questions that share a topic when the
+topics are known (``evaluation.topics``, :mod:`spader.evaluation.topics`); a dataset's own rows
+always resample its questions. With several sampling seeds a question's score is first averaged
+over the seeds, and the spread of the run-level score over seeds is reported beside it.
 
 * ``prf`` carries ``<metric>_lo`` / ``<metric>_hi`` for precision, recall and F1, the number of
   ``seeds`` and ``f1_seed_sd``;
 * ``significance``: every method against the reference (``spader``) on the same questions, per
-  dataset and ``avg``, for P, R and F1: the difference, the paired sign-flip test's p-value
-  (exact over all sign patterns for few questions), the interval of the difference that same test
-  gives (the differences it does not reject: it excludes 0 exactly when the p-value is below the
-  level), Holm's adjustment over the table's comparisons of one metric, whether that adjusted
-  p-value is below the configured level (``significant``), and the smallest p-value the test
-  can reach with the table's number of questions (``p_min``);
+  dataset and ``avg``, for P, R and F1: the number of questions and of resampled units, the
+  difference, the paired sign-flip test's p-value (exact over all sign patterns of the differing
+  units when they are few), the interval of the difference that same test gives (the differences
+  it does not reject: it excludes 0 exactly when the p-value is below the level), Holm's
+  adjustment over the table's comparisons of one metric, whether that adjusted p-value is below
+  the configured level (``significant``), and the smallest p-value the test can reach on these
+  scores (``p_min``: ``2 / 2**k`` over the k units that differ);
 * ``f1_ci``: the F1 table as the report shows it, each cell ``F1 [lo, hi]``, marked ``(n.s.)``
   where the method does not differ significantly from the reference (the same verdict);
 * ``ablation`` / ``beta_sweep`` carry the interval of ``avg``, its p-value against the
-  reference, Holm's adjustment of it and the smallest reachable p-value.
+  reference, Holm's adjustment of it and the smallest p-value that test can reach.
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ from spader.evaluation.stats import (
     holm,
     percentile_interval,
     seed_spread,
-    smallest_p,
 )
+from spader.evaluation.topics import topic_clusters
 
 __all__ = [
     "NOT_RUN",
@@ -127,13 +130,21 @@ class Uncertainty:
             (``evaluation.bootstrap_samples``).
         seed: seed of both (``evaluation.bootstrap_seed``).
         alpha: significance level; intervals are at ``1 - alpha`` (``evaluation.significance_level``).
+        topics: ``{question id: topics}`` (``evaluation.topics``, :mod:`spader.evaluation.topics`):
+            rows pooled over datasets (``avg``, ``all``) resample clusters of questions that share
+            a topic; None: every question is its own unit.
         reference: the method every other one is tested against.
     """
 
     samples: int
     seed: int
     alpha: float
+    topics: Mapping[str, Sequence[str]] | None
     reference: str = "spader"
+
+    def clusters(self, ids: Sequence[Sequence[str]]) -> list[list[int]] | None:
+        """The cluster of every question of each group of ``ids`` (None without topics)."""
+        return None if self.topics is None else topic_clusters(ids, self.topics)
 
     def __post_init__(self):
         if self.samples < 1 or not 0 < self.alpha < 1:
@@ -146,10 +157,17 @@ class Uncertainty:
         return 1 - self.alpha
 
     @classmethod
-    def from_config(cls, evaluation: EvaluationConfig | Mapping[str, Any] | None = None) -> Uncertainty:
-        """From the ``evaluation`` section (a mapping is validated as one; None: its defaults)."""
+    def from_config(
+        cls,
+        evaluation: EvaluationConfig | Mapping[str, Any] | None = None,
+        topics: Mapping[str, Sequence[str]] | None = None,
+    ) -> Uncertainty:
+        """From the ``evaluation`` section (a mapping is validated as one; None: its defaults) and
+        the questions' topics (read from ``evaluation.topics`` by the caller)."""
         e = evaluation if isinstance(evaluation, EvaluationConfig) else _evaluation(evaluation or {})
-        return cls(samples=e.bootstrap_samples, seed=e.bootstrap_seed, alpha=e.significance_level)
+        return cls(
+            samples=e.bootstrap_samples, seed=e.bootstrap_seed, alpha=e.significance_level, topics=topics
+        )
 
 
 @dataclass(frozen=True)
@@ -216,6 +234,7 @@ class Estimates:
             (m, d): question_scores(_records(runs, m, d)) for m in self.methods for d in self.datasets
         }
         self._stack: dict[str, np.ndarray] = {}
+        self._ids: dict[str, list[str]] = {}  # the questions of each stack, in its order
         for d in self.datasets:
             ids = None
             rows = []
@@ -236,6 +255,8 @@ class Estimates:
                 order = {q: i for i, q in enumerate(qs.ids)}
                 rows.append(qs.scores[:, [order[q] for q in ids if q in common]])
             self._stack[d] = np.stack(rows) if rows else np.zeros((0, len(METRICS), 1))
+            self._ids[d] = [q for q in ids if q in common] if ids is not None else []
+        self._clusters = self.u.clusters([self._ids[d] for d in self.datasets])
         self._draws: dict[str, np.ndarray] = {}
         self._p: dict[tuple, Any] = {}  # sign-flip tests, their p-values and Holm's adjustments
         self._intervals: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
@@ -244,10 +265,20 @@ class Estimates:
         names = self.datasets if dataset == AVG else [dataset]
         return [self._stack[d].reshape(-1, self._stack[d].shape[-1]) for d in names]
 
+    def clusters(self, dataset: str) -> list[list[int]] | None:
+        """The resampled units: every question of a dataset on its own; on ``avg``, the clusters
+        of questions that share a topic when the topics are known (None: questions)."""
+        return self._clusters if dataset == AVG else None
+
+    def units(self, dataset: str) -> int:
+        """How many units ``dataset`` (or ``avg``) resamples: questions, or clusters of them."""
+        clusters = self.clusters(dataset)
+        return self.questions(dataset) if clusters is None else len({c for group in clusters for c in group})
+
     def draws(self, dataset: str) -> np.ndarray:
         """``(samples, methods, 3)`` resampled P/R/F1 of every method on ``dataset`` (or ``avg``)."""
         if dataset not in self._draws:
-            flat = bootstrap_means(self._strata(dataset), self.u.samples, self.u.seed)
+            flat = bootstrap_means(self._strata(dataset), self.u.samples, self.u.seed, self.clusters(dataset))
             self._draws[dataset] = flat.reshape(self.u.samples, len(self.methods), len(METRICS))
         return self._draws[dataset]
 
@@ -271,7 +302,7 @@ class Estimates:
             j = self.methods.index(reference)
             a = [self._stack[d].reshape(-1, self._stack[d].shape[-1]) for d in names]
             b = [np.tile(self._stack[d][j], (len(self.methods), 1)) for d in names]
-            self._p[key] = SignFlip(a, b, self.u.samples, self.u.seed)
+            self._p[key] = SignFlip(a, b, self.u.samples, self.u.seed, self.clusters(dataset))
         return self._p[key]
 
     def _row(self, method: str) -> slice:
@@ -302,10 +333,12 @@ class Estimates:
         """Number of questions (pairs) of ``dataset``; ``avg``: of all datasets together."""
         return sum(self._stack[d].shape[-1] for d in (self.datasets if dataset == AVG else [dataset]))
 
-    def smallest_p(self, dataset: str) -> float:
-        """The smallest p-value the paired test can reach on ``dataset``'s questions
+    def smallest_p(self, method: str, dataset: str, reference: str) -> np.ndarray:
+        """The smallest p-value the paired test of ``method`` against ``reference`` can reach on
+        P/R/F1: ``2 / 2**k`` over the k units (questions, or clusters on ``avg``) where the two
+        differ while the test enumerates them, ``1 / (samples + 1)`` beyond
         (:func:`spader.evaluation.stats.smallest_p`)."""
-        return smallest_p(self.questions(dataset), self.u.samples)
+        return self._flip(dataset, reference).smallest_p[self._row(method)]
 
     def comparisons(self) -> list[tuple[str, str]]:
         """The family Holm adjusts over, per metric: every method but the reference, on every
@@ -384,35 +417,39 @@ def significance_table(
     runs: Runs, methods: Sequence[str], datasets: Sequence[str], estimates: Estimates | None = None
 ) -> pl.DataFrame:
     """Every method against the reference on the same questions: ``method, reference, dataset,
-    metric, n, diff, diff_lo, diff_hi, p_value, p_holm, significant, p_min`` for each dataset and
-    ``avg`` and each of P, R, F1.
+    metric, n, units, diff, diff_lo, diff_hi, p_value, p_holm, significant, p_min`` for each
+    dataset and ``avg`` and each of P, R, F1.
 
-    ``diff`` is method minus reference; ``p_value`` the paired sign-flip test's (two-sided, exact
-    over all sign patterns up to :data:`spader.evaluation.stats.EXACT_MAX_PAIRS` questions);
-    ``diff_lo``/``diff_hi`` the differences that test does not reject at the level (so the
-    interval excludes 0 exactly when ``p_value`` is below the level); ``p_holm`` Holm's adjustment
-    over the table's rows of the same metric; ``significant`` is ``p_holm`` below the level;
-    ``p_min`` the smallest p-value the test can reach with ``n`` questions (Holm's adjustment of
-    the smallest is at least ``p_min`` times the number of rows of a metric). Empty when the
+    ``n`` counts the questions and ``units`` what the test and intervals resample: the questions,
+    or on ``avg`` with known topics (``evaluation.topics``) the clusters of questions that share a
+    topic across the datasets. ``diff`` is method minus reference; ``p_value`` the paired
+    sign-flip test's (two-sided, exact over all sign patterns of the units that differ while
+    :func:`spader.evaluation.stats.exact` allows); ``diff_lo``/``diff_hi`` the differences that
+    test does not reject at the level (so the interval excludes 0 exactly when ``p_value`` is
+    below the level); ``p_holm`` Holm's adjustment over the table's rows of the same metric;
+    ``significant`` is ``p_holm`` below the level; ``p_min`` the smallest p-value the test can
+    reach on these scores: ``2 / 2**k`` over the k units where the two methods differ (1 for
+    one), ``1 / (samples + 1)`` when k is too large to enumerate (Holm's adjustment of the
+    smallest is at least ``p_min`` times the number of rows of a metric). Empty when the
     reference was not evaluated."""
     est = _estimates(runs, methods, datasets, estimates)
     ref = est.u.reference
     rows = []
     for m, d in est.comparisons():
         diff, lo, hi = est.difference(m, d, ref)
-        p = est.p_value(m, d, ref)
+        p, floor = est.p_value(m, d, ref), est.smallest_p(m, d, ref)
         for k, metric in enumerate(METRICS):
             rows.append(
                 {
                     "method": m, "reference": ref, "dataset": d, "metric": metric, "n": est.questions(d),
-                    "diff": float(diff[k]), "diff_lo": float(lo[k]), "diff_hi": float(hi[k]),
-                    "p_value": float(p[k]), "p_holm": est.p_holm(m, d, metric),
-                    "significant": est.significant(m, d, metric), "p_min": est.smallest_p(d),
+                    "units": est.units(d), "diff": float(diff[k]), "diff_lo": float(lo[k]),
+                    "diff_hi": float(hi[k]), "p_value": float(p[k]), "p_holm": est.p_holm(m, d, metric),
+                    "significant": est.significant(m, d, metric), "p_min": float(floor[k]),
                 }
             )  # fmt: skip
     schema = {
         "method": pl.String, "reference": pl.String, "dataset": pl.String, "metric": pl.String,
-        "n": pl.Int64, "diff": pl.Float64, "diff_lo": pl.Float64, "diff_hi": pl.Float64,
+        "n": pl.Int64, "units": pl.Int64, "diff": pl.Float64, "diff_lo": pl.Float64, "diff_hi": pl.Float64,
         "p_value": pl.Float64, "p_holm": pl.Float64, "significant": pl.Boolean, "p_min": pl.Float64,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
@@ -495,7 +532,7 @@ def _status_rows(
                 avg_hi=float(hi[k]),
                 avg_p_vs_reference=float(est.p_value(name, AVG, ref)[k]) if tested else None,
                 avg_p_holm=est.p_holm(name, AVG) if tested else None,
-                avg_p_min=est.smallest_p(AVG) if tested else None,
+                avg_p_min=float(est.smallest_p(name, AVG, ref)[k]) if tested else None,
             )
         else:
             row.update(status=NOT_RUN, **{d: None for d in datasets}, avg=None)
@@ -566,7 +603,10 @@ def _efficiency_row(m: str, d: str, recs: Sequence[Mapping[str, Any]], u: Uncert
     per = [_instance_efficiency(r) for r in recs]
     lo = hi = None
     if per:
-        draws = bootstrap_means(np.array([e for e, _, _ in per], dtype=np.float64), u.samples, u.seed)
+        clusters = u.clusters([[str(r.get("id", i)) for i, r in enumerate(recs)]]) if d == ALL else None
+        draws = bootstrap_means(
+            np.array([e for e, _, _ in per], dtype=np.float64), u.samples, u.seed, clusters
+        )
         lo, hi = (float(x[0]) for x in percentile_interval(draws, u.level))
     calls = sum(int(r["search_calls"]) for r in recs)
     queries = sum(int(r["queries_issued"]) for r in recs)
@@ -610,7 +650,8 @@ def efficiency_table(
     columns are ratios of totals over the run (search calls or queries run per distinct gold
     entity its passages surfaced; empty when none was); ``budget_cut`` counts the episodes a token
     budget cut short. ``search_efficiency_lo``/``_hi`` bound the percentile bootstrap interval of
-    ``search_efficiency`` over the instances (``all``: over the pooled ones; empty without any)."""
+    ``search_efficiency`` over the instances (``all``: over the pooled ones, by clusters of
+    questions that share a topic when the topics are known; empty without any)."""
     u = uncertainty or Uncertainty.from_config()
     rows = []
     for m in method_order(methods):
@@ -641,22 +682,27 @@ def cumulative_curve(records: Sequence[Mapping[str, Any]], turns: int) -> list[f
     return [x / len(records) for x in totals]
 
 
-def _per_question_cumulative(pooled: Sequence[tuple[str, Mapping[str, Any]]], turns: int) -> np.ndarray:
-    """``(turns, questions)`` cumulative entities by turn of each question (averaged over seeds)."""
+def _per_question_cumulative(
+    pooled: Sequence[tuple[str, Mapping[str, Any]]], turns: int
+) -> tuple[np.ndarray, list[str]]:
+    """``(turns, questions)`` cumulative entities by turn of each question (averaged over seeds),
+    and the questions' ids."""
     groups: dict[tuple[str, str], list[list[float]]] = {}
     for pos, (d, r) in enumerate(pooled):
         curve = cumulative_curve([r], turns)
         groups.setdefault((d, str(r.get("id", pos))), []).append(curve)
     if not groups:
-        return np.zeros((turns, 1))
-    return np.array([np.mean(curves, axis=0) for curves in groups.values()]).T.reshape(turns, len(groups))
+        return np.zeros((turns, 1)), ["none"]
+    curves = np.array([np.mean(curves, axis=0) for curves in groups.values()]).T.reshape(turns, len(groups))
+    return curves, [q for _, q in groups]
 
 
 def temporal_table(
     runs: Runs, methods: Sequence[str], datasets: Sequence[str], uncertainty: Uncertainty | None = None
 ) -> pl.DataFrame:
     """``method, dataset, turn, cumulative_entities, n, ci_lo, ci_hi`` (turn 1 .. longest episode
-    of the run); the interval is the bootstrap's over questions (``all``: over the pooled ones)."""
+    of the run); the interval is the bootstrap's over questions (``all``: over the pooled ones, by
+    clusters of questions that share a topic when the topics are known)."""
     u = uncertainty or Uncertainty.from_config()
     rows = []
     for m in method_order(methods):
@@ -664,9 +710,9 @@ def temporal_table(
         for d, pooled in [*per, (ALL, [x for _, items in per for x in items])]:
             recs = [r for _, r in pooled]
             turns = max([len(r["new_entities_per_turn"]) for r in recs] + [1])
-            lo, hi = percentile_interval(
-                bootstrap_means(_per_question_cumulative(pooled, turns), u.samples, u.seed), u.level
-            )
+            curves, ids = _per_question_cumulative(pooled, turns)
+            clusters = u.clusters([ids]) if d == ALL and recs else None
+            lo, hi = percentile_interval(bootstrap_means(curves, u.samples, u.seed, clusters), u.level)
             for t, value in enumerate(cumulative_curve(recs, turns), start=1):
                 rows.append(
                     {

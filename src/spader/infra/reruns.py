@@ -346,6 +346,11 @@ TABLE: tuple[Rerun, ...] = (
         ("aggregate_results",),
         "the tables' intervals and tests only",
     ),
+    Rerun(
+        ("evaluation.topics",),
+        ("aggregate_results",),
+        "the unit the tables' rows pooled over datasets resample (questions, or clusters that share a topic)",
+    ),
     Rerun(("evaluation.*",), _EVALUATED, "how policies are evaluated: every evaluation"),
     Rerun(
         ("stepsearch.evidence.gpus", "stepsearch.workers"),
