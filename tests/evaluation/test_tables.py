@@ -395,8 +395,12 @@ def test_the_smallest_p_counts_only_the_questions_where_the_methods_differ():
     assert f1["p_min"].to_list() == pytest.approx([1.0] * 4 + [2 / 16])
     assert f1["p_value"].to_list() == pytest.approx([1.0] * 4 + [2 / 16])
     assert all(r["p_value"] >= r["p_min"] for r in sig.iter_rows(named=True))
-    abl = ablation_table(
-        runs | {("no_np", d): runs[("grpo", d)] for d in DATASETS}, ["spader", "no_np"], VARIANTS, DATASETS
+    abl = role_table(
+        "ablation",
+        runs | {("no_np", d): runs[("grpo", d)] for d in DATASETS},
+        ["spader", "no_np"],
+        VARIANTS,
+        DATASETS,
     )
     assert abl.filter(pl.col("method") == "no_np")["avg_p_min"].item() == pytest.approx(2 / 16)
 

@@ -217,6 +217,12 @@ def _uncertainty(
     return u if topics is None else dataclasses.replace(u, topics=read_topics(topics))
 
 
+def _write_tables(tables: Mapping[str, Any], outputs: Mapping[str, str | os.PathLike]) -> None:
+    for name, df in tables.items():
+        _write_tsv(df, outputs[name])
+        log.info("%s: %d rows -> %s", name, df.height, outputs[name])
+
+
 def aggregate_results(
     summaries: Sequence[str | os.PathLike],
     records: Sequence[str | os.PathLike],
@@ -275,9 +281,7 @@ def aggregate_results(
             log.warning("training run %s logged no metric for the curves %s", run, curves)
     if "runs" in outputs:
         tables["runs"] = training_runs_table(methods, shared)
-    for name, df in tables.items():
-        _write_tsv(df, outputs[name])
-        log.info("%s: %d rows -> %s", name, df.height, outputs[name])
+    _write_tables(tables, outputs)
     styles = method_styles([*PROMPTING, *names, *methods])
     _write_plots(tables, outputs, est, datasets, u.reference, backbone, note, styles)
     return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in tables["f1"].to_dicts()}
