@@ -245,9 +245,8 @@ def aggregate_results(
             temporal, curves`` (TSV) and ``f1_plot, efficiency_plot, temporal_plot, curves_plot``
             (PNG); optionally ``runs`` (TSV).
         methods: the backbone's methods (trained variants and baselines).
-        variants: ``[[variant, table row], ...]`` of every configured variant, in config order
-            (:func:`spader.methods.table_rows`): the rows of the ablation and the beta sweep, and
-            the order that gives each method its style in the plots (after the prompting methods).
+        variants: :func:`spader.methods.table_rows` of every configured variant: the ablation and
+            beta-sweep rows, and (in config order) each method's style in the plots.
         datasets: column order (``qampari, mintaka, webqsp, quest``).
         shared_runs: ``{variant: the variant whose training run it evaluates}``; with an output
             ``runs``, written as :func:`training_runs_table`.
@@ -255,9 +254,8 @@ def aggregate_results(
             with ``bootstrap_samples``, ``bootstrap_seed``, ``significance_level``).
         training_steps: per training run, its per-step metrics (the learning curves); None or
             empty: the backbone trained nothing.
-        topics: the questions' topics file (``evaluation.topics``,
-            :mod:`spader.evaluation.topics`): the rows pooled over datasets resample clusters of
-            questions that share a topic; None: questions.
+        topics: ``evaluation.topics`` (:mod:`spader.evaluation.topics`): pooled rows resample
+            clusters of questions sharing a topic; None: questions.
     Returns:
         The F1 table as ``{method: {dataset: f1, "avg": f1}}``.
     """
