@@ -10,6 +10,7 @@ from spader.config import (
     ConfigError,
     check_config,
     hub_slug,
+    in_file_order,
     load_yaml,
     merge_files,
     model_kind,
@@ -64,6 +65,8 @@ VERL_CONFIG_DIR = verl_config_dir(REPO)
 # first silently): the config files are read again with a loader that refuses it, naming key and file.
 for _configfile in workflow.configfiles:
     load_yaml(_configfile)
+# variants in the order the files define them (Snakemake's merge puts an overlay's first)
+config.update(in_file_order(config, [REPO / "config" / "config.yaml", *workflow.overwrite_configfiles]))
 CONFIG = check_config(config, verl_config_dir=VERL_CONFIG_DIR)
 config.clear()
 config.update(CONFIG.model_dump(mode="json"))

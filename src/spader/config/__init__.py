@@ -14,7 +14,15 @@ from spader.config.checks import (
     verl_config_chain,
     verl_config_dir,
 )
-from spader.config.files import config_paths, load_config, load_yaml, merge_files, overlay, resolved_config
+from spader.config.files import (
+    config_paths,
+    in_file_order,
+    load_config,
+    load_yaml,
+    merge_files,
+    overlay,
+    resolved_config,
+)
 from spader.config.model import (
     DATASETS,
     PROMPTING,
@@ -50,6 +58,7 @@ __all__ = [
     "check_config",
     "config_paths",
     "hub_slug",
+    "in_file_order",
     "load_config",
     "load_yaml",
     "merge_files",

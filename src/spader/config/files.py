@@ -36,6 +36,7 @@ __all__ = [
     "config_paths",
     "configfile_arguments",
     "decoded",
+    "in_file_order",
     "load_config",
     "load_yaml",
     "merge_files",
@@ -184,6 +185,29 @@ def overlay(base: dict, update: Mapping) -> dict:
         else:
             base[key] = copy.deepcopy(value)
     return base
+
+
+def in_file_order(config: Mapping[str, Any], paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
+    """``config`` with its variants in the order the config files define them, the first file's
+    first (then any given otherwise, such as ``--config``, in ``config``'s order). Snakemake's merge
+    puts the variants an overlay names first; the tables' rows and the plots' styles follow this
+    order, so an overlay that changes a variant's setting does not reorder them.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "a.yaml").write_text("variants: {x: {}, y: {}}")
+    >>> _ = (d / "b.yaml").write_text("variants: {y: {beta: 1.0}, z: {}}")
+    >>> list(in_file_order({"variants": {"y": {}, "z": {}, "x": {}}}, [d / "a.yaml", d / "b.yaml"])["variants"])
+    ['x', 'y', 'z']
+    """
+    order: list[str] = []
+    for path in paths:
+        for name in load_yaml(path).get("variants") or {}:
+            if name not in order:
+                order.append(name)
+    variants = config.get("variants") or {}
+    names = [n for n in order if n in variants] + [n for n in variants if n not in order]
+    return {**config, "variants": {n: variants[n] for n in names}}
 
 
 def merge_files(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
