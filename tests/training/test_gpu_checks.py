@@ -119,7 +119,8 @@ def test_the_plan_uses_a_records_constants_for_the_shape_it_measured(tiny_record
     overlay = tmp_path / "gpu.yaml"
     overlay.write_text(
         "training: {device: cuda, rollout_backend: sglang}\n"
-        "backbones: {demo: {gpus: 2}}\n"
+        # the paper's backbones on one GPU each: the demo's 8 trajectories of a step split there
+        "backbones: {demo: {gpus: 2}, qwen3_8b: {gpus: 1}, llama3_1_8b: {gpus: 1}}\n"
         f"hardware: {{calibration: {path}}}\n"
     )
     config = load_config(REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml", overlay,

@@ -133,6 +133,9 @@ def test_every_training_key_reaches_verl():
     by_launcher |= {"time_limit", "max_search_error_rate", "rollout_timeout_s"}
     # the packed path and token-capped micro-batches (spader.integrations.verl.overrides, tested below)
     by_launcher |= {"remove_padding", "max_token_len_per_gpu"}
+    # the save cadence's bound (the planned cadence reaches verl as trainer.save_freq) and the
+    # export's retention of checkpoints (spader.training.run, spader.training.hf_export)
+    by_launcher |= {"max_work_lost_minutes", "keep_checkpoints"}
     assert set(TRAINING) - by_method - by_launcher == set(TRAINING_KEYS)
 
 

@@ -107,7 +107,7 @@ def test_validate_only_prints_the_resolved_config(tiny_model, capsys, monkeypatc
             "--config-path",
             str(CONFIG_DIR),
             "--config-name",
-            "no_np",
+            "spader",  # no_np's YAML: its method's
             "--validate-only",
             *_launch(tiny_model, "no_np"),
         ]
