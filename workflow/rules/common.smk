@@ -21,11 +21,11 @@ from spader.config import (
 from spader.core.prompt import load_template
 from spader.methods import table_rows, verl_yaml
 from spader.infra.failures import JobErrors, failure_report
-from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
+from spader.infra.replace_guard import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
 from spader.models.gated import HubTokenError, check_hub_token
 from spader.integrations.verl.overrides import shared_training_runs
-from spader.infra.reruns import canonical, for_rule
+from spader.infra.rerun_keys import canonical, for_rule
 from spader.infra.named_runs import default_run_files, own_stages, summary
 from spader.infra.sources import changed_since_copy, digest_cache_dir, planned_sha256, source_sha256
 from spader.infra.stage_code import code_cache_dir, planned_code, stage_fingerprints, stage_group

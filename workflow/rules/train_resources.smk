@@ -101,7 +101,7 @@ def training_request(wildcards):
 
 def training_params():
     """The `training` section without the operational keys (time limits, search error rate):
-    editing those retrains nothing (spader.infra.reruns)."""
+    editing those retrains nothing (spader.infra.rerun_keys)."""
     return section_params("train_policy", "training")
 
 

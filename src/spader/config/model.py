@@ -157,7 +157,7 @@ Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda:[0-9]+)$")]
 
 def _once(items: list[Any]) -> list[Any]:
     """A list the code reads as a set, each item once (a repeat means nothing; the order given is
-    kept for display, params compare it sorted: ``spader.infra.reruns.LISTS``)."""
+    kept for display, params compare it sorted: ``spader.infra.rerun_keys.LISTS``)."""
     return list(dict.fromkeys(items))
 
 
