@@ -108,7 +108,10 @@ def test_rerun_table_in_the_docs_is_current():
 
 def test_a_rule_takes_only_the_keys_that_rerun_it():
     evaluation = {"temperature": 1.0, "bootstrap_samples": 10000, "cpu_threads": 2, "gpus": 1}
-    assert rerun_keys.for_rule("evaluate_policy", ["evaluation"], evaluation) == {"temperature": 1.0, "gpus": 1}
+    assert rerun_keys.for_rule("evaluate_policy", ["evaluation"], evaluation) == {
+        "temperature": 1.0,
+        "gpus": 1,
+    }
     service = {"host": "127.0.0.1", "cache_entries": 5, "slice_queries": 64, "max_query_chars": 1000}
     assert rerun_keys.for_rule("train_policy", ["retrieval", "service"], service) == {
         "slice_queries": 64,

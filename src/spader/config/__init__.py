@@ -14,7 +14,7 @@ from spader.config.checks import (
     verl_config_chain,
     verl_config_dir,
 )
-from spader.config.files import config_paths, load_config, load_yaml, merge_files, overlay, resolved_config
+from spader.config.files import config_paths, load_config, load_yaml, merge_files, merge_into, resolved_config
 from spader.config.model import (
     DATASETS,
     PROMPTING,
@@ -53,9 +53,9 @@ __all__ = [
     "load_config",
     "load_yaml",
     "merge_files",
+    "merge_into",
     "model_kind",
     "named_run_root",
-    "overlay",
     "rebase_run_paths",
     "resolved_config",
     "verl_config_chain",

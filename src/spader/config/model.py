@@ -313,14 +313,14 @@ def dataset_defaults(datasets: Any) -> Any:
     ``config/config.yaml``, so a config gives only what it changes (a release file's source, a split's
     member) and keeps the entry's other files. A dataset the registry does not know is kept, for the
     check to name it; a section that is not a mapping is returned as it is, for the check to refuse."""
-    from spader.config.files import overlay  # (files imports this module)
+    from spader.config.files import merge_into  # (files imports this module)
 
     if not isinstance(datasets, Mapping):
         return datasets
     out: dict[str, Any] = {}
     for name, entry in registry().items():
         given = datasets.get(name, {})
-        out[name] = overlay(entry.config_default(), given) if isinstance(given, Mapping) else given
+        out[name] = merge_into(entry.config_default(), given) if isinstance(given, Mapping) else given
     return {**out, **{k: v for k, v in datasets.items() if k not in out}}
 
 

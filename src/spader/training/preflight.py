@@ -123,7 +123,7 @@ def check_model_dir(model_dir: str | os.PathLike, *, backbone: str, model: str) 
         )
 
 
-def visible_gpus() -> int:
+def gpu_count() -> int:
     """CUDA devices visible to this process (``CUDA_VISIBLE_DEVICES`` applies)."""
     import torch
 
@@ -139,7 +139,7 @@ def check_gpus(requested: int, *, backbone: str, available: int | None = None) -
         available: visible CUDA devices; None counts them with torch.
     """
     if available is None:
-        available = visible_gpus()
+        available = gpu_count()
     key = f"config key 'backbones.{backbone}.gpus'"
     if requested < 1:
         raise PreflightError(
