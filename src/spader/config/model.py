@@ -1306,8 +1306,8 @@ class CodeRerunsConfig(Section):
     semantics"); with a group switched off, its jobs keep the fingerprint of the code they ran
     (recorded with their outputs) and rerun only when a param or an input changes. The
     fingerprint of the code that actually ran is recorded either way (MLflow tag
-    `code.fingerprint`). `python -m spader.infra.stage_code affected <file>` lists the rules a
-    change would rerun."""
+    `code.fingerprint`). `spader stage-code affected <file>` lists the rules a change would
+    rerun."""
 
     data: bool = Field(
         True, description="normalize_dataset, mix_training_set, export_rl_dataset, export_eval_set"

@@ -33,7 +33,8 @@ class Step:
 
     Attributes:
         name: short name.
-        argv: the command on a GPU node (``{python}`` is this interpreter).
+        argv: the command on a GPU node (``{python}`` is this interpreter; ``{python} -m spader.cli``
+            is the ``spader`` command, as docs/gpu.md writes it).
         cpu_argv: the command with ``--cpu`` (None: the step is GPU-only and skipped).
         expect: what it prints when it passes.
         duration: how long it takes on a GPU node.
@@ -50,8 +51,8 @@ class Step:
 STEPS = (
     Step(
         "preflight",
-        ("{python}", "-m", "spader.training.preflight", "{configfiles}"),
-        ("{python}", "-m", "spader.training.preflight", "{configfiles}", "--cpu"),
+        ("{python}", "-m", "spader.cli", "preflight", "{configfiles}"),
+        ("{python}", "-m", "spader.cli", "preflight", "{configfiles}", "--cpu"),
         "one `ok` line each for Python, glibc (2.34+, the manylinux_2_34 wheel tag), the driver (580+), the "
         "GPUs and their memory against the plan's peak, nvcc (CUDA 13), host memory, disk and /dev/shm against "
         "the plan and `hardware`, verl and sglang",
@@ -59,8 +60,8 @@ STEPS = (
     ),
     Step(
         "plan",
-        ("{python}", "-m", "spader.training.plan", "{configfiles}"),
-        ("{python}", "-m", "spader.training.plan", "{configfiles}"),
+        ("{python}", "-m", "spader.cli", "plan", "{configfiles}"),
+        ("{python}", "-m", "spader.cli", "plan", "{configfiles}"),
         "every job's GPU memory, time per step and run, host memory and disk on the node of `hardware`; "
         "exit 0 when all fit",
         "under a minute",

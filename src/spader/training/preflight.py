@@ -484,7 +484,7 @@ def _log_and_refuse(jobs: Sequence[Any], capacity: float) -> None:
         raise PreflightError(
             f"the job does not fit in {capacity:.1f} GiB per GPU:\n{text}\nlower "
             "training.ppo_micro_batch_size_per_gpu or training.gpu_memory_utilization, or offload the "
-            "optimizer state (config/verl, docs/gpu.md); `python -m spader.training.plan` plans every job"
+            "optimizer state (config/verl, docs/gpu.md); `spader plan` plans every job"
         )
     if bad:
         raise PreflightError("; ".join(f"{job.name}: {job.refusal}" for job in bad) + " (spader plan)")
