@@ -196,7 +196,7 @@ def first_output(name, wildcards):
 
 
 # ---------------------------------------------------------------------------------------------
-# Params: what a job's outputs depend on, and nothing else (spader.infra.reruns). Snakemake reruns
+# Params: what a job's outputs depend on, and nothing else (spader.infra.rerun_keys). Snakemake reruns
 # a job whose params changed (their repr, compared as text), so each one is canonical: maps with
 # sorted keys, values in their keys' types, lists that act as sets sorted without repeats. A
 # section a rule takes whole leaves out the keys that do not rerun that rule (operational
@@ -535,7 +535,7 @@ def missing_before_start(jobs):
 
 def planned_jobs(dag):
     """The jobs this run would execute, as the expensive-output guard sees them
-    (spader.infra.rerun)."""
+    (spader.infra.replace_guard)."""
     jobs = list(dag.needrun_jobs())
     keys = {job: str(i) for i, job in enumerate(jobs)}
     planned = []
@@ -555,7 +555,7 @@ def planned_jobs(dag):
 def check_before_start():
     """The onstart hook's checks (a real run, main process, before any job): a multi-node training
     needs a cluster executor, the jobs to run must have what only the user can supply, and no
-    expensive output is replaced unless this run was asked to (spader.infra.rerun)."""
+    expensive output is replaced unless this run was asked to (spader.infra.replace_guard)."""
     check_training_executor()
     problems = missing_before_start(workflow.dag.needrun_jobs())
     if problems:
