@@ -106,6 +106,19 @@ def test_rerun_table_in_the_docs_is_current():
     assert rerun_keys.main(["check", "--root", str(REPO)]) == 0, "run: spader rerun-keys write"
 
 
+def test_spader_rerun_keys_checks_and_writes_the_table(tmp_path, capsys):
+    from spader.cli import main
+
+    (tmp_path / "docs").mkdir()
+    stale = (REPO / "docs" / "running.md").read_text().replace("| `hardware.*` |", "| `hardware.old` |")
+    (tmp_path / "docs" / "running.md").write_text(stale)
+    assert main(["rerun-keys", "check", "--root", str(tmp_path)]) == 1
+    assert "docs/running.md is out of date; run spader rerun-keys write" in capsys.readouterr().err
+    assert main(["rerun-keys", "write", "--root", str(tmp_path)]) == 0
+    assert main(["rerun-keys", "check", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / "docs" / "running.md").read_text() == (REPO / "docs" / "running.md").read_text()
+
+
 def test_a_rule_takes_only_the_keys_that_rerun_it():
     evaluation = {"temperature": 1.0, "bootstrap_samples": 10000, "cpu_threads": 2, "gpus": 1}
     assert rerun_keys.for_rule("evaluate_policy", ["evaluation"], evaluation) == {
