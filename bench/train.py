@@ -53,11 +53,15 @@ _UPDATE = ("timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor")
 def demo_job(out: Path, steps: int, variant: str = "spader"):
     """The demo's ``train_policy`` job for ``variant``, shortened to ``steps`` steps (the typed
     sections of :class:`~spader.training.run.TrainJob` validated from the demo config)."""
+    from spader.config import resolved_config
     from spader.training.run import TrainJob
     from spader.training.scorer_launch import judge_params, judge_settings
-    from spader.training.smoke import load_config
 
-    config = load_config([REPO / "config" / "config.yaml", REPO / "config" / "demo.yaml"], REPO)
+    config = resolved_config(
+        REPO / "config" / "config.yaml",
+        REPO / "config" / "demo.yaml",
+        verl_config_dir=REPO / "config" / "verl",
+    )
     if variant not in config["variants"]:
         raise SystemExit(
             f"--variant {variant}: not a variant of the demo config ({sorted(config['variants'])})"

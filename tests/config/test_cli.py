@@ -14,7 +14,7 @@ import yaml
 from snakemake.utils import update_config
 
 from spader.cli import COMMANDS, main
-from spader.config import merge_files, overlay, resolved_config
+from spader.config import merge_files, merge_into, resolved_config
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "config" / "config.yaml"
@@ -55,7 +55,7 @@ def test_overlays_merge_as_snakemake_merges_them(tmp_path, base, overlays):
     assert merge_files([PAPER, DEMO]) == _snakemake_merge(
         yaml.safe_load(PAPER.read_text()), [yaml.safe_load(DEMO.read_text())]
     )
-    assert overlay({"a": 1}, {}) == {"a": 1}
+    assert merge_into({"a": 1}, {}) == {"a": 1}
 
 
 def test_config_show_prints_the_resolved_overlaid_config(capsys):

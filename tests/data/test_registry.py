@@ -27,7 +27,7 @@ from spader.datasets import (
     registry,
 )
 from spader.datasets.builtin import BUILTIN, MINTAKA, QAMPARI, QUEST
-from spader.infra import reruns
+from spader.infra import rerun_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,8 +43,8 @@ def test_the_paper_datasets_are_four_entries_everything_derives_from():
     assert set(MIX_SCHEMA["meta"].to_schema()) == {
         k for d in BUILTIN for k in ("source_file", "source_id", *d.meta)
     }
-    rerun_keys = {k for row in reruns.TABLE for k in row.keys if k.startswith("datasets.")}
-    assert {f"datasets.{d}.splits.train.member" for d in DATASETS} <= rerun_keys
+    tabled = {k for row in rerun_keys.TABLE for k in row.keys if k.startswith("datasets.")}
+    assert {f"datasets.{d}.splits.train.member" for d in DATASETS} <= tabled
 
 
 def _entry(**changes) -> Dataset:

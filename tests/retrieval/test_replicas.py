@@ -119,12 +119,12 @@ class _Started(Exception):
 def test_training_job_pins_the_service_to_its_gpus(bm25_index, tmp_path):
     """run_training composes the verl launch, then starts the service: a FAKE service factory
     (no GPUs here) records the settings and stops the job before verl would start."""
+    from spader.config import resolved_config
     from spader.demo.tiny import build_tiny_qwen3
     from spader.retrieval.service import serve_command
     from spader.training.run import TrainJob, run_training
-    from spader.training.smoke import load_config
 
-    config = load_config([REPO / "config" / "config.yaml"], REPO)
+    config = resolved_config(REPO / "config" / "config.yaml", verl_config_dir=REPO / "config" / "verl")
     for split in ("train", "val"):
         pl.DataFrame(
             {

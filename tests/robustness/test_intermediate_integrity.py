@@ -271,7 +271,7 @@ def test_a_missing_record_is_reported_where_one_is_expected(tmp_path, pipeline):
             pass
     assert "every output under results/ is recorded by the job that writes it" in str(err.value)
     # an output known to be intact (written before records existed) is recorded as it is
-    assert f"python -m spader.infra.integrity record {out}" in str(err.value)
+    assert f"spader integrity record {out}" in str(err.value)
     assert integrity.main(["record", str(out), "--producer", "mix_training_set"]) == 0
     assert integrity.main(["verify", str(out)]) == 0 and integrity.verify(out).producer == "mix_training_set"
     out.write_text('{"n": 7}')

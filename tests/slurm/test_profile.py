@@ -109,7 +109,7 @@ def _planned_requests(*configfiles: str) -> dict[str, tuple[int, int]]:
 
 def test_training_asks_for_one_node_with_its_gpus_cores_and_planned_memory(paper_jobs, sbatch_line):
     """--cpus-per-task is the node's cores (hardware.cores: the job holds all hardware.gpus GPUs),
-    --mem the host memory of the job's plan with headroom (python -m spader.training.plan)."""
+    --mem the host memory of the job's plan with headroom (spader plan)."""
     planned = _planned_requests("config/config.yaml")
     for res in paper_jobs["train_policy"]:
         variant = dict(kv.split("=") for kv in res["_wildcards"].split(", "))["variant"]

@@ -10,7 +10,7 @@ process start per question.
 
 :func:`walk` changes one key of the typed model (:mod:`spader.config.model`) at a time to another
 valid value (:func:`changes`) and records the rules of the planned jobs. Keys that
-:mod:`spader.infra.reruns` says rerun nothing are changed together in one plan (when that plan is
+:mod:`spader.infra.rerun_keys` says rerun nothing are changed together in one plan (when that plan is
 empty, so is each of theirs; when it is not, they are planned one by one to name the culprit).
 
 Run as a script (``python rerun_walk.py OUT.json WORKDIR``) it walks the paper's config
@@ -448,13 +448,13 @@ def change(config: dict, pattern: str) -> tuple[Key, dict] | None:
 
 
 def sets_reordered(config: dict) -> dict:
-    """``config`` with every list that ``spader.infra.reruns.LISTS`` calls a set reversed and its
+    """``config`` with every list that ``spader.infra.rerun_keys.LISTS`` calls a set reversed and its
     first item repeated (the same run)."""
-    from spader.infra import reruns
+    from spader.infra import rerun_keys
 
     out = copy.deepcopy(config)
     for pattern in list_keys():
-        if reruns.list_kind(pattern) != reruns.SET:
+        if rerun_keys.list_kind(pattern) != rerun_keys.SET:
             continue
         for key in _instances(pattern, out):
             items = get(out, key)
@@ -605,21 +605,21 @@ def _kept_cwd():
 
 def paper_keys() -> list[str]:
     """The keys walked on the paper's config: every one it has."""
-    from spader.infra import reruns
+    from spader.infra import rerun_keys
 
-    return [k for k in model_keys() if reruns.walked_on_paper(k)]
+    return [k for k in model_keys() if rerun_keys.walked_on_paper(k)]
 
 
 def demo_keys() -> list[str]:
     """The keys walked on the demo's config: those of the rows the paper has not (the warm start,
     the optional sections), and one key of every other row with a demo column (its rule takes
     the row's keys alike, and the paper's walk changes each of them)."""
-    from spader.infra import reruns
+    from spader.infra import rerun_keys
 
     keys, rows = [], set()
     for key in model_keys():
-        row = reruns.entry(key)
-        if not reruns.walked_on_demo(key) or (row.paper is not None and id(row) in rows):
+        row = rerun_keys.entry(key)
+        if not rerun_keys.walked_on_demo(key) or (row.paper is not None and id(row) in rows):
             continue
         rows.add(id(row))
         keys.append(key)
@@ -629,7 +629,7 @@ def demo_keys() -> list[str]:
 def main(out: str, workroot: str, *names: str) -> None:
     """Walk the configs (``names``, default both); write ``{"paper": {key: rules}, "paper_jobs":
     {key: jobs}, "paper_keys": {key: the key changed}, "demo": ..., "seconds": ..., ...}``."""
-    from spader.infra import reruns
+    from spader.infra import rerun_keys
 
     started, cpu = time.monotonic(), time.process_time()
     result: dict[str, Any] = {}
@@ -639,7 +639,7 @@ def main(out: str, workroot: str, *names: str) -> None:
                 continue
             keys = paper_keys() if name == "paper" else demo_keys()
             rules, jobs, walked = walk(
-                config, Path(workroot) / name, neutral=reruns.reruns_nothing, keys=keys
+                config, Path(workroot) / name, neutral=rerun_keys.reruns_nothing, keys=keys
             )
             result[name], result[f"{name}_jobs"], result[f"{name}_keys"] = rules, jobs, walked
     result["seconds"] = time.monotonic() - started

@@ -22,9 +22,9 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def paper_config() -> dict:
     """config/config.yaml, checked against the schema."""
-    from spader.training.smoke import load_config
+    from spader.config import resolved_config
 
-    return load_config([REPO / "config" / "config.yaml"], REPO)
+    return resolved_config(REPO / "config" / "config.yaml", verl_config_dir=REPO / "config" / "verl")
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,8 @@ def test_the_steps_are_the_documented_ones_in_order():
     assert planned["plan"] == [
         "py",
         "-m",
-        "spader.training.plan",
+        "spader.cli",
+        "plan",
         "--configfile",
         "a.yaml",
         "--configfile",
@@ -66,7 +67,8 @@ def test_the_steps_are_the_documented_ones_in_order():
     assert gpu["smoke"] == ["bash", "scripts/gpu_smoke.sh"] and "--cpu" not in gpu["preflight"]
     docs = (REPO / "docs" / "gpu.md").read_text()
     for step in STEPS:  # docs/gpu.md lists every command with what it prints and how long it takes
-        assert " ".join(a for a in step.argv if a != "{configfiles}").replace("{python}", "python") in docs
+        shown = " ".join(a for a in step.argv if a != "{configfiles}")
+        assert shown.replace("{python} -m spader.cli", "spader").replace("{python}", "python") in docs
         assert step.duration in docs
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from spader.integrations.verl.hydra import hydra_value
+from spader.integrations.verl.overrides import training_overrides
 from spader.methods import verl_yaml
 from spader.training.checkpoints import Checkpoint
 from spader.training.launch import (
@@ -25,7 +26,6 @@ from spader.training.launch import (
     job_overrides,
     merge_overrides,
     override_key,
-    training_overrides,
 )
 from spader.training.lineage import RunLink
 from spader.training.run import TrainJob, plan_launch

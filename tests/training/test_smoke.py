@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from spader.config import resolved_config
 from spader.training.launch import compose_config, override_key
 from spader.training.lineage import RunLink
 from spader.training.run import plan_launch
@@ -20,7 +21,6 @@ from spader.training.smoke import (
     SMOKE_AGENT,
     SMOKE_OVERRIDES,
     SMOKE_TRAINING,
-    load_config,
     main,
     prepare_command,
     smoke_job,
@@ -59,9 +59,11 @@ def test_smoke_command_trains_on_the_gpu_with_sglang_at_the_paper_length(smoke_r
     from spader.integrations.verl.packed_attention import NAME
     from spader.training.launch import device_overrides
 
-    config = load_config(DEMO, REPO)
+    config = resolved_config(*DEMO, verl_config_dir=REPO / "config" / "verl")
     assert (config["training"]["device"], config["training"]["rollout_backend"]) == ("cpu", "transformers")
-    paper = load_config([REPO / "config" / "config.yaml"], REPO)["training"]["max_response_length"]
+    paper = resolved_config(REPO / "config" / "config.yaml", verl_config_dir=REPO / "config" / "verl")[
+        "training"
+    ]["max_response_length"]
     job = smoke_job(config, smoke_root / "results" / "gpu_smoke", root=smoke_root, threads=4)
     plan = _plan(job)
     assert plan.env["VERL_PLATFORM"] == "nvidia"
@@ -199,7 +201,7 @@ def test_two_gpus_are_used_when_visible():
 
 
 def test_prepare_builds_the_inputs_with_the_workflow():
-    config = load_config(DEMO, REPO)
+    config = resolved_config(*DEMO, verl_config_dir=REPO / "config" / "verl")
     cmd = prepare_command(config, ["config/config.yaml", "config/demo.yaml"], cores=2)
     proc = subprocess.run([*cmd, "-n"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

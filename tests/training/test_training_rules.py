@@ -39,10 +39,10 @@ def paper_dag_jobs():
 
 
 def test_expensive_outputs_are_guarded_by_the_plan_not_by_file_permissions(paper_dag_jobs):
-    """The guard (spader.infra.rerun, the onstart hook) names rules of the DAG, and no output is
+    """The guard (spader.infra.replace_guard, the onstart hook) names rules of the DAG, and no output is
     Snakemake-protected(): read-only files would refuse a deliberate --forcerun, and a job run as
     root writes them anyway."""
-    from spader.infra.rerun import GUARDED_RULES
+    from spader.infra.replace_guard import GUARDED_RULES
 
     rules = {rule for rule, _, _ in paper_dag_jobs}
     assert set(GUARDED_RULES) == {"build_bm25_index", "train_policy", "export_checkpoint", "evaluate_policy"}

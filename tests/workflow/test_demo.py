@@ -424,15 +424,15 @@ def test_a_run_that_would_replace_expensive_results_stops_before_any_job(demo, s
     assert proc.returncode != 0
     assert "this run would replace 16 expensive result(s) that exist" in out, out[-4000:]
     assert "evaluate_policy (" in out and "results/demo/eval/spader/quest.jsonl" in out
-    assert "To recompute them on purpose: python -m spader.infra.rerun results/demo/eval/" in out
+    assert "To recompute them on purpose: spader rerun results/demo/eval/" in out
     assert summary.stat().st_mtime_ns == before
     assert _scheduled(smk, work) == set()
 
 
 def test_retraining_on_purpose_is_one_command(demo, smk):
     """Moving a finished training's record away plans nothing while the tables are up to date
-    (Snakemake leaves a missing intermediate alone): `python -m spader.infra.rerun <final.json>
-    --from-scratch` plans the training, its export, its evaluations and the tables, and nothing
+    (Snakemake leaves a missing intermediate alone): `spader rerun <final.json> --from-scratch` (here
+    its alias, `python -m spader.infra.replace_guard`) plans the training, its export, its evaluations and the tables, and nothing
     else; run for real (`--touch`: the jobs marked done, not run), the guard lets exactly those
     through."""
     import subprocess
@@ -448,7 +448,7 @@ def test_retraining_on_purpose_is_one_command(demo, smk):
         hidden.rename(final)
 
     def rerun(*snakemake_args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "spader.infra.rerun", "results/demo/train/spader/final.json"]
+        command = [sys.executable, "-m", "spader.infra.replace_guard", "results/demo/train/spader/final.json"]
         return subprocess.run(
             [*command, "--from-scratch", "--", *smk.demo_args(), *snakemake_args],
             cwd=work, env=smk.env(work), capture_output=True, text=True, timeout=900,

@@ -1,5 +1,5 @@
 """A named run shares a stage with the default run only when every setting the stage depends on is
-the default run's: a key that the rerun table (spader.infra.reruns.TABLE) says reruns a shared
+the default run's: a key that the rerun table (spader.infra.rerun_keys.TABLE) says reruns a shared
 stage gives the run its own copy of that stage, and of every shared stage that reads it, in
 results/runs/<run>/ (spader.infra.named_runs).
 
@@ -30,7 +30,7 @@ from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings
 
 from spader.config import verl_config_dir
 from spader.config.model import Config
-from spader.infra import reruns
+from spader.infra import rerun_keys
 from spader.infra.named_runs import SHARED_STAGES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ BATCH = 24  # changes per DAG at most
 
 
 def _stages_of(pattern: str) -> set[str]:
-    row = reruns.entry(pattern)
+    row = rerun_keys.entry(pattern)
     return (set(row.paper or ()) | set(row.demo or ())) & SHARED_STAGES.keys()
 
 
@@ -213,4 +213,4 @@ def test_every_key_a_shared_stage_depends_on_gives_the_run_its_own_copy(tmp_path
     assert held == paper | demo, sorted(held - paper - demo)
     # a key neither config holds (the hub location's parts of a release other than the demo's
     # QUEST train file) is in a row with one that is walked
-    assert {id(reruns.entry(k)) for k in KEYS} == {id(reruns.entry(k)) for k in held}
+    assert {id(rerun_keys.entry(k)) for k in KEYS} == {id(rerun_keys.entry(k)) for k in held}

@@ -1,6 +1,6 @@
 """What every config key reruns, asked of Snakemake against a finished run.
 
-``spader.infra.reruns.TABLE`` states, for every key of the typed config model, the rules a change
+``spader.infra.rerun_keys.TABLE`` states, for every key of the typed config model, the rules a change
 reruns (rendered into docs/running.md). The walk (tests/support/rerun_walk.py) makes a finished
 state of the paper's DAG and of the demo's (every job's outputs and Snakemake's metadata record),
 checks that restating every value in effect plans nothing, then changes each key to another
@@ -22,7 +22,7 @@ from dag_jobs import affected, dag_jobs
 from pydantic import BaseModel
 from rerun_walk import list_keys, model_keys
 
-from spader.infra import reruns
+from spader.infra import rerun_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,21 +31,21 @@ def test_every_key_of_the_model_has_a_row_and_is_walked():
     keys = list(model_keys())
     assert len(keys) > 150  # the walk reads the model itself, not a list of its own
     for key in keys:
-        row = reruns.entry(key)  # raises for a key in no row
+        row = rerun_keys.entry(key)  # raises for a key in no row
         assert row.paper is not None or row.demo is not None, f"{key} is walked on no DAG"
-    used = {pattern for row in reruns.TABLE for pattern in row.keys}
-    unmatched = {p for p in used if not any(reruns._match(p, k.split(".")) for k in keys)}
+    used = {pattern for row in rerun_keys.TABLE for pattern in row.keys}
+    unmatched = {p for p in used if not any(rerun_keys._match(p, k.split(".")) for k in keys)}
     assert not unmatched, f"rows name keys the model does not have: {sorted(unmatched)}"
 
 
 def test_every_list_key_is_compared_in_order_or_as_a_set():
-    """Each list-typed key of the model is classified in ``reruns.LISTS``; a new one fails here
+    """Each list-typed key of the model is classified in ``rerun_keys.LISTS``; a new one fails here
     until it is (the finder is shown to see a list key the model does not have yet)."""
     keys = list_keys()
     assert {"agent.stop", "targets", "backbones.*.variants"} <= set(keys)
-    unclassified = [k for k in keys if reruns.list_kind(k) is None]
-    assert not unclassified, f"classify these list keys in spader.infra.reruns.LISTS: {unclassified}"
-    assert set(reruns.LISTS) == set(keys), "LISTS names keys that are not lists of the model"
+    unclassified = [k for k in keys if rerun_keys.list_kind(k) is None]
+    assert not unclassified, f"classify these list keys in spader.infra.rerun_keys.LISTS: {unclassified}"
+    assert set(rerun_keys.LISTS) == set(keys), "LISTS names keys that are not lists of the model"
 
     class Inner(BaseModel):
         tags: list[str] | None = None
@@ -60,13 +60,13 @@ def test_every_list_key_is_compared_in_order_or_as_a_set():
 
 def test_set_lists_compare_as_sets_and_ordered_lists_in_order():
     stop = ["</tool_call>", "</answer>"]
-    assert reruns.canonical({"stop": stop}, ("agent",)) == reruns.canonical(
+    assert rerun_keys.canonical({"stop": stop}, ("agent",)) == rerun_keys.canonical(
         {"stop": [*reversed(stop), stop[0]]}, ("agent",)
     )
-    assert reruns.canonical({"b": {"variants": ["x", "y"]}}, ("backbones",)) != reruns.canonical(
+    assert rerun_keys.canonical({"b": {"variants": ["x", "y"]}}, ("backbones",)) != rerun_keys.canonical(
         {"b": {"variants": ["y", "x"]}}, ("backbones",)
     )
-    assert reruns.canonical([1, 1]) == [1, 1]  # a list without its key is left as it is
+    assert rerun_keys.canonical([1, 1]) == [1, 1]  # a list without its key is left as it is
 
 
 def test_the_model_keeps_a_set_lists_items_once_and_refuses_repeats_in_ordered_lists():
@@ -103,19 +103,35 @@ def test_reordered_sets_and_failure_thresholds_plan_nothing():
 
 
 def test_rerun_table_in_the_docs_is_current():
-    assert reruns.main(["check", "--root", str(REPO)]) == 0, "run: python -m spader.infra.reruns write"
+    assert rerun_keys.main(["check", "--root", str(REPO)]) == 0, "run: spader rerun-keys write"
+
+
+def test_spader_rerun_keys_checks_and_writes_the_table(tmp_path, capsys):
+    from spader.cli import main
+
+    (tmp_path / "docs").mkdir()
+    stale = (REPO / "docs" / "running.md").read_text().replace("| `hardware.*` |", "| `hardware.old` |")
+    (tmp_path / "docs" / "running.md").write_text(stale)
+    assert main(["rerun-keys", "check", "--root", str(tmp_path)]) == 1
+    assert "docs/running.md is out of date; run spader rerun-keys write" in capsys.readouterr().err
+    assert main(["rerun-keys", "write", "--root", str(tmp_path)]) == 0
+    assert main(["rerun-keys", "check", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / "docs" / "running.md").read_text() == (REPO / "docs" / "running.md").read_text()
 
 
 def test_a_rule_takes_only_the_keys_that_rerun_it():
     evaluation = {"temperature": 1.0, "bootstrap_samples": 10000, "cpu_threads": 2, "gpus": 1}
-    assert reruns.for_rule("evaluate_policy", ["evaluation"], evaluation) == {"temperature": 1.0, "gpus": 1}
+    assert rerun_keys.for_rule("evaluate_policy", ["evaluation"], evaluation) == {
+        "temperature": 1.0,
+        "gpus": 1,
+    }
     service = {"host": "127.0.0.1", "cache_entries": 5, "slice_queries": 64, "max_query_chars": 1000}
-    assert reruns.for_rule("train_policy", ["retrieval", "service"], service) == {
+    assert rerun_keys.for_rule("train_policy", ["retrieval", "service"], service) == {
         "slice_queries": 64,
         "max_query_chars": 1000,
     }
     training = {"lr": 1e-5, "time_limit": {"hours": {"default": 40.0}, "retries": 5}}
-    assert reruns.for_rule("train_policy", ["training"], training) == {"lr": 1e-5}
+    assert rerun_keys.for_rule("train_policy", ["training"], training) == {"lr": 1e-5}
 
 
 def test_jobs_read_what_is_no_param_from_their_config():
@@ -195,7 +211,7 @@ def test_each_key_reruns_what_the_table_says(walked):
     wrong = []
     for name in ("paper", "demo"):
         for key, rules in walked[name].items():
-            row = reruns.entry(key)
+            row = rerun_keys.entry(key)
             expected = row.paper if name == "paper" else row.demo
             if set(rules) != set(expected or ()):
                 missing, extra = (
@@ -208,8 +224,8 @@ def test_each_key_reruns_what_the_table_says(walked):
     assert not wrong, "\n".join(wrong)
     walked_keys = set(walked["paper"]) | set(walked["demo"])
     for key in set(model_keys()) - walked_keys:  # only where one instance of a class stands for all
-        row = reruns.entry(key)
-        assert row.walked_on and walked_keys & {k for k in model_keys() if reruns.entry(k) is row}, key
+        row = rerun_keys.entry(key)
+        assert row.walked_on and walked_keys & {k for k in model_keys() if rerun_keys.entry(k) is row}, key
 
 
 # which wildcard a row's scope names, and the part of its walked key that holds the name
@@ -231,7 +247,7 @@ def test_a_key_of_one_variant_backbone_or_dataset_reruns_only_its_jobs(walked):
     checked = 0
     for name in ("paper", "demo"):
         for key, jobs in walked[f"{name}_jobs"].items():
-            scope = reruns.entry(key).scope.split(";")[0]
+            scope = rerun_keys.entry(key).scope.split(";")[0]
             if scope not in _SCOPES or not jobs:
                 continue
             wildcard, part = _SCOPES[scope]

@@ -22,11 +22,11 @@ from spader.config import (
 from spader.core.prompt import load_template
 from spader.methods import table_rows, verl_yaml
 from spader.infra.failures import JobErrors, failure_report
-from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
+from spader.infra.replace_guard import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
 from spader.models.gated import HubTokenError, check_hub_token
 from spader.integrations.verl.overrides import shared_training_runs
-from spader.infra.reruns import canonical, for_rule
+from spader.infra.rerun_keys import canonical, for_rule
 from spader.infra.named_runs import default_run_files, own_stages, summary
 from spader.infra.sources import changed_since_copy, digest_cache_dir, planned_sha256, source_sha256
 from spader.infra.stage_code import code_cache_dir, planned_code, stage_fingerprints, stage_group
@@ -199,7 +199,7 @@ def first_output(name, wildcards):
 
 
 # ---------------------------------------------------------------------------------------------
-# Params: what a job's outputs depend on, and nothing else (spader.infra.reruns). Snakemake reruns
+# Params: what a job's outputs depend on, and nothing else (spader.infra.rerun_keys). Snakemake reruns
 # a job whose params changed (their repr, compared as text), so each one is canonical: maps with
 # sorted keys, values in their keys' types, lists that act as sets sorted without repeats. A
 # section a rule takes whole leaves out the keys that do not rerun that rule (operational
@@ -538,7 +538,7 @@ def missing_before_start(jobs):
 
 def planned_jobs(dag):
     """The jobs this run would execute, as the expensive-output guard sees them
-    (spader.infra.rerun)."""
+    (spader.infra.replace_guard)."""
     jobs = list(dag.needrun_jobs())
     keys = {job: str(i) for i, job in enumerate(jobs)}
     planned = []
@@ -558,7 +558,7 @@ def planned_jobs(dag):
 def check_before_start():
     """The onstart hook's checks (a real run, main process, before any job): a multi-node training
     needs a cluster executor, the jobs to run must have what only the user can supply, and no
-    expensive output is replaced unless this run was asked to (spader.infra.rerun)."""
+    expensive output is replaced unless this run was asked to (spader.infra.replace_guard)."""
     check_training_executor()
     problems = missing_before_start(workflow.dag.needrun_jobs())
     if problems:

@@ -3,7 +3,7 @@
 # corpus.prebuilt_index (a Lucene index with raw documents: neither job; the retrieval service
 # checks it when it starts). The service itself runs inside the jobs that search
 # (spader.retrieval.service.running_service), so it is always stopped with them. A built index is
-# replaced only on purpose (spader.infra.rerun, the onstart hook).
+# replaced only on purpose (spader.infra.replace_guard, the onstart hook).
 
 
 rule download_dump:

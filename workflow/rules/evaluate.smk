@@ -2,7 +2,7 @@
 # paper's tables (with bootstrap intervals and paired tests against spader), plots, the training
 # runs' learning curves and report. An unchanged checkpoint on an unchanged set is not
 # re-evaluated: the model, index and set are inputs, everything that changes a score is a param.
-# An evaluation that exists is replaced only on purpose (spader.infra.rerun, the onstart hook).
+# An evaluation that exists is replaced only on purpose (spader.infra.replace_guard, the onstart hook).
 
 
 rule evaluate_policy:

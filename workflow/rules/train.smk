@@ -1,9 +1,10 @@
 # Training: verl per backbone x variant (logic in spader.training; docs/method.md, docs/cluster.md).
 # Checkpoints are written to results/{backbone}/train/{variant}/work/, which is deliberately not a
 # declared output: Snakemake deletes the outputs of a failed job, and a rerun resumes from the
-# newest complete checkpoint there (spader.infra.rerun moves it aside to retrain from scratch). A
-# finished training's final.json is replaced only on purpose (spader.infra.rerun, the onstart hook). The job starts its own retrieval service on the node, and its
-# MLflow run receives verl's per-step metrics.
+# newest complete checkpoint there (`spader rerun --from-scratch` moves it aside to retrain from
+# step 0). A finished training's final.json is replaced only on purpose (spader.infra.replace_guard,
+# the onstart hook). The job starts its own retrieval service on the node, and its MLflow run
+# receives verl's per-step metrics.
 #
 # Time limits: the job asks SLURM for a warning (SIGURG) training.time_limit.warning_s before its
 # limit, stops verl at the next step boundary after a checkpoint and exits with status 75; the
@@ -11,7 +12,7 @@
 # (training.time_limit.hours) capped by the SLURM profile's `max_runtime` for train_policy.
 # Nodes: variants.<name>.nodes, else training.nodes, per job (a Ray cluster across them); more
 # than one needs a cluster executor. CPUs and host memory come from the node's description
-# (hardware.cores, hardware.host_memory_gib) and the job's plan (python -m spader.training.plan);
+# (hardware.cores, hardware.host_memory_gib) and the job's plan (spader plan);
 # partition, account and GPU model live in profiles/slurm, never here.
 
 
@@ -62,8 +63,8 @@ rule train_policy:
 
 
 # The export of a finished training, like the training's record, is guarded: a run that would replace
-# it because something upstream changed stops before its first job (spader.infra.rerun, the onstart
-# hook); `python -m spader.infra.rerun <output>` recomputes on purpose (docs/running.md).
+# it because something upstream changed stops before its first job (spader.infra.replace_guard, the
+# onstart hook); `spader rerun <output>` recomputes on purpose (docs/running.md).
 rule export_checkpoint:
     input:
         final="results/{backbone}/train/{variant}/final.json",

@@ -93,7 +93,7 @@ def training_request(wildcards):
             if job.name.startswith("train "):  # not a served judge's job
                 _PLANNED[job.name] = (job.threads, job.mem_mb)
                 for problem in job.problems:
-                    logger.warning(f"{job.name}: {problem} (python -m spader.training.plan)")
+                    logger.warning(f"{job.name}: {problem} (spader plan)")
     share = min(spec.gpus, CONFIG.hardware.gpus) / CONFIG.hardware.gpus
     fallback = (gpu_job_cpus(spec.gpus), int(CONFIG.hardware.host_memory_gib * share * 1024))
     return _PLANNED.get(f"train {wildcards.backbone}/{wildcards.variant}", fallback)
@@ -101,7 +101,7 @@ def training_request(wildcards):
 
 def training_params():
     """The `training` section without the operational keys (time limits, search error rate):
-    editing those retrains nothing (spader.infra.reruns)."""
+    editing those retrains nothing (spader.infra.rerun_keys)."""
     return section_params("train_policy", "training")
 
 

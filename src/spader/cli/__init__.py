@@ -31,6 +31,7 @@ COMMANDS = {
     "config": "spader.cli.config",
     "plan": "spader.cli.plan",
     "preflight": "spader.cli.preflight",
+    "first-hour": "spader.cli.first_hour",
     "data": "spader.cli.data",
     "retrieval": "spader.cli.retrieval",
     "demo": "spader.cli.demo",
@@ -39,6 +40,7 @@ COMMANDS = {
     "integrity": "spader.cli.integrity",
     "procs": "spader.cli.procs",
     "rerun": "spader.cli.rerun",
+    "rerun-keys": "spader.cli.rerun_keys",
 }
 
 

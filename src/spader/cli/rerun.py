@@ -1,5 +1,5 @@
-"""``spader rerun``: :mod:`spader.infra.rerun`."""
+"""``spader rerun``: :mod:`spader.infra.replace_guard`."""
 
-from spader.infra.rerun import HELP, add_arguments, run
+from spader.infra.replace_guard import HELP, add_arguments, run
 
 __all__ = ["HELP", "add_arguments", "run"]

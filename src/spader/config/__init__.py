@@ -20,7 +20,7 @@ from spader.config.files import (
     load_config,
     load_yaml,
     merge_files,
-    overlay,
+    merge_into,
     resolved_config,
 )
 from spader.config.model import (
@@ -62,9 +62,9 @@ __all__ = [
     "load_config",
     "load_yaml",
     "merge_files",
+    "merge_into",
     "model_kind",
     "named_run_root",
-    "overlay",
     "rebase_run_paths",
     "resolved_config",
     "verl_config_chain",

@@ -29,7 +29,7 @@ __all__ = [
     "call",
     "config_files",
     "configured",
-    "one_line",
+    "error_line",
     "repository",
     "run_command",
 ]
@@ -92,8 +92,10 @@ def configured(args: argparse.Namespace, *, check_paths: bool = True) -> Config:
     return load_config(*config_files(args), verl_config_dir=root / "config" / "verl", check_paths=check_paths)
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (a multi-line message joined with ``; ``)."""
+def error_line(exc: BaseException) -> str:
+    """A command's error on one line: the exception's message (a multi-line message joined with
+    ``; ``), with its type only where it is not a known error (a bad file, value or key). A failed
+    job's cause is :func:`spader.infra.failures.one_line`."""
     text = ""
     for part in (p.strip() for p in str(exc).splitlines()):
         if part:
@@ -135,8 +137,8 @@ def call(
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
     except (ConfigError, OSError, ValueError, LookupError) as exc:
-        sys.stderr.write(f"{prog}: error: {one_line(exc)}\n")
+        sys.stderr.write(f"{prog}: error: {error_line(exc)}\n")
         return 2
     except Exception as exc:  # noqa: BLE001  (any failure ends the command with one line)
-        sys.stderr.write(f"{prog}: error: {one_line(exc)} (rerun with spader --traceback to see where)\n")
+        sys.stderr.write(f"{prog}: error: {error_line(exc)} (rerun with spader --traceback to see where)\n")
         return 1

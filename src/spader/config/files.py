@@ -5,7 +5,7 @@ Snakemake 9.27 reads ``config/config.yaml`` (the Snakefile's ``configfile:``) an
 then merges that overlay into the workflow's file (``snakemake.settings.types.ConfigSettings`` and
 ``Workflow.configfile``), each merge with ``snakemake.utils.update_config``: a mapping merges key by
 key into a mapping (and replaces anything else), every other value (a list, a scalar, null)
-replaces what was there, and an empty mapping changes nothing. :func:`overlay` and
+replaces what was there, and an empty mapping changes nothing. :func:`merge_into` and
 :func:`merge_files` do exactly that, so ``spader config show --configfile A B`` prints the
 configuration a ``snakemake --configfile A B`` run validates.
 
@@ -40,7 +40,7 @@ __all__ = [
     "load_config",
     "load_yaml",
     "merge_files",
-    "overlay",
+    "merge_into",
     "refuse_unreadable_configfiles",
     "resolved_config",
 ]
@@ -163,14 +163,14 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return doc
 
 
-def overlay(base: dict, update: Mapping) -> dict:
+def merge_into(base: dict, update: Mapping) -> dict:
     """Merge ``update`` into ``base`` in place as ``snakemake.utils.update_config`` does, and
     return ``base``: a mapping merges key by key into what is there (a non-mapping there is
     replaced by it), any other value replaces what was there.
 
-    >>> overlay({"a": {"b": 1, "c": [1]}, "d": 1}, {"a": {"c": [2]}, "d": {"e": 2}})
+    >>> merge_into({"a": {"b": 1, "c": [1]}, "d": 1}, {"a": {"c": [2]}, "d": {"e": 2}})
     {'a': {'b': 1, 'c': [2]}, 'd': {'e': 2}}
-    >>> overlay({"a": [1]}, {"a": {}})
+    >>> merge_into({"a": [1]}, {"a": {}})
     {'a': [1]}
     """
     for key, value in update.items():
@@ -181,7 +181,7 @@ def overlay(base: dict, update: Mapping) -> dict:
                 continue
             if not isinstance(current, dict):
                 current = {}
-            base[key] = overlay(current, value)
+            base[key] = merge_into(current, value)
         else:
             base[key] = copy.deepcopy(value)
     return base
@@ -223,8 +223,8 @@ def merge_files(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     base = load_yaml(paths[0])
     extra: dict[str, Any] = {}
     for path in paths[1:]:
-        overlay(extra, load_yaml(path))
-    return overlay(base, extra)
+        merge_into(extra, load_yaml(path))
+    return merge_into(base, extra)
 
 
 def config_paths(

@@ -157,7 +157,7 @@ Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda:[0-9]+)$")]
 
 def _once(items: list[Any]) -> list[Any]:
     """A list the code reads as a set, each item once (a repeat means nothing; the order given is
-    kept for display, params compare it sorted: ``spader.infra.reruns.LISTS``)."""
+    kept for display, params compare it sorted: ``spader.infra.rerun_keys.LISTS``)."""
     return list(dict.fromkeys(items))
 
 
@@ -313,14 +313,14 @@ def dataset_defaults(datasets: Any) -> Any:
     ``config/config.yaml``, so a config gives only what it changes (a release file's source, a split's
     member) and keeps the entry's other files. A dataset the registry does not know is kept, for the
     check to name it; a section that is not a mapping is returned as it is, for the check to refuse."""
-    from spader.config.files import overlay  # (files imports this module)
+    from spader.config.files import merge_into  # (files imports this module)
 
     if not isinstance(datasets, Mapping):
         return datasets
     out: dict[str, Any] = {}
     for name, entry in registry().items():
         given = datasets.get(name, {})
-        out[name] = overlay(entry.config_default(), given) if isinstance(given, Mapping) else given
+        out[name] = merge_into(entry.config_default(), given) if isinstance(given, Mapping) else given
     return {**out, **{k: v for k, v in datasets.items() if k not in out}}
 
 
@@ -1306,8 +1306,8 @@ class CodeRerunsConfig(Section):
     semantics"); with a group switched off, its jobs keep the fingerprint of the code they ran
     (recorded with their outputs) and rerun only when a param or an input changes. The
     fingerprint of the code that actually ran is recorded either way (MLflow tag
-    `code.fingerprint`). `python -m spader.infra.stage_code affected <file>` lists the rules a
-    change would rerun."""
+    `code.fingerprint`). `spader stage-code affected <file>` lists the rules a change would
+    rerun."""
 
     data: bool = Field(
         True, description="normalize_dataset, mix_training_set, export_rl_dataset, export_eval_set"

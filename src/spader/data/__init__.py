@@ -8,7 +8,7 @@ Modules: :mod:`~spader.data.readers` (release files, errors with file and line),
 :mod:`~spader.data.sources` (one extractor per dataset), :mod:`~spader.data.records` (the unified
 record, ``build_entities``, schemas), :mod:`~spader.data.mix`, :mod:`~spader.data.export`,
 :mod:`~spader.data.release_files` and :mod:`~spader.data.layout` (release-file writers). CLI:
-``python -m spader.data normalize ...``.
+``spader data normalize ...`` (alias ``python -m spader.data``).
 """
 
 from spader.data.export import (

@@ -1,4 +1,4 @@
-"""The bundled CPU demo data (``resources/demo/``), regenerated with ``python -m spader.demo <dir>``.
+"""The bundled CPU demo data (``resources/demo/``), regenerated with ``spader demo <dir>``.
 
 A small fictional world (:mod:`spader.demo.world`) written out in the real formats: the QAMPARI
 Wikipedia chunk dump (``chunked_wikipedia.tar.gz``, docs/data.md, "The chunked Wikipedia corpus")

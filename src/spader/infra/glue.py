@@ -122,7 +122,7 @@ def retrieval_settings(params_retrieval: Mapping[str, Any], config: Mapping[str,
     """A job's full retrieval settings: the ``retrieval`` section of its config overlaid with its
     ``retrieval`` param. The param holds the settings that can change what its searches return
     (and the reranker's resolved directory); the config adds the operational ones, which are no
-    param so that editing them reruns nothing (:mod:`spader.infra.reruns`).
+    param so that editing them reruns nothing (:mod:`spader.infra.rerun_keys`).
 
     Args:
         params_retrieval: ``snakemake.params.retrieval``.

@@ -379,7 +379,7 @@ def _missing(path: Path, why: str, reader: str) -> IntegrityError:
         f"{path} has no integrity record ({record_path(path)} is missing{reader}), although {why}: "
         f"it cannot be checked. Delete {path}{also} and run the pipeline again, so that it is rebuilt "
         "(or downloaded) and recorded; or, if you know it is intact (written before records existed), "
-        f"record it as it is: python -m spader.infra.integrity record {path}"
+        f"record it as it is: spader integrity record {path}"
     )
 
 

@@ -5,7 +5,7 @@ Some stages do not depend on what it changes (the downloads, the index, the data
 models, the demo's warm start, StepSearch's evidence: :data:`SHARED_STAGES`); their outputs then
 live in the default run's directory, built once for both. A stage is shared only when every
 setting it depends on equals the default run's: a key whose row in the rerun table
-(:data:`spader.infra.reruns.TABLE`, on the paper's DAG or the demo's) names the stage and whose
+(:data:`spader.infra.rerun_keys.TABLE`, on the paper's DAG or the demo's) names the stage and whose
 value differs gives the named run its own copy of that stage, in its own directory, and of every
 shared stage that reads it (:func:`own_stages`). Otherwise a named run with ``mix.seed: 7``
 would train on the default run's seed-42 mix, and its recorded config would be wrong about it.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from spader.config.files import load_yaml
-from spader.infra.reruns import canonical, entry
+from spader.infra.rerun_keys import canonical, entry
 
 __all__ = ["SHARED_STAGES", "default_run_files", "differing_keys", "own_stages", "summary"]
 

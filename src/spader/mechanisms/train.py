@@ -38,7 +38,7 @@ from spader.mechanisms.world import (
     LEAD,
     STOP,
     Question,
-    World,
+    SearchWorld,
     WorldSpec,
     make_world,
     popcount,
@@ -318,7 +318,9 @@ def episode_outcomes(questions: Sequence[Question], batch: _Batch) -> dict[str, 
     }
 
 
-def evaluate(theta: np.ndarray, world: World, spec: TrainSpec, rng: np.random.Generator) -> dict[str, float]:
+def evaluate(
+    theta: np.ndarray, world: SearchWorld, spec: TrainSpec, rng: np.random.Generator
+) -> dict[str, float]:
     """Means over the held-out questions, ``test_group`` rollouts each, of
     :func:`episode_outcomes`."""
     question = np.repeat(np.arange(len(world.test)), spec.test_group)
@@ -337,7 +339,9 @@ def _policy_gradient(theta: np.ndarray, batch: _Batch, adv: np.ndarray) -> np.nd
     return grad / len(actions)
 
 
-def train_arm(arm: Arm | str, seed: int, spec: TrainSpec | None = None, world: World | None = None) -> Run:
+def train_arm(
+    arm: Arm | str, seed: int, spec: TrainSpec | None = None, world: SearchWorld | None = None
+) -> Run:
     """Train ``arm`` on the world of ``seed`` and evaluate it on the held-out questions.
 
     The world, the order of the training questions and the sampling noise depend only on ``seed``,

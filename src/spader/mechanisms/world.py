@@ -41,7 +41,7 @@ __all__ = [
     "LEAD",
     "STOP",
     "Question",
-    "World",
+    "SearchWorld",
     "WorldSpec",
     "make_world",
     "popcount",
@@ -167,7 +167,7 @@ class Question:
 
 
 @dataclass
-class World:
+class SearchWorld:
     """Questions of one seed (training and held-out evaluation questions) and the spec."""
 
     spec: WorldSpec
@@ -274,9 +274,9 @@ def _question(spec: WorldSpec, rng: np.random.Generator) -> Question:
 
 def make_world(
     seed: int, *, train_questions: int, test_questions: int, spec: WorldSpec | None = None
-) -> World:
+) -> SearchWorld:
     """The questions of one seed: ``train_questions`` to train on, ``test_questions`` held out."""
     spec = spec or WorldSpec()
     rng = np.random.default_rng([seed, 0x5EB])
     qs = [_question(spec, rng) for _ in range(train_questions + test_questions)]
-    return World(spec, qs[:train_questions], qs[train_questions:])
+    return SearchWorld(spec, qs[:train_questions], qs[train_questions:])

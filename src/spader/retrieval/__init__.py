@@ -18,5 +18,6 @@ Modules (imported on use: Java and torch start only where needed):
 How these work together at training scale: docs/retrieval.md.
 * :mod:`~spader.retrieval.jvm` - ``start_jvm`` (call before importing pyserini.search/index)
 
-CLI: ``python -m spader.retrieval index ...`` and ``python -m spader.retrieval serve ...``.
+CLI: ``spader retrieval index ...`` and ``spader retrieval serve ...`` (alias ``python -m
+spader.retrieval``).
 """

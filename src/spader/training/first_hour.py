@@ -1,5 +1,6 @@
 """The first hour on a GPU node, as one command: preflight, plan, calibration, smoke test, in order,
-stopping at the first failure (``scripts/gpu_first_hour.sh``; docs/gpu.md, "The first hour").
+stopping at the first failure (``spader first-hour``, which ``scripts/gpu_first_hour.sh`` runs with
+the project's environment; docs/gpu.md, "The first hour").
 
 Each :class:`Step` is a command of the project run as its own process from the repository root,
 with what it prints when it passes and how long it takes. ``--cpu`` runs the steps a machine
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["STEPS", "Step", "main", "run_steps", "steps"]
+__all__ = ["HELP", "STEPS", "Step", "add_arguments", "main", "run", "run_steps", "steps"]
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ class Step:
 
     Attributes:
         name: short name.
-        argv: the command on a GPU node (``{python}`` is this interpreter).
+        argv: the command on a GPU node (``{python}`` is this interpreter; ``{python} -m spader.cli``
+            is the ``spader`` command, as docs/gpu.md writes it).
         cpu_argv: the command with ``--cpu`` (None: the step is GPU-only and skipped).
         expect: what it prints when it passes.
         duration: how long it takes on a GPU node.
@@ -49,8 +51,8 @@ class Step:
 STEPS = (
     Step(
         "preflight",
-        ("{python}", "-m", "spader.training.preflight", "{configfiles}"),
-        ("{python}", "-m", "spader.training.preflight", "{configfiles}", "--cpu"),
+        ("{python}", "-m", "spader.cli", "preflight", "{configfiles}"),
+        ("{python}", "-m", "spader.cli", "preflight", "{configfiles}", "--cpu"),
         "one `ok` line each for Python, glibc (2.34+, the manylinux_2_34 wheel tag), the driver (580+), the "
         "GPUs and their memory against the plan's peak, nvcc (CUDA 13), host memory, disk and /dev/shm against "
         "the plan and `hardware`, verl and sglang",
@@ -58,8 +60,8 @@ STEPS = (
     ),
     Step(
         "plan",
-        ("{python}", "-m", "spader.training.plan", "{configfiles}"),
-        ("{python}", "-m", "spader.training.plan", "{configfiles}"),
+        ("{python}", "-m", "spader.cli", "plan", "{configfiles}"),
+        ("{python}", "-m", "spader.cli", "plan", "{configfiles}"),
         "every job's GPU memory, time per step and run, host memory and disk on the node of `hardware`; "
         "exit 0 when all fit",
         "under a minute",
@@ -130,8 +132,15 @@ def run_steps(planned: Sequence[tuple[Step, list[str] | None]], *, root: str | P
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/gpu_first_hour.sh", description=__doc__.splitlines()[0])
+HELP = (
+    "the first hour on a GPU node: preflight, plan, calibration, smoke test, in order, stopping at the "
+    "first failure (--cpu: the steps a machine without GPUs can run)"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``spader first-hour`` (``scripts/gpu_first_hour.sh``, ``python -m spader.training.first_hour``):
+    ``--cpu``, ``--root``, ``--configfile``."""
     parser.add_argument("--cpu", action="store_true", help="a machine without GPUs: skip the GPU-only steps")
     parser.add_argument("--root", default=".", help="repository root (default: the current directory)")
     parser.add_argument(
@@ -139,9 +148,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         help="the paper config the plan reads, later files overlaying earlier ones (default: config/config.yaml)",
     )
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the steps; exit 1 at the first that fails."""
     planned = steps(cpu=args.cpu, configfiles=args.configfile or ["config/config.yaml"])
     return run_steps(planned, root=args.root, echo=lambda line: print(line, flush=True))  # noqa: T201
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``scripts/gpu_first_hour.sh`` and ``python -m spader.training.first_hour`` (aliases of
+    ``spader first-hour``)."""
+    parser = argparse.ArgumentParser(prog="scripts/gpu_first_hour.sh", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ A launch is ``python -m spader.integrations.verl.main --config-path <config/verl
 earlier ones key by key:
 
 1. the method's: :func:`spader.integrations.verl.overrides.method_overrides` turns the variant
-   (advantage, reward, alpha, beta, cost) into verl keys, and :func:`training_overrides` every
+   (advantage, reward, alpha, beta, cost) into verl keys, and :func:`~spader.integrations.verl.overrides.training_overrides` every
    number of ``config["training"]`` (config.yaml is the single source of them: the verl YAMLs
    carry structure only);
 2. the job's (:func:`job_overrides`): data files, base model, GPUs, CPUs for Ray, checkpoint
@@ -59,7 +59,6 @@ __all__ = [
     "override_key",
     "ray_cpu_slots",
     "run_command",
-    "training_overrides",
     "write_plan",
 ]
 
@@ -179,18 +178,6 @@ def job_overrides(
         "+ray_kwargs.ray_init.include_dashboard=false",
         *_ray_env_overrides(env),
     ]
-
-
-def training_overrides(training: TrainingConfig | Mapping[str, Any]) -> list[str]:
-    """``config["training"]`` (typed or as the rule's param) as verl overrides, through the mapping
-    :data:`spader.integrations.verl.overrides.TRAINING_KEYS`.
-
-    Raises:
-        KeyError: a mapped training key is missing (the message names ``training.<key>``).
-    """
-    from spader.integrations.verl.overrides import training_overrides as mapped
-
-    return mapped(_section(training))
 
 
 def check_device(training: TrainingConfig | Mapping[str, Any]) -> tuple[str, str]:
@@ -400,7 +387,7 @@ def build_plan(
     Returns:
         The plan.
     """
-    from spader.integrations.verl.overrides import method_overrides
+    from spader.integrations.verl.overrides import method_overrides, training_overrides
 
     variant = variant.model_dump() if hasattr(variant, "model_dump") else variant
     training = _section(training)

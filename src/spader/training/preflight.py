@@ -123,7 +123,7 @@ def check_model_dir(model_dir: str | os.PathLike, *, backbone: str, model: str) 
         )
 
 
-def visible_gpus() -> int:
+def gpu_count() -> int:
     """CUDA devices visible to this process (``CUDA_VISIBLE_DEVICES`` applies)."""
     import torch
 
@@ -139,7 +139,7 @@ def check_gpus(requested: int, *, backbone: str, available: int | None = None) -
         available: visible CUDA devices; None counts them with torch.
     """
     if available is None:
-        available = visible_gpus()
+        available = gpu_count()
     key = f"config key 'backbones.{backbone}.gpus'"
     if requested < 1:
         raise PreflightError(
@@ -484,7 +484,7 @@ def _log_and_refuse(jobs: Sequence[Any], capacity: float) -> None:
         raise PreflightError(
             f"the job does not fit in {capacity:.1f} GiB per GPU:\n{text}\nlower "
             "training.ppo_micro_batch_size_per_gpu or training.gpu_memory_utilization, or offload the "
-            "optimizer state (config/verl, docs/gpu.md); `python -m spader.training.plan` plans every job"
+            "optimizer state (config/verl, docs/gpu.md); `spader plan` plans every job"
         )
     if bad:
         raise PreflightError("; ".join(f"{job.name}: {job.refusal}" for job in bad) + " (spader plan)")

@@ -59,7 +59,6 @@ __all__ = [
     "build_smoke_policy",
     "changed_weights",
     "check_run",
-    "load_config",
     "main",
     "paper_response_length",
     "prepare_command",
@@ -110,14 +109,6 @@ SMOKE_OVERRIDES = (
     "data.dataloader_num_workers=0",
     "data.filter_overlong_prompts=true",
 )
-
-
-def load_config(paths: Sequence[str | os.PathLike], root: str | os.PathLike = ".") -> dict:
-    """Load and check the workflow config (later files overlay earlier ones); ``root`` is the
-    repository root (schema and verl YAMLs)."""
-    return load_workflow_config(*paths, verl_config_dir=Path(root) / "config" / "verl").model_dump(
-        mode="json"
-    )
 
 
 def paper_response_length(root: str | os.PathLike = ".") -> int:
@@ -220,7 +211,7 @@ def smoke_job(
     paper's response budget, the policy of :func:`build_smoke_policy` in ``out/policy``).
 
     Args:
-        config: the demo config (:func:`load_config` of config.yaml + demo.yaml).
+        config: the demo config (:func:`spader.config.resolved_config` of config.yaml + demo.yaml).
         out: output directory (work directory, final.json, the smoke policy).
         root: repository root holding results/ and config/verl.
         threads: CPUs for Ray (default: all of this machine's).
@@ -288,13 +279,6 @@ def prepare_command(
     ]
 
 
-def visible_gpus() -> int:
-    """CUDA devices this process sees (0 without torch's CUDA)."""
-    from spader.training.preflight import visible_gpus as count
-
-    return count()
-
-
 def smoke_gpus(visible: int) -> int:
     """GPUs the smoke run trains on: two when two or more are visible (the collectives), else one."""
     return 2 if visible >= 2 else 1
@@ -330,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spader.training.preflight import gpu_count
+
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -340,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
         cmd = prepare_command(config, overlays, args.cores)
         log.info("building the inputs: %s", " ".join(cmd))
         subprocess.run(cmd, cwd=root, check=True)
-    gpus = args.gpus or (1 if args.dry_run else smoke_gpus(visible_gpus()))
+    gpus = args.gpus or (1 if args.dry_run else smoke_gpus(gpu_count()))
     job = smoke_job(config, args.out, root=root, gpus=gpus, padded=args.padded)
     warm = warm_start_dir(config, root)
     if (warm / "config.json").is_file() and not (job.model_dir / "config.json").is_file():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from spader.infra.rerun import (
+from spader.infra.replace_guard import (
     PlannedJob,
     guard_message,
     main,
@@ -53,7 +53,7 @@ def test_existing_expensive_outputs_are_not_replaced_unless_this_run_forced_them
     message = guard_message(unintended_replacements(_chain(forced="export")))
     assert "would replace 2 expensive result(s)" in message
     assert "  build_bm25_index (x): results/index.out" in message
-    assert "python -m spader.infra.rerun results/index.out results/train.out -- " in message
+    assert "spader rerun results/index.out results/train.out -- " in message
 
 
 def test_the_guard_walks_a_deep_plan_without_recursion():
@@ -101,7 +101,7 @@ def test_retraining_from_scratch_moves_the_checkpoints_aside(tmp_path, monkeypat
 def test_the_command_line_splits_its_options_from_snakemakes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ran = []
-    monkeypatch.setattr("spader.infra.rerun.subprocess.call", lambda cmd: ran.append(cmd) or 0)
+    monkeypatch.setattr("spader.infra.replace_guard.subprocess.call", lambda cmd: ran.append(cmd) or 0)
     assert main(["a.json", "b.json", "--", "--profile", "slurm", "-n"]) == 0
     assert ran[-1][3:] == ["--profile", "slurm", "-n", "--forcerun", "a.json", "b.json"]
     with pytest.raises(SystemExit):
@@ -139,7 +139,7 @@ def test_snakemake_finds_the_rule_of_an_absolute_path(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     target = "results/demo/data/eval/quest.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "spader.infra.rerun", str(tmp_path / target), "--", "-n", target, "-s",
+        [sys.executable, "-m", "spader.infra.replace_guard", str(tmp_path / target), "--", "-n", target, "-s",
          str(repo / "workflow" / "Snakefile"), "-d", str(tmp_path), "--configfile", str(repo / "config" / "demo.yaml")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

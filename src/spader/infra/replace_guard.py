@@ -12,9 +12,10 @@ The guard looks at what Snakemake plans, not at file permissions (Snakemake's ``
 outputs read-only, which a job run as root, common in containers, writes anyway, and which refuses
 a deliberate ``--forcerun`` too).
 
-``python -m spader.infra.rerun OUTPUT... [--from-scratch] [-- SNAKEMAKE OPTIONS...]`` recomputes
-``OUTPUT`` (a file, or a rule's name) and everything downstream of it in the targets given (default:
-the workflow's ``all``): ``snakemake <options> --forcerun OUTPUT...``. With ``--from-scratch`` a
+``spader rerun OUTPUT... [--from-scratch] [-- SNAKEMAKE OPTIONS...]`` (alias ``python -m
+spader.infra.replace_guard``) recomputes ``OUTPUT`` (a file, or a rule's name) and everything
+downstream of it in the targets given (default: the workflow's ``all``): ``snakemake <options>
+--forcerun OUTPUT...``. With ``--from-scratch`` a
 training record's work directory (its checkpoints) is first moved aside, so the training starts
 from step 0 instead of resuming (``results/<b>/train/<v>/work`` becomes ``work.replaced-<time>``,
 kept until deleted by hand).
@@ -112,7 +113,7 @@ def guard_message(blocked: Sequence[PlannedJob], *, shown: int = 12) -> str:
         lines.append(f"  ... and {len(blocked) - shown} more")
     outputs = " ".join(job.existing[0] for job in blocked)
     lines.append(
-        "To recompute them on purpose: python -m spader.infra.rerun "
+        "To recompute them on purpose: spader rerun "
         f"{outputs} -- <your snakemake options and targets>; to keep them, undo the change "
         "(docs/running.md#recomputing-on-purpose)"
     )
@@ -265,9 +266,9 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m spader.infra.rerun OUTPUT... [--from-scratch] [-- SNAKEMAKE OPTIONS...]``
+    """``python -m spader.infra.replace_guard OUTPUT... [--from-scratch] [-- SNAKEMAKE OPTIONS...]``
     (an alias of ``spader rerun``)."""
-    parser = argparse.ArgumentParser(prog="python -m spader.infra.rerun", description=HELP)
+    parser = argparse.ArgumentParser(prog="python -m spader.infra.replace_guard", description=HELP)
     add_arguments(parser)
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
