@@ -103,7 +103,6 @@ class Advantage:
             (``fn(token_level_rewards, response_mask, config, index, **kw) -> (advantages,
             returns)``), which the verl integration registers under ``estimator``; None for
             verl's own (``gae``) or one the integration registers itself.
-        critic: trains a critic (verl's ``critic.enable``).
     """
 
     name: str
@@ -111,7 +110,6 @@ class Advantage:
     rewards: tuple[str, ...]
     description: str
     function: str | None = None
-    critic: bool = False
 
 
 def _no_verl_settings(settings: BaseModel, training: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,7 +180,8 @@ class Method:
         rewards: the rewards it brings.
         advantages: the advantages it brings.
         verl_config: the project verl YAML (``config/verl/<name>.yaml``) its variants compose
-            from unless a variant names another.
+            from unless a variant names another; by default GRPO's, the structure of verl's
+            trainer without a critic (the estimator, trainer mode and numbers are overrides).
         tables: the tables its variants may be rows of.
     """
 
@@ -190,7 +189,7 @@ class Method:
     description: str
     rewards: tuple[Reward, ...] = ()
     advantages: tuple[Advantage, ...] = ()
-    verl_config: str = "base"
+    verl_config: str = "grpo"
     tables: tuple[TableRole, ...] = field(default_factory=tuple)
 
 

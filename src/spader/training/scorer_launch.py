@@ -22,6 +22,7 @@ from typing import Any
 
 from spader.config.model import JUDGE_CLIENT_KEYS, JudgeConfig, StepSearchConfig, VariantConfig
 from spader.integrations.verl.hydra import hydra_value
+from spader.methods import reward_spec
 
 __all__ = [
     "OPERATIONAL_JUDGE_KEYS",
@@ -101,8 +102,8 @@ def scorer_launch(
                 f"++algorithm.stepsearch.workers={workers}",
             ],
         )
-    if reward != "r3rag":
-        return ScorerLaunch()
+    if reward != "r3rag":  # the turns' details where the reward reads them (a plug-in's too)
+        return ScorerLaunch(record_turns=reward_spec(reward).record_turns)
     if not _variant(variant).serves_judge:
         return ScorerLaunch(record_turns=True)
     if judge is None:

@@ -19,7 +19,6 @@ METHOD = register(
                 estimator="gae",
                 rewards=("terminal", "stepsearch"),
                 description="PPO with a critic (verl's GAE)",
-                critic=True,
             ),
         ),
         verl_config="ppo",

@@ -59,7 +59,6 @@ METHOD = register(
                 estimator="r3rag_turn_gae",
                 rewards=("r3rag",),
                 description="GAE inside each assistant turn (R3-RAG)",
-                critic=True,
             ),
         ),
         verl_config="r3rag",
