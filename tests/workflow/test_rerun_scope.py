@@ -55,12 +55,11 @@ def test_variant_hyperparameter_reruns_only_that_variant():
 
 def test_variant_yaml_edit_reruns_only_variants_built_on_it():
     jobs = _jobs(_paper(), TARGET)
-    affected = _affected(jobs, jobs, changed_input="config/verl/beta_8.yaml")
-    assert {a for a in affected if a[0] == "train_policy"} == {("train_policy", "beta_8")}
+    affected = _affected(jobs, jobs, changed_input="config/verl/ppo.yaml")
+    assert {a for a in affected if a[0] == "train_policy"} == {("train_policy", "ppo")}
+    # SPADER's variants compose its one YAML (config/verl/spader.yaml)
     spader_children = {
-        a[1]
-        for a in _affected(jobs, jobs, changed_input="config/verl/spader_base.yaml")
-        if a[0] == "train_policy"
+        a[1] for a in _affected(jobs, jobs, changed_input="config/verl/spader.yaml") if a[0] == "train_policy"
     }
     # beta_0 and beta_4 train no run of their own in the paper setup (the same as no_np and spader)
     assert {"spader", "no_spa", "no_np", "no_ig", "beta_1", "beta_8"} <= spader_children
