@@ -133,6 +133,8 @@ def test_every_training_key_reaches_verl():
     by_launcher |= {"time_limit", "max_search_error_rate", "rollout_timeout_s"}
     # the packed path and token-capped micro-batches (spader.integrations.verl.overrides, tested below)
     by_launcher |= {"remove_padding", "max_token_len_per_gpu"}
+    # the policy loss of the importance ratio (tests/verl/test_policy_ratio.py)
+    by_launcher |= {"policy_ratio"}
     assert set(TRAINING) - by_method - by_launcher == set(TRAINING_KEYS)
 
 
@@ -154,6 +156,7 @@ def test_method_overrides_set_the_divergence_options():
         "alpha": 1.0,
         "beta": 2.5,
         "cost": 0.01,
+        "cost_per": "call",
         "novelty": "exp_decay",
         "cost_warmup": {"free_steps": 100, "ramp_steps": 100},
         "epsilon": "inside_sqrt",
@@ -344,7 +347,7 @@ def test_the_seed_override_moves_the_prompt_order_seed(tiny_model):
 def test_agent_settings_reach_verl():
     from spader.integrations.verl.overrides import agent_overrides
 
-    assert set(AGENT) - {"max_queries_per_call", "prompt_template"} == set(AGENT_KEYS)
+    assert set(AGENT) - {"max_queries_per_call", "prompt_template", "prompt_role"} == set(AGENT_KEYS)
     changed = dict(AGENT, max_turn_tokens=77, stop=["</answer>"], max_turns=3)
     cfg = compose("spader", agent_overrides(changed))
     assert cfg.spader_agent.max_turn_tokens == 77 and list(cfg.spader_agent.stop) == ["</answer>"]

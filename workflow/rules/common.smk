@@ -101,10 +101,12 @@ SUITE = config["suite"]
 VARIANTS = list(config["variants"])
 
 # The prompt template (agent.prompt_template, or the project's default file) is read by the jobs,
-# not imported: its hash is the param that reruns data export (and so training) and evaluation.
+# not imported: its hash and how it is sent (agent.prompt_role) are the param that reruns data
+# export (and so training) and evaluation.
 PROMPT = {
     "path": config["agent"]["prompt_template"],
     "version": load_template(config["agent"]["prompt_template"]).version,
+    "role": config["agent"]["prompt_role"],
 }
 
 # Variants whose resolved training config is identical (no_np and beta_0, spader and beta_4 in the

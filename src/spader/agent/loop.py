@@ -271,8 +271,8 @@ class Episode:
     ``generation_error`` or ``episode_error`` (``error`` says why; both score 0, except in the
     authors' loop, which scores a generation error on what the episode wrote and leaves an
     episode error out of the means: :attr:`dropped`). ``conversation`` holds the ids the model saw;
-    ``prompt_text`` the user prompt. With the authors' parser the answer is the last ``<answer>``
-    of the episode's turns, whatever ended it.
+    ``prompt_text`` the prompt's messages (system and user, joined by newlines). With the authors'
+    parser the answer is the last ``<answer>`` of the episode's turns, whatever ended it.
     """
 
     question: Question
@@ -562,7 +562,7 @@ def _start_episodes(
     for ep in episodes:
         try:
             messages = build_messages(ep.question.question, template)
-            ep.prompt_text = messages[-1]["content"]
+            ep.prompt_text = "\n".join(m["content"] for m in messages)
             if settings.loop == "authors":  # the history is rendered again before every turn
                 ep.conversation = RenderedConversation(tokenizer, messages, settings.observation_format)
             else:

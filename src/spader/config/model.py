@@ -882,6 +882,13 @@ class TrainingConfig(Section):
     top_p: StrictFloat = Field(1.0, gt=0, le=1, description="rollout top-p")
     kl_loss_coef: StrictFloat = Field(0.001, ge=0, le=100, description="KL loss coefficient")
     kl_loss_type: str = Field("low_var_kl", description="verl KL loss type")
+    policy_ratio: Literal["token", "step"] = Field(
+        "token",
+        description="importance ratio of the clipped objective: token (verl's, one ratio per token "
+        "averaged over tokens, as the authors' code trains) or step (the paper's eq. 3, one ratio per "
+        "decision step, the product of its tokens' ratios, summed over steps and averaged over "
+        "trajectories; a verl policy loss of the plug-in)",
+    )
     gamma: StrictFloat = Field(
         0.9,
         ge=0,
@@ -1065,8 +1072,14 @@ class AgentConfig(Section):
     )
     prompt_template: Annotated[str, StringConstraints(min_length=1)] | None = Field(
         None,
-        description="the user prompt: a packaged template by name (default, authors: the authors' "
+        description="the prompt: a packaged template by name (default, authors: the authors' "
         "wording) or a template file (one {question} placeholder); null: default",
+    )
+    prompt_role: Literal["system", "user"] = Field(
+        "system",
+        description="how the prompt is sent: system (the paper's structured system prompt: the "
+        "template's text before the line holding {question} is a system message, that line the "
+        "user turn) or user (the whole prompt as one user message, as the authors' code sends it)",
     )
 
     @model_validator(mode="after")

@@ -4,7 +4,9 @@ verl parquet (docs/data.md, "Normalized record"; read by
 ``verl.utils.dataset.rl_dataset.RLHFDataset``), one row per question::
 
     data_source   the dataset: "qampari" | "mintaka" | "webqsp" | "quest" | ...   (reward dispatch key)
-    prompt        [{"role": "user", "content": spader.core.prompt.build_user_prompt(question)}]
+    prompt        spader.core.prompt.build_messages(question, template): the template's instructions
+                  as a system message and its question line as the user turn
+                  (agent.prompt_role: system), or the whole prompt as one user message (user)
     ability       "multi-answer-qa"
     reward_model  {"style": "rule", "ground_truth": {"target": [primary names],
                                                      "entities": [[aliases...], ...]}}

@@ -318,9 +318,9 @@ TABLE: tuple[Rerun, ...] = (
         demo=("train_policy", "export_checkpoint", "evaluate_policy", "aggregate_results"),
     ),
     Rerun(
-        ("agent.prompt_template",),
+        ("agent.prompt_template", "agent.prompt_role"),
         ("export_rl_dataset", *_TRAINED),
-        "the prompt: the training data export, every training and evaluation",
+        "the prompt and how it is sent: the training data export, every training and evaluation",
     ),
     Rerun(("agent.*",), _TRAINED, "one agent turn, the same in training and evaluation", demo=_WARM),
     Rerun(("evaluation.cpu_threads",), NOTHING, "threads of a CPU evaluation job (a resource)"),
