@@ -299,6 +299,7 @@ VALUES: dict[str, Any] = {
     "backbones.*.gpus": 6,  # 2 GPUs left to verl beside a 4-GPU judge, which divide 32 x 16
     "backbones.*.variants": lambda c, k: {k: get(c, k)[:-1]},
     "backbones.*.prompting": ["rag"],
+    "backbones.*.max_context_tokens": 4096,
     "variants.*.verl_config": "no_np",
     "variants.*.nodes": 2,
     "training.kl_loss_type": "kl",

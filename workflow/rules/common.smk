@@ -17,7 +17,7 @@ from spader.config import (
     verl_config_dir,
 )
 from spader.core.prompt import load_template
-from spader.methods import table_rows, verl_yaml
+from spader.methods import assumed_methods, table_rows, verl_yaml
 from spader.infra.failures import failure_report
 from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
@@ -367,10 +367,10 @@ def get_verl_configs(wildcards):
     return [workflow_file(p) for p in chain]
 
 
-def evaluation_params():
+def evaluation_params(wildcards):
     """The `evaluation` param of evaluate_policy, the settings that can change a score (not the
-    tables' bootstrap, not the job's threads), with the context budget resolved."""
-    budget = {"max_context_tokens": CONFIG.evaluation_context_tokens}
+    tables' bootstrap, not the job's threads), with the backbone's context budget resolved."""
+    budget = {"max_context_tokens": CONFIG.context_tokens_of(wildcards.backbone)}
     return canonical({**section_params("evaluate_policy", "evaluation"), **budget})
 
 

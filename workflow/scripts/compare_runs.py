@@ -12,4 +12,5 @@ with job(snakemake):
         datasets=snakemake.params.datasets,
         name=snakemake.params.run,
         uncertainty=snakemake.params.uncertainty,
+        assumed=snakemake.params.assumed,
     )

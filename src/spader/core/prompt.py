@@ -226,13 +226,19 @@ def observation_message(text: str, fmt: str = "spader") -> dict[str, str]:
     return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
 
 
-def error_observation(error: str, fmt: str = "spader", max_chars: int | None = None) -> str:
+def error_observation(
+    error: str, fmt: str = "spader", max_chars: int | None = None, content: str | None = None
+) -> str:
     """The observation of a call that ran no search (a malformed call, a refused request): the
     project's ``Error: <why>``, or in the authors' format the message itself between
-    ``<tool_response>`` tags (their parser's and their tool's messages, :mod:`spader.core.parsing`);
-    cut to ``max_chars`` as an observation is."""
+    ``<tool_response>`` tags, as their evaluation shows it (their parser's and their tool's
+    messages, :mod:`spader.core.parsing`), or ``content`` when given (the whole observation their
+    training shows instead: :func:`spader.core.parsing.authors_training_call`); cut to
+    ``max_chars`` as an observation is."""
     if fmt == "authors":
-        return _authors_cut(f"<tool_response>{error}</tool_response>", max_chars)
+        return _authors_cut(
+            f"<tool_response>{error}</tool_response>" if content is None else content, max_chars
+        )
     text = format_observation([], error=error)
     return text if max_chars is None else text[:max_chars]
 

@@ -276,6 +276,12 @@ TABLE: tuple[Rerun, ...] = (
         ("backbones.*.gpus",), _TRAINED, "GPUs per training job (data-parallel ranks)", scope="that backbone"
     ),
     Rerun(
+        ("backbones.*.max_context_tokens",),
+        _EVALUATED,
+        "the token budget of a backbone's evaluation episodes",
+        scope="that backbone",
+    ),
+    Rerun(
         ("backbones.*.warmstart",),
         None,
         "no warm start: every method starts from the tiny model as built",

@@ -103,6 +103,7 @@ AGENT_KEYS = {
     "regenerations": "spader_agent.regenerations",
     "parser": "spader_agent.parser",
     "observation_format": "spader_agent.observation_format",
+    "turn_boundary": "spader_agent.turn_boundary",
 }
 #: ``agent.parser`` -> the tool parser verl's multi-turn rollout uses (``multi_turn.format``) and
 #: the terminal reward reads answers with (``reward_kwargs.parser``).

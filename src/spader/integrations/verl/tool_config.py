@@ -64,6 +64,7 @@ def write_tool_config(
     record_turns: bool = False,
     observation_format: str = "spader",
     discovery: str = "passages",
+    denominator: str = "distinct",
 ) -> Path:
     """Write verl's tool YAML for :class:`spader.integrations.verl.search_tool.SearchTool`.
 
@@ -80,6 +81,7 @@ def write_tool_config(
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
         observation_format: ``spader`` or ``authors`` (``agent.observation_format``).
         discovery: ``passages`` or ``substring`` (``training.divergences.discovery``).
+        denominator: ``distinct`` or ``entries`` (``training.divergences.denominator``).
     Returns:
         The written path.
     """
@@ -102,6 +104,7 @@ def write_tool_config(
             "record_turns": bool(record_turns),
             "observation_format": str(observation_format),
             "discovery": str(discovery),
+            "denominator": str(denominator),
         }
     except KeyError as exc:
         raise ValueError(
