@@ -58,6 +58,32 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _record_rows(results: dict, seconds: dict, steps: int, seed: int) -> tuple[list[dict], list[list[str]]]:
+    """The record's rows (each ratio's means over the steps) and the per-step table's rows."""
+    table = [
+        [ratio, str(step), *(_fmt(metrics.get(key)) for key in COLUMNS.values())]
+        for ratio in RATIOS
+        for step, metrics in sorted(results[ratio].items())
+    ]
+    rows = []
+    for ratio in RATIOS:
+        done = results[ratio].values()
+        means = {
+            name: sum(m.get(key, 0.0) for m in done) / max(len(done), 1) for name, key in COLUMNS.items()
+        }
+        rows.append(
+            {
+                "what": f"policy_ratio {ratio}: mean over {steps} steps (seed {seed})",
+                "result": ", ".join(f"{name} {_fmt(value)}" for name, value in means.items())
+                + f"; {seconds[ratio]:.0f} s",
+                "target": None,
+                "verdict": None,
+                "numbers": {**means, "seconds": seconds[ratio]},
+            }
+        )
+    return rows, table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3)
@@ -79,46 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         results[ratio] = train(world, work, ratio, args.steps, args.seed)
         seconds[ratio] = time.monotonic() - started
+    rows, table = _record_rows(results, seconds, args.steps, args.seed)
     header = ["ratio", "step", *COLUMNS]
-    rows = []
-    for ratio in RATIOS:
-        for step, metrics in sorted(results[ratio].items()):
-            rows.append([ratio, str(step), *(_fmt(metrics.get(key)) for key in COLUMNS.values())])
-    print("\t".join(header))
-    for row in rows:
-        print("\t".join(row))
-    means = {
-        ratio: {
-            name: sum(m.get(key, 0.0) for m in results[ratio].values()) / max(len(results[ratio]), 1)
-            for name, key in COLUMNS.items()
-        }
-        for ratio in RATIOS
-    }
+    print("\n".join("\t".join(row) for row in [header, *table]))
     if args.no_record:
         return 0
-    record_rows = [
-        {
-            "what": f"policy_ratio {ratio}: mean over {args.steps} steps (seed {args.seed})",
-            "result": ", ".join(f"{name} {_fmt(value)}" for name, value in means[ratio].items())
-            + f"; {seconds[ratio]:.0f} s",
-            "target": None,
-            "verdict": None,
-            "numbers": {**means[ratio], "seconds": seconds[ratio]},
-        }
-        for ratio in RATIOS
-    ]
-    tables = {
-        "steps": {
-            "title": "Per training step: clip fraction, KL (to the sampling policy, to the reference), reward",
-            "columns": header,
-            "rows": rows,
-        }
-    }
+    title = "Per training step: clip fraction, KL (to the sampling policy, to the reference), reward"
     path = write_record(
         "bench/policy_ratio.py",
-        record_rows,
+        rows,
         argv=sys.argv[1:] if argv is None else argv,
-        tables=tables,
+        tables={"steps": {"title": title, "columns": header, "rows": table}},
         directory=args.records,
     )
     print(f"record: {path}")

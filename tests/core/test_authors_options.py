@@ -64,6 +64,9 @@ def test_their_tool_call_reading():
     }
     deep = "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>"  # hostile nesting never raises
     assert authors_tool_call(deep).error is not None
+    from spader.core.parsing import authors_training_call
+
+    assert authors_training_call(deep).observation.startswith("<tool_response>\nYour tool call could not")
     # a turn with a call is a search step whatever follows; one without is the episode's last
     turn = parse_turn('<tool_call>["a"]</tool_call> <answer>["A"]</answer>', (), "authors")
     assert turn.kind == "search" and turn.tool_call.queries == ["a"]

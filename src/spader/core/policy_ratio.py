@@ -9,7 +9,10 @@ terms over the steps of a trajectory, divided by the number of trajectories G:
     J = 1/G sum_i sum_t min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)
 
 verl's objective (the authors' code) clips one ratio per token and averages over tokens
-(``token-mean``). :func:`step_ratio_loss` computes the paper's per-step terms; the verl plug-in
+(``token-mean``). A step's log-ratio here is the sum of its tokens' ``log_prob - old_log_prob``
+(clamped to +-20 as verl clamps a token's); its advantage is the mean of its tokens' advantages
+(SPA and GRPO give every token of a step the same one; for a critic's per-token advantages it is
+their mean); the dual clip bounds the term of a negative advantage as verl's vanilla loss does. :func:`step_ratio_loss` computes the paper's per-step terms; the verl plug-in
 registers it as a policy loss (``training.policy_ratio: step``,
 :mod:`spader.integrations.verl.policy_loss`), which sums them over each trajectory and averages
 over the trajectories of the mini-batch.
@@ -67,22 +70,14 @@ def step_ratio_loss(
     clip_c: float,
     weights: Tensor | None = None,
 ) -> StepLoss:
-    """The paper's per-step clipped terms (eq. 3) of a micro-batch.
-
-    A step's log-ratio is the sum of its tokens' ``log_prob - old_log_prob`` (clamped to +-20 as
-    verl clamps a token's); its advantage is the mean of its tokens' advantages (SPA and GRPO give
-    every token of a step the same one; for a critic's per-token advantages it is their mean). The
-    dual clip (``clip_c``) bounds the term of a negative advantage as verl's vanilla loss does.
+    """The paper's per-step clipped terms (eq. 3) of a micro-batch (see the module docstring).
 
     Args:
-        old_log_prob, log_prob, advantages: (B, L) per token.
-        response_mask: (B, L) 1 (or True) on assistant tokens; its maximal runs are the steps.
-        clip_low, clip_high: the clip range ``[1 - clip_low, 1 + clip_high]``.
-        clip_c: the dual-clip bound (> 1).
-        weights: optional (B, L) rollout-correction weights per token; a step's term is scaled by
-            their mean over its tokens.
-    Returns:
-        :class:`StepLoss`.
+        old_log_prob, log_prob, advantages: (B, L) per token; response_mask: (B, L) 1 (or True)
+            on assistant tokens, whose maximal runs are the steps.
+        clip_low, clip_high: the clip range ``[1 - clip_low, 1 + clip_high]``; clip_c: the
+            dual-clip bound (> 1); weights: optional (B, L) rollout-correction weights, a step's
+            term scaled by their mean over its tokens.
 
     >>> mask = torch.tensor([[1, 1, 0, 1]])
     >>> old = torch.zeros(1, 4)
@@ -99,36 +94,40 @@ def step_ratio_loss(
     run = steps.run_ids
     chosen = run >= 0
     ids = run[chosen]
-    dtype = log_prob.dtype
     token_log_ratio = log_prob - old_log_prob
-    log_ratio = torch.zeros(n, dtype=dtype, device=log_prob.device).index_add(0, ids, token_log_ratio[chosen])
-    tokens = torch.zeros(n, dtype=dtype, device=log_prob.device).index_add(
-        0, ids, torch.ones_like(ids, dtype=dtype)
+
+    def per_step(values: Tensor) -> Tensor:  # the sum of each step's tokens' values
+        return torch.zeros(n, dtype=log_prob.dtype, device=log_prob.device).index_add(
+            0, ids, values[chosen].to(log_prob.dtype)
+        )
+
+    tokens = per_step(torch.ones_like(log_prob)).clamp(min=1)
+    adv = per_step(advantages) / tokens
+    ratio = torch.exp(per_step(token_log_ratio).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
+    term, clipped, dual = _clipped(ratio, adv, clip_low, clip_high, clip_c)
+    if weights is not None:
+        term = term * per_step(weights) / tokens
+    where = (steps.rows, steps.ends)
+    share = (lambda x: x.float().mean()) if n else (lambda x: torch.zeros((), device=log_prob.device))
+    kl = -token_log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)[mask]
+    return StepLoss(
+        loss=torch.zeros_like(log_prob).index_put(where, term),
+        mask=torch.zeros_like(mask).index_put(where, torch.ones(n, dtype=torch.bool, device=mask.device)),
+        clipfrac=share(clipped).detach(),
+        clipfrac_lower=share(dual).detach(),
+        ppo_kl=(kl.mean() if kl.numel() else torch.zeros((), device=log_prob.device)).detach(),
+        steps=n,
     )
-    adv = torch.zeros(n, dtype=dtype, device=log_prob.device).index_add(
-        0, ids, advantages[chosen].to(dtype)
-    ) / tokens.clamp(min=1)
-    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
+
+
+def _clipped(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float, clip_c: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """verl's vanilla clipped term of each ratio and advantage (the loss, negated objective), and
+    where the clip and the dual clip were used."""
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
     pessimistic = torch.maximum(unclipped, clipped)
     bound = -adv * clip_c
     term = torch.where(adv < 0, torch.minimum(bound, pessimistic), pessimistic)
-    if weights is not None:
-        mean_weight = torch.zeros(n, dtype=dtype, device=log_prob.device).index_add(
-            0, ids, weights[chosen].to(dtype)
-        ) / tokens.clamp(min=1)
-        term = term * mean_weight
-    where = (steps.rows, steps.ends)
-    loss = torch.zeros_like(log_prob).index_put(where, term)
-    ends = torch.zeros_like(mask).index_put(where, torch.ones(n, dtype=torch.bool, device=mask.device))
-    share = (lambda x: x.float().mean()) if n else (lambda x: torch.zeros((), device=log_prob.device))
-    kl = -token_log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)[mask]
-    return StepLoss(
-        loss=loss,
-        mask=ends,
-        clipfrac=share(clipped > unclipped).detach(),
-        clipfrac_lower=share((pessimistic > bound) & (adv < 0)).detach(),
-        ppo_kl=(kl.mean() if kl.numel() else torch.zeros((), device=log_prob.device)).detach(),
-        steps=n,
-    )
+    return term, clipped > unclipped, (pessimistic > bound) & (adv < 0)

@@ -150,7 +150,9 @@ def check_verl(df: pl.DataFrame) -> pl.DataFrame:
     gt = pl.col("reward_model").struct.field("ground_truth")
     bad = df.with_row_index("_row").filter(
         pl.col("data_source").is_null()
-        | (pl.col("prompt").list.len() != 1)
+        # the user turn, after the system message when the prompt is sent as one (agent.prompt_role)
+        | ~pl.col("prompt").list.len().is_between(1, 2)
+        | (pl.col("prompt").list.last().struct.field("role") != "user")
         | (gt.struct.field("target").list.len() == 0)
         | (gt.struct.field("target").list.len() != gt.struct.field("entities").list.len())
         | pl.col("extra_info").struct.field("id").is_null()

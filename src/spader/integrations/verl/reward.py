@@ -61,6 +61,19 @@ def gold_entities(ground_truth: Any) -> list[list[str]]:
     return _alias_lists(ground_truth)
 
 
+def _answer_prf(parsed, gold: list[list[str]], aliases: str, data_source: str, ground_truth: Any):
+    """The answer's precision, recall and F1 against ``gold`` (0 for an invalid answer)."""
+    if aliases not in ("aware", "blind"):
+        raise ValueError(f"reward_kwargs.aliases must be aware or blind, got {aliases!r}")
+    if not gold_alias_sets(gold):
+        raise ValueError(f"ground truth of a {data_source!r} row has no usable entity: {ground_truth!r}")
+    if not parsed.valid:
+        return 0.0, 0.0, 0.0
+    if aliases == "blind":  # the authors' reward: one string per alias list, their normaliser
+        return authors_reward_prf(parsed.answers, [t for (t,) in alias_blind(gold)])
+    return prf(parsed.answers, gold)
+
+
 def compute_score(
     data_source: str,
     solution_str: str,
@@ -103,17 +116,9 @@ def compute_score(
         parsed = final_answer(str(extra_info[FINAL_TURN_KEY] or ""))
     else:
         raise ValueError(f"reward_kwargs.parser must be spader or authors, got {parser!r}")
-    gold = gold_entities(ground_truth)
-    if aliases not in ("aware", "blind"):
-        raise ValueError(f"reward_kwargs.aliases must be aware or blind, got {aliases!r}")
-    if not gold_alias_sets(gold):
-        raise ValueError(f"ground truth of a {data_source!r} row has no usable entity: {ground_truth!r}")
-    if not parsed.valid:
-        precision, recall, f1 = 0.0, 0.0, 0.0
-    elif aliases == "blind":  # the authors' reward: one string per alias list, their normaliser
-        precision, recall, f1 = authors_reward_prf(parsed.answers, [t for (t,) in alias_blind(gold)])
-    else:
-        precision, recall, f1 = prf(parsed.answers, gold)
+    precision, recall, f1 = _answer_prf(
+        parsed, gold_entities(ground_truth), aliases, data_source, ground_truth
+    )
     score = terminal_reward(f1 if parsed.valid else None, invalid_format_reward=invalid_format_reward)
     return {
         "score": score,

@@ -79,9 +79,8 @@ def write_tool_config(
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
-        observation_format: ``spader`` or ``authors`` (``agent.observation_format``).
-        discovery: ``passages`` or ``substring`` (``training.divergences.discovery``).
-        denominator: ``distinct`` or ``entries`` (``training.divergences.denominator``).
+        observation_format, discovery, denominator: ``agent.observation_format``,
+            ``training.divergences.discovery`` and ``.denominator``.
     Returns:
         The written path.
     """
