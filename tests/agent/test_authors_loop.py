@@ -153,7 +153,8 @@ def test_their_loop_renders_the_history_again_each_turn(scripted, fake_search, t
         ]
     }
     theirs = dataclasses.replace(AUTHORS, loop="authors")
-    engine, (ep,), _ = run(scripted, fake_search, scripts, theirs)
+    one_message = load_template(role="user")  # agent.prompt_role: user, as their script sends it
+    engine, (ep,), _ = run(scripted, fake_search, scripts, theirs, template=one_message)
     messages = [
         {"role": "user", "content": ep.prompt_text},
         {
@@ -164,7 +165,7 @@ def test_their_loop_renders_the_history_again_each_turn(scripted, fake_search, t
     ]
     second_prompt = engine.requests[1][0]
     assert second_prompt == render_ids(tokenizer, messages, add_generation_prompt=True)
-    engine, _, _ = run(scripted, fake_search, scripts, AUTHORS)  # the project's loop: ids kept as generated
+    engine, _, _ = run(scripted, fake_search, scripts, AUTHORS, one_message)  # the project's loop: ids kept
     assert engine.requests[1][0] != second_prompt
 
 
@@ -266,3 +267,106 @@ def test_the_config_sections_reach_the_loops_settings():
         ).max_turn_tokens
         == 48
     )
+
+
+def test_their_context_limit_ends_the_episode_on_random_episodes(scripted, fake_search, tokenizer):
+    """``evaluation.overflow: end_episode``: a turn whose cap does not fit in the context left is
+    a request their vLLM server refuses, and their loop stops there, scored on what the episode
+    wrote. Against their loop (authors_reference.evaluation_episode) on random episodes: the same
+    turns, the same observations, the same predictions; ``shrink`` instead gives the last turn the
+    room left."""
+    import random
+
+    import authors_reference as theirs
+
+    from spader.core.metrics import authors_prf
+    from spader.core.prompt import fit_authors_observation
+
+    rng = random.Random(3)
+    template = load_template("authors", role="user")  # their evaluation's one user message
+    prompt = [{"role": "user", "content": template.user_prompt(FILMS)}]
+    start = len(render_ids(tokenizer, prompt, add_generation_prompt=True))
+    ended = shrank = 0
+    for _ in range(12):
+        names = ["Winter Quay", "Glass Harbour", "Salt Orchard", "Ilse Varga", "Lake Morrow"]
+        turns = [
+            f"<think>{'plan ' * rng.randint(1, 30)}</think><answer>{json.dumps(rng.sample(names, 2))}</answer>"
+            f"<tool_call>{json.dumps(rng.sample(names, rng.randint(1, 3)))}</tool_call>"
+            for _ in range(rng.randint(1, 4))
+        ] + ['<answer>["Winter Quay"]</answer>']
+        cap = rng.choice([40, 120, 300])
+        limit = start + cap + rng.randint(0, 900)
+        settings = dataclasses.replace(
+            AUTHORS,
+            loop="authors",
+            max_turns=6,
+            max_turn_tokens=cap,
+            max_context_tokens=limit,
+            overflow="end_episode",
+        )
+        engine, (ep,), (rec,) = run(scripted, fake_search, {FILMS: turns}, settings, template=template)
+        said = iter(tokenizer.decode(tokenizer.encode(t)[:cap]) for t in turns)  # max_tokens cuts a turn
+
+        def observe(queries):
+            text, _ = fit_authors_observation(queries, fake_search(queries), 11000, context="evaluation")
+            return text
+
+        def served(messages):
+            # the history as a chat-completions server holds it: each turn's text decoded without
+            # special tokens (the tiny tokenizer's action tags are special ones, Qwen3's are not)
+            return [
+                dict(m, content=tokenizer.decode(tokenizer.encode(m["content"]), skip_special_tokens=True))
+                if m["role"] == "assistant"
+                else m
+                for m in messages
+            ]
+
+        messages = theirs.evaluation_episode(
+            [dict(m) for m in prompt],
+            lambda _, said=said: next(said),
+            observe,
+            lambda m: len(render_ids(tokenizer, served(m), add_generation_prompt=True)),
+            max_model_len=limit,
+            max_tokens=cap,
+            max_turns=6,
+        )
+        written = [m["content"] for m in messages if m["role"] == "assistant"]
+        assert [s.text for s in ep.steps] == written
+        assert all(budget == cap and len(p) + cap <= limit for p, budget, _ in engine.requests)
+        their_answer = theirs.get_answers("\n".join(written))
+        assert ep.predictions == (their_answer or [])
+        assert rec["f1"] == pytest.approx(authors_prf(their_answer, FILMS_GOLD)[2])
+        size = len(render_ids(tokenizer, served(messages), add_generation_prompt=True))
+        refused = len(written) < 6 and messages[-1]["role"] == "user" and size + cap > limit
+        assert (ep.status == "context_budget") == refused
+        if refused:
+            ended += 1
+            assert rec["budget_cut"]
+            # the project's budget: a turn that does not fit runs with the room left (unless the
+            # observation before it already overflowed the budget)
+            shrunk, _, _ = run(
+                scripted,
+                fake_search,
+                {FILMS: turns},
+                dataclasses.replace(settings, overflow="shrink"),
+                template,
+            )
+            later = [budget for _, budget, _ in shrunk.requests[len(engine.requests) :]]
+            assert all(b < cap for b in later)
+            shrank += bool(later)
+    assert ended >= 3 and shrank >= 1
+
+
+def test_their_turn_boundary_in_the_evaluation_loop(scripted, fake_search, tokenizer):
+    """``agent.turn_boundary: authors`` holds in the loop that keeps training's ids: the observation
+    turn follows the turn's last generated token, as their training appends it."""
+    scripts = {FILMS: ['<tool_call>["Ilse Varga"]</tool_call><|im_end|>', '<answer>["Winter Quay"]</answer>']}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    follows = {}
+    for boundary in ("template", "authors"):
+        settings = dataclasses.replace(AUTHORS, turn_boundary=boundary)
+        engine, _, _ = run(scripted, fake_search, scripts, settings)
+        second = engine.requests[1][0]
+        at = len(engine.requests[0][0]) + second[len(engine.requests[0][0]) :].index(im_end)
+        follows[boundary] = tokenizer.decode(second[at + 1 : at + 3], skip_special_tokens=False)
+    assert follows == {"template": "\n<|im_start|>", "authors": "<|im_start|>user"}

@@ -64,6 +64,9 @@ def test_their_tool_call_reading():
     }
     deep = "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>"  # hostile nesting never raises
     assert authors_tool_call(deep).error is not None
+    from spader.core.parsing import authors_training_call
+
+    assert authors_training_call(deep).observation.startswith("<tool_response>\nYour tool call could not")
     # a turn with a call is a search step whatever follows; one without is the episode's last
     turn = parse_turn('<tool_call>["a"]</tool_call> <answer>["A"]</answer>', (), "authors")
     assert turn.kind == "search" and turn.tool_call.queries == ["a"]
@@ -161,3 +164,138 @@ def test_their_prompt_is_a_packaged_template():
     assert template.source == "spader/core/prompts/authors.txt"
     assert template.text.startswith("Answer the question. You must strictly follow this loop for every step:")
     assert template.text.endswith("Question: {question}") and template.version != load_template().version
+
+
+# ---------------------------------------------------------------------------------------------
+# The options against the authors' functions on random inputs (tests/support/authors_reference.py)
+# ---------------------------------------------------------------------------------------------
+# names whose spellings their normaliser keeps apart and norm_v1 merges (accents, case), or that
+# both read alike (curly quotes, dashes, articles)
+NAMES = ["Café Lune", "Cafe Lune", "CAFÉ LUNE", "São Paulo", "Sao Paulo", "The Salt Orchard", "Salt Orchard",
+         "O'Brien", "O\u2019Brien", "Jean-Luc", "Jean\u2013Luc", "Winter Quay", "winter quay", "Lyon", "Ari"]  # fmt: skip
+
+
+def _gold(rng) -> list[list[str]]:
+    """Alias lists, some entries repeated (the same list, or the same entity spelled otherwise)."""
+    gold = [rng.sample(NAMES, rng.choice([1, 1, 1, 2])) for _ in range(rng.randint(1, 5))]
+    for _ in range(rng.randint(0, 2)):
+        gold.append(list(rng.choice(gold)))
+    return gold
+
+
+def test_their_reward_f1_with_alias_blind_gold_on_random_inputs():
+    """``aliases: blind`` scores the answer as their reward does (their normaliser, one string per
+    alias list): equal to their ``compute_score_qampari`` on every random case; the earlier F1
+    through norm_v1 differs on the accented spellings."""
+    import random
+
+    import authors_reference as theirs
+
+    from spader.integrations.verl.reward import compute_score
+
+    rng = random.Random(0)
+    differed = 0
+    for _ in range(2000):
+        gold = _gold(rng)
+        predicted = rng.sample(NAMES, rng.randint(0, 4)) + [f"['{rng.choice(NAMES)}']"] * rng.randint(0, 1)
+        solution = f"<think>x</think>\n<answer>{json.dumps(predicted, ensure_ascii=False)}</answer>"
+        want = theirs.training_f1(solution, gold)
+        got = compute_score("q", solution, {"entities": gold}, {"spader_final_turn": ""}, parser="authors",
+                            aliases="blind", invalid_format_reward=0.0)  # fmt: skip
+        assert got["f1"] == pytest.approx(want) and got["score"] == pytest.approx(want), (gold, predicted)
+        differed += prf(predicted, alias_blind(gold))[2] != pytest.approx(want)
+    assert differed > 0  # what norm_v1 made of it
+
+
+def _observation(rng) -> str:
+    words = [*rng.sample(NAMES, rng.randint(0, 3)), "passage", "text", "Aristotle", "Lyonnais"]
+    rng.shuffle(words)
+    return " ".join(words)
+
+
+def test_their_step_rewards_with_substring_discovery_and_listed_entries_on_random_groups():
+    """``discovery: substring`` with ``denominator: entries`` and their novelty premium, on
+    alias-blind gold as in their run: each distinct gold entry an entity by its exact text, matched
+    through their normaliser anywhere in the observation, ``|GT|`` every entry of the list. Equal
+    to their reward manager's step rewards on every random group; merging the entries with norm_v1
+    first (the former behaviour) differs."""
+    import random
+
+    import authors_reference as theirs
+
+    from spader.core.matching import discovery_gold
+    from spader.core.rewards import StepRewardWeights, _search_rewards
+
+    rng = random.Random(1)
+    weights = StepRewardWeights(alpha=1.0, beta=4.0, cost=0.0, novelty="exp_decay")
+    merged = 0
+    for _ in range(600):
+        gold = _gold(rng)
+        entries = alias_blind(gold)  # what the agent loop hands the search tool with aliases: blind
+        texts = [[_observation(rng) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 4))]
+        queries = [[0] * len(steps) for steps in texts]
+        found, n_gold = discovery_gold(entries, "substring", "entries")
+        hits = [[authors_text_hits(t, found) for t in steps] for steps in texts]
+        ours, _ = _search_rewards(hits, queries, n_gold, weights)
+        want = theirs.group_step_rewards(texts, [e for (e,) in entries], alpha=1.0, beta=4.0)
+        assert [[pytest.approx(r) for r in row] for row in want] == ours, (entries, texts)
+        old, old_n = discovery_gold(entries, "passages", "distinct")
+        old_hits = [[authors_text_hits(t, old) for t in steps] for steps in texts]
+        merged += _search_rewards(old_hits, queries, old_n, weights)[0] != ours
+    assert merged > 0
+
+
+def _call_text(rng) -> str:
+    """A random turn around a random <tool_call> block (their parsers' cases and more)."""
+    queries = rng.choice([["a", " b "], [], [" "], ["a", ["b", ["c"]]], ["a", 5, None], "solo"])
+    payload = rng.choice([
+        json.dumps(queries), json.dumps({"name": "search", "arguments": {"query_list": queries}}),
+        json.dumps({"arguments": {"query_list": queries}}), json.dumps({"name": "lookup", "arguments": {}}),
+        json.dumps({"name": None, "arguments": {"query_list": ["a"]}}), json.dumps({"name": 5}),
+        json.dumps({"arguments": "text"}), json.dumps({"arguments": ["a"]}), json.dumps({"query_list": ["q"]}),
+        json.dumps({"name": "search"}), '"films"', "42", "true", "null", "[oops", "{", "", "  [\"x\"]  ",
+        "['single quotes']",
+    ])  # fmt: skip
+    block = f"<tool_call>{payload}</tool_call>"
+    return rng.choice([
+        block, f"<think>plan</think>{block}", f'<tool_call>["first"]</tool_call> then {block}',
+        f"{block}<|im_end|>", "no call at all", f"<tool_call>{payload}", f"{payload}</tool_call>",
+    ])  # fmt: skip
+
+
+def test_their_training_and_evaluation_readings_of_a_call_on_random_turns():
+    """Their training (``spader_authors`` parser and tool) and their evaluation (``parser:
+    authors`` in the evaluation loop) each read a call their own way: a JSON scalar ends the
+    training episode and draws an error in evaluation, a malformed call's observation is their
+    training's in training and their evaluation's in evaluation."""
+    import random
+
+    import authors_reference as theirs
+
+    from spader.core.parsing import authors_training_call
+
+    rng = random.Random(2)
+    kinds = set()
+    for _ in range(3000):
+        text = _call_text(rng)
+        # training
+        kind, value = theirs.training_turn(text)
+        call = authors_training_call(text)
+        if kind == "end":
+            assert call is None, text
+        elif kind == "search":
+            assert call.error is None and call.queries == value, text
+        else:
+            assert error_observation(call.error, "authors", 11000, call.observation) == value, text
+        kinds.add(("training", kind))
+        # evaluation
+        kind, value = theirs.evaluation_turn(text)
+        call = authors_tool_call(text)
+        if kind == "end":
+            assert call is None, text
+        elif kind == "search":
+            assert call.error is None and call.queries == value, text
+        else:
+            assert error_observation(call.error, "authors", 11000) == value, text
+        kinds.add(("evaluation", kind))
+    assert len(kinds) == 6

@@ -7,6 +7,7 @@ from spader.core.prompt import (
     DEFAULT_TEMPLATE_PATH,
     PROMPT_TEMPLATE,
     PROMPT_VERSION,
+    PromptTemplate,
     build_messages,
     checked_template,
     load_template,
@@ -28,8 +29,31 @@ def test_default_template_carries_the_instructions_and_nothing_that_steers_searc
     lowered = text.lower()
     assert [s for s in STEERING if s in lowered] == []
     assert text.endswith("Question: {question}")
-    assert "system" not in [m["role"] for m in build_messages("Q?")]
-    assert build_messages("Which films?")[0]["content"].endswith("Question: Which films?")
+
+
+def test_the_prompt_is_a_system_message_by_default_and_one_user_message_as_an_option():
+    """The paper's "structured system prompt" (Appendix A): the instructions as a system message,
+    the question as the user turn; the authors' code sends the whole prompt as one user message."""
+    from spader.config.model import AgentConfig
+
+    system, user = build_messages("Which films?")
+    assert (system["role"], user["role"]) == ("system", "user")
+    assert user["content"] == "Question: Which films?"
+    assert system["content"] == PROMPT_TEMPLATE.removesuffix("Question: {question}").rstrip()
+    assert AgentConfig().prompt_role == load_template().role == "system"  # one default
+    (whole,) = load_template(role="user").messages("Which films?")
+    assert whole == {"role": "user", "content": PROMPT_TEMPLATE.replace("{question}", "Which films?")}
+    # a template with nothing before the question's line has no system message
+    assert PromptTemplate("Question: {question}").messages("Q") == [
+        {"role": "user", "content": "Question: Q"}
+    ]
+    # what follows the question's line stays in the user turn
+    two = PromptTemplate("Do it.\nQ: {question}\nThink first.").messages("x")
+    assert two == [{"role": "system", "content": "Do it."}, {"role": "user", "content": "Q: x\nThink first."}]
+    with pytest.raises(ValueError, match="prompt role must be one of"):
+        load_template(role="tool")
+    planned = {"path": None, "version": PROMPT_VERSION, "role": "user"}
+    assert checked_template(planned).messages("Which films?") == [whole]  # the rule's param
 
 
 def test_template_is_the_file_and_its_hash_is_the_version():
@@ -51,7 +75,10 @@ def test_a_replacement_template_from_config(tmp_path):
         'Search with {"json": "braces kept"} then answer.\nQuestion: Who {question}?'
     )
     assert template.version != PROMPT_VERSION
-    assert build_messages("Q", template) == [{"role": "user", "content": template.user_prompt("Q")}]
+    assert build_messages("Q", template) == [
+        {"role": "system", "content": 'Search with {"json": "braces kept"} then answer.'},
+        {"role": "user", "content": "Question: Q"},
+    ]
     path.write_text("Question: {question}, again {question}", encoding="utf-8")
     with pytest.raises(ValueError, match=r"authors.txt: needs exactly one \{question\} placeholder, found 2"):
         load_template(path)

@@ -45,7 +45,12 @@ def test_find_hits_ignores_aliases_that_normalize_to_nothing():
 # N(0) = 2, N(1) = 1, N(2) = 1, N(3) = 1 -> R(0) = 1 + 4/2 = 3, R(1) = R(2) = R(3) = 5
 HITS = [[{0, 1}, {1, 2}], [{0}], [set(), {3}]]
 QUERIES = [[2, 1], [3], [1, 2]]
-EXPECTED = [
+EXPECTED = [  # the paper's Cost(a_t): 0.01 per search call
+    [(3 + 5 - 0.01) / 4, (5 - 0.01) / 4],
+    [(3 - 0.01) / 4],
+    [(0 - 0.01) / 4, (5 - 0.01) / 4],
+]
+EXPECTED_PER_QUERY = [  # the authors' code: 0.01 per query
     [(3 + 5 - 0.02) / 4, (5 - 0.01) / 4],
     [(3 - 0.03) / 4],
     [(0 - 0.01) / 4, (5 - 0.02) / 4],
@@ -55,6 +60,15 @@ EXPECTED = [
 def test_search_step_rewards_hand_computed():
     got = search_step_rewards(HITS, QUERIES, 4, alpha=1.0, beta=4.0, cost=0.01)
     assert [[pytest.approx(v) for v in row] for row in EXPECTED] == got
+    per_query = search_step_rewards(HITS, QUERIES, 4, alpha=1.0, beta=4.0, cost=0.01, cost_per="query")
+    assert [[pytest.approx(v) for v in row] for row in EXPECTED_PER_QUERY] == per_query
+    # a call that issued no query (a malformed one) costs nothing either way
+    for per in ("call", "query"):
+        assert search_step_rewards([[set()]], [[0]], 1, alpha=1.0, beta=4.0, cost=0.5, cost_per=per) == [
+            [0.0]
+        ]
+    with pytest.raises(ValueError, match="cost_per"):
+        search_step_rewards(HITS, QUERIES, 4, alpha=1.0, beta=4.0, cost=0.01, cost_per="token")
 
 
 def test_no_np_and_no_ig_ablations():
@@ -82,7 +96,9 @@ def test_exp_decay_novelty_option():
 
 
 def test_cost_scale_multiplies_the_tool_cost():
-    got = search_step_rewards([[set()]], [[3]], 2, alpha=1.0, beta=4.0, cost=0.01, cost_scale=0.5)
+    got = search_step_rewards(
+        [[set()]], [[3]], 2, alpha=1.0, beta=4.0, cost=0.01, cost_scale=0.5, cost_per="query"
+    )
     assert got == [[pytest.approx(-0.015 / 2)]]
 
 

@@ -26,7 +26,7 @@ def test_hand_computed_group():
     r_e0 = 1 + 4 / 2  # found by both trajectories
     r_e1 = 1 + 4 / 1  # found by t1 only
     expected = [
-        [0, (r_e0 - 0.02) / 2, 0, 0, 0.5, 0, 0, 0],
+        [0, (r_e0 - 0.01) / 2, 0, 0, 0.5, 0, 0, 0],  # 0.01 per search call
         [(r_e0 + r_e1 - 0.01) / 2, 0, 0, -0.01 / 2, 0, 0, -1.0, 0],
     ]
     assert dense.tolist() == [pytest.approx(row) for row in expected]
@@ -100,8 +100,8 @@ def test_parse_step_records_names_the_bad_record():
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("novelty", ["inverse", "exp_decay"])
-def test_densify_equals_the_loop_reference(seed, novelty):
+@pytest.mark.parametrize(("novelty", "cost_per"), [("inverse", "call"), ("exp_decay", "query")])
+def test_densify_equals_the_loop_reference(seed, novelty, cost_per):
     rnd = random.Random(seed)
     b, length, n_groups = 12, 40, 3
     masks, records, groups, n_gold = [], [], [], []
@@ -123,7 +123,7 @@ def test_densify_equals_the_loop_reference(seed, novelty):
         n_gold.append(gold_of[g])
         records.append([StepRecord(t, q, tuple(h for h in hs if h < gold_of[g])) for t, q, hs in recs])
     terminal = [rnd.choice([-1.0, 0.0, 0.25, 1.0]) for _ in range(b)]
-    kw = dict(alpha=1.0, beta=4.0, cost=0.05, novelty=novelty, cost_scale=0.5)
+    kw = dict(alpha=1.0, beta=4.0, cost=0.05, novelty=novelty, cost_scale=0.5, cost_per=cost_per)
     dense, _ = densify_rewards(
         torch.tensor(masks), torch.tensor(terminal), groups, records, n_gold, StepRewardWeights(**kw)
     )

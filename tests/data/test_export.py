@@ -13,7 +13,7 @@ import textwrap
 import polars as pl
 import pytest
 
-from spader.core.prompt import build_user_prompt
+from spader.core.prompt import build_messages
 from spader.core.text import normalize
 from spader.data import (
     EVAL_SCHEMA,
@@ -63,14 +63,17 @@ def mix_frame(records):
 
 
 def test_verl_rows_record_by_record():
+    from spader.core.prompt import load_template
+
+    # the prompt's messages, as agent.prompt_role sends them: one user message is an option
+    (one,) = verl_rows(mix_frame(MIX[:1]), "train", load_template(role="user")).to_dicts()[0]["prompt"]
+    assert one["role"] == "user" and one["content"].startswith("Answer the question below.")
     rows = verl_rows(mix_frame(MIX), "train")
     assert rows.schema == VERL_SCHEMA
     got = rows.to_dicts()
     assert got[1] == {
         "data_source": "quest",
-        "prompt": [
-            {"role": "user", "content": build_user_prompt("Films directed by Teodor Hask or Marta Velling")}
-        ],
+        "prompt": build_messages("Films directed by Teodor Hask or Marta Velling"),  # system, then user
         "ability": "multi-answer-qa",
         "reward_model": {
             "style": "rule",
@@ -102,7 +105,7 @@ def test_verl_rows_record_by_record():
             },
         },
     }
-    assert got[0]["prompt"][0]["content"].endswith("Question: Which films were directed by Ilse Varga?")
+    assert got[0]["prompt"][-1]["content"] == "Question: Which films were directed by Ilse Varga?"
     assert got[0]["extra_info"]["index"] == 0
 
 
@@ -171,7 +174,7 @@ def test_verl_rlhf_dataset_lifts_tools_kwargs(tmp_path):
         "Heat (1961 film)",
         "Heat (1975 film)",
     ]
-    assert out["raw_prompt"] == [{"role": "user", "content": build_user_prompt(MIX[1]["question"])}]
+    assert out["raw_prompt"] == build_messages(MIX[1]["question"])  # the system message, then the user turn
     assert out["target"] == ["Heat", "Quiet Archive"]
 
 

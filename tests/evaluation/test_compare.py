@@ -114,3 +114,23 @@ def test_the_avg_row_resamples_topics():
     avg = f1.row(4, named=True)
     assert avg["p_value"] == pytest.approx(0.5) and not avg["significant"]
     assert avg["diff_lo"] <= 0 <= avg["diff_hi"]
+
+
+def test_the_table_says_what_the_authors_profile_assumes():
+    """The authors' code trains SPADER and GRPO only: for PPO, StepSearch and R3-RAG the profile's
+    options are an assumption, which versus_default.tsv says in its first lines."""
+    from pathlib import Path
+
+    from spader.config import Config, resolved_config
+    from spader.evaluation.compare import header_lines
+    from spader.methods import assumed_methods
+
+    config = Config.model_validate(
+        resolved_config(Path(__file__).resolve().parents[2] / "config" / "config.yaml")
+    )
+    methods = config.methods_of("qwen3_8b")
+    assert assumed_methods(config.variants, methods) == ["ppo", "stepsearch", "r3rag"]
+    lines = header_lines("authors", ["ppo", "stepsearch", "r3rag"])
+    assert all(line.startswith("# ") for line in lines)
+    assert "assumed, not reproduced" in lines[0] and "ppo, stepsearch, r3rag" in lines[0]
+    assert header_lines("authors", []) == []  # the prompting baselines and SPADER's runs: nothing assumed

@@ -73,17 +73,18 @@ def test_turns_are_the_loop_protocol_and_observations_are_the_loops(fake_search)
     search = fake_search(topk=2)
     (traj,) = script_trajectories([VARGA], search, max_tool_response_chars=200)
     roles = [m["role"] for m in traj.messages]
-    assert roles == ["user", "assistant", "user", "assistant"]  # the observation is a user turn
-    call = parse_turn(traj.messages[1]["content"])
+    # the prompt (instructions, question), then the observation as a user turn
+    assert roles == ["system", "user", "assistant", "user", "assistant"]
+    call = parse_turn(traj.messages[2]["content"])
     assert call.kind == "search" and call.tool_call.queries == [VARGA.question]
-    final = parse_turn(traj.messages[3]["content"])
+    final = parse_turn(traj.messages[4]["content"])
     assert final.kind == "answer" and final.answer.valid and final.answer.answers == traj.answers
     # the observation is fit_observation's text for the same results and budget (a passage dropped)
     results = fake_search(topk=2)([VARGA.question])
     text = fit_observation([VARGA.question], results, 200)[0]
-    assert traj.messages[2] == observation_message(text) and traj.observations == [text]
+    assert traj.messages[3] == observation_message(text) and traj.observations == [text]
     assert text.count("Doc ") == 1 and traj.answers == ["The Salt Orchard"]
-    assert traj.messages[3]["content"] == answer_text(traj.answers)
+    assert traj.messages[4]["content"] == answer_text(traj.answers)
 
 
 def test_a_second_search_with_the_name_only_when_the_first_showed_nothing(fake_search):

@@ -136,5 +136,15 @@ def test_every_known_divergence_names_an_option_that_exists_or_why_none():
         "`evaluation.max_turn_tokens: 5096`",
         "`judge.temperature: null`",
         "`conversation_queries_per_correct_entity`",
+        "`variants.<v>.cost_per: query`",
+        "`training.policy_ratio: step`",
+        "`agent.prompt_role: user`",
+        "`evaluation.overflow: end_episode`",
+        "`backbones.<name>.max_context_tokens`",
+        "`training.divergences.denominator: entries`",
+        "`training.divergences.discovery: substring`",
+        "`agent.turn_boundary: authors`",
+        "a JSON scalar inside `<tool_call>`",  # ends their training episode
+        "an assumption, not a reproduction",  # the baselines their code never trained
     ):
         assert point in table, point

@@ -42,6 +42,7 @@ def reference_dense_rewards(
     cost: float,
     novelty: str = "inverse",
     cost_scale: float = 1.0,
+    cost_per: str = "call",
 ) -> list[list[float]]:
     """Loop version of :func:`spader.methods.spader.densify.densify_rewards` (records are ``StepRecord``-like)."""
     b = len(response_mask)
@@ -83,7 +84,8 @@ def reference_dense_rewards(
                 premium = 1.0 / n if novelty == "inverse" else math.exp(-(n - 1))
                 total += alpha + beta * premium
             earlier |= hits
-            dense[i][runs[i][t][-1]] = (total - cost * cost_scale * q) / n_gold[i]
+            charged = q if cost_per == "query" else min(q, 1)  # per query, or per call that issued any
+            dense[i][runs[i][t][-1]] = (total - cost * cost_scale * charged) / n_gold[i]
         dense[i][runs[i][-1][-1]] = terminal[i]
     return dense
 

@@ -332,6 +332,7 @@ VALUES: dict[str, Any] = {
     },
     "backbones.*.variants": lambda c, k: {k: get(c, k)[:-1]},
     "backbones.*.prompting": ["rag"],
+    "backbones.*.max_context_tokens": 4096,
     "variants.*.verl_config": "grpo",  # another method's YAML (the variant's own is its method's)
     "variants.*.table": "beta_sweep",
     "variants.*.label": "SPADER (ours)",

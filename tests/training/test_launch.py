@@ -98,7 +98,8 @@ def test_training_overrides_cover_every_mapped_key(paper_config):
     from spader.integrations.verl.overrides import TRAINING_KEYS
 
     ov = dict(o.split("=", 1) for o in training_overrides(paper_config["training"]))
-    assert set(ov) == set(TRAINING_KEYS.values())
+    policy_loss = "actor_rollout_ref.actor.policy_loss.loss_mode"  # training.policy_ratio, through a mapping
+    assert set(ov) == {*TRAINING_KEYS.values(), policy_loss} and ov[policy_loss] == "vanilla"
     assert ov["actor_rollout_ref.actor.optim.lr"] == "1e-05"
     assert ov["actor_rollout_ref.rollout.n"] == "16"
     broken = {k: v for k, v in paper_config["training"].items() if k != "rollout_n"}

@@ -181,7 +181,11 @@ def test_diversity_rewards_and_cost_warmup_use_the_training_step(fake_tq):
         [{"turn": 1, "queries": 1, "hits": [0, 1]}, {"turn": 2, "queries": 3, "hits": [1]}],
         n_gold=2,
     )
-    overrides = ["algorithm.spader.cost_warmup={free_steps:100,ramp_steps:100}"]
+    # the cost per query, as the authors' code charges it (the warm-up is theirs)
+    overrides = [
+        "algorithm.spader.cost_warmup={free_steps:100,ramp_steps:100}",
+        "algorithm.spader.cost_per=query",
+    ]
     for step, scale in [(50, 0.0), (150, 0.5), (300, 1.0)]:
         trainer = make_trainer(overrides, global_step=step)
         batch = put_batch(fake_tq, [(f"g{step}", x, False), (f"g{step}", y, False)])

@@ -117,3 +117,71 @@ def test_their_terminal_reward():
     )
     assert compute_score("q", unclosed, GOLD, extra, parser="authors")["score"] == -1.0
     assert alias_blind(GOLD["entities"])[1] == ["['Winter Quay']"]
+
+
+def test_their_turn_boundary_appends_the_observation_right_after_im_end(tokenizer, retrieval_service):
+    """``agent.turn_boundary: authors``: their training appends the observation turn right after
+    the turn's ``<|im_end|>`` (no newline); the default adds the template's newline (mask 0)."""
+    im_end, newline = (
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.encode("\n", add_special_tokens=False),
+    )
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+
+    def after_first_turn(config):
+        output, _ = _episode(
+            tokenizer, retrieval_service.url, [*AUTHORS, *config], observation_format="authors"
+        )
+        ids = list(output.response_ids)
+        at = ids.index(im_end)
+        return ids[at + 1 : at + 1 + len(newline) + 1], output.response_mask[at + 1]
+
+    theirs, mask = after_first_turn(["++spader_agent.turn_boundary=authors"])
+    assert theirs[0] == im_start and mask == 0
+    ours, mask = after_first_turn([])
+    assert ours == [*newline, im_start] and mask == 0
+
+
+def test_their_training_ends_the_episode_on_a_scalar_call_and_shows_their_training_error(
+    tokenizer, retrieval_service
+):
+    """A JSON scalar in the last <tool_call> makes no call in their training (the episode ends,
+    where their evaluation answers with an error); invalid JSON gets their parse-error message as
+    their training renders it, the tool-role turn ``<tool_response>\\n...\\n</tool_response>``."""
+    ids = tokenizer.encode('<tool_call>"Ilse Varga"</tool_call>', add_special_tokens=False)
+    _, calls = asyncio.run(AuthorsToolParser(tokenizer).extract_tool_calls(ids))
+    assert calls == []
+    ids = tokenizer.encode("<tool_call>[oops</tool_call>", add_special_tokens=False)
+    _, (call,) = asyncio.run(AuthorsToolParser(tokenizer).extract_tool_calls(ids))
+
+    class Data:
+        assistant_turns, extra_fields = 1, {}
+
+    tool = search_tool(retrieval_service.url, observation_format="authors")
+    response, _, metrics = asyncio.run(call_tool(tool, json.loads(call.arguments), Data(), GOLD["entities"]))
+    assert response.text.startswith(
+        "<tool_response>\nYour tool call could not be parsed. Error: Expecting value"
+    )
+    assert response.text.endswith("and try again.\n</tool_response>") and metrics["error"]
+    assert Data.extra_fields[STEPS_KEY][0]["queries"] == 0
+    # an episode whose first turn is a scalar call ends there, scored as it stands
+    server = RecordingServer(tokenizer, ['<tool_call>"Ilse Varga"</tool_call>', '<answer>["x"]</answer>'])
+    output = agent_episode(
+        tokenizer, server, search_tool(retrieval_service.url), question="Q?", gold=GOLD, config=AUTHORS
+    )
+    assert len(server.turns) == 1 and STEPS_KEY not in output.extra_fields
+
+
+def test_their_step_denominator_counts_every_entry_of_the_gold_list(retrieval_service):
+    gold = [["Winter Quay"], ["Winter Quay"], ["winter quay"], ["Harbour Lights"]]
+
+    def n_gold(**tool):
+        class Data:
+            assistant_turns, extra_fields = 1, {}
+
+        asyncio.run(call_tool(search_tool(retrieval_service.url, **tool), {"queries": ["q"]}, Data(), gold))
+        return Data.extra_fields["spader_n_gold"]
+
+    assert n_gold() == 2  # the distinct entities, as recall counts them
+    assert n_gold(discovery="substring") == 3  # the distinct entries, as their reward keys them
+    assert n_gold(denominator="entries") == n_gold(discovery="substring", denominator="entries") == 4

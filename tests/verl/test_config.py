@@ -136,6 +136,8 @@ def test_every_training_key_reaches_verl():
     # the save cadence's bound (the planned cadence reaches verl as trainer.save_freq) and the
     # export's retention of checkpoints (spader.training.run, spader.training.hf_export)
     by_launcher |= {"max_work_lost_minutes", "keep_checkpoints"}
+    # the policy loss of the importance ratio (tests/verl/test_policy_ratio.py)
+    by_launcher |= {"policy_ratio"}
     assert set(TRAINING) - by_method - by_launcher == set(TRAINING_KEYS)
 
 
@@ -157,6 +159,7 @@ def test_method_overrides_set_the_divergence_options():
         "alpha": 1.0,
         "beta": 2.5,
         "cost": 0.01,
+        "cost_per": "call",
         "novelty": "exp_decay",
         "cost_warmup": {"free_steps": 100, "ramp_steps": 100},
         "epsilon": "inside_sqrt",
@@ -347,7 +350,7 @@ def test_the_seed_override_moves_the_prompt_order_seed(tiny_model):
 def test_agent_settings_reach_verl():
     from spader.integrations.verl.overrides import agent_overrides
 
-    assert set(AGENT) - {"max_queries_per_call", "prompt_template"} == set(AGENT_KEYS)
+    assert set(AGENT) - {"max_queries_per_call", "prompt_template", "prompt_role"} == set(AGENT_KEYS)
     changed = dict(AGENT, max_turn_tokens=77, stop=["</answer>"], max_turns=3)
     cfg = compose("spader", agent_overrides(changed))
     assert cfg.spader_agent.max_turn_tokens == 77 and list(cfg.spader_agent.stop) == ["</answer>"]

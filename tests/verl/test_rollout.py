@@ -309,10 +309,12 @@ def test_agent_loop_episode_records_steps_and_final_turn(tokenizer, retrieval_se
     assert _runs(output.response_mask) == 3
     text = tokenizer.decode(output.response_ids)
     assert "<tool_response>" in text and "Ilse Varga directed The Salt Orchard" in text
-    # the chat template got no tool schemas: the prompt is the user message only
+    # the chat template got no tool schemas: the prompt is the system message (the instructions)
+    # and the user turn (the question) only
     prompt = tokenizer.decode(server.prompts[0])
-    assert (
-        prompt.startswith("<|im_start|>user\n") and "Question: Which films did Ilse Varga direct?" in prompt
+    assert prompt.startswith("<|im_start|>system\nAnswer the question below.")
+    assert prompt.endswith(
+        "<|im_start|>user\nQuestion: Which films did Ilse Varga direct?<|im_end|>\n<|im_start|>assistant\n"
     )
     # the terminal reward reads the final turn only: P 2/3, R 2/4 -> F1 4/7
     score = compute_score("qampari", tokenizer.decode(output.response_ids), GOLD, dict(output.extra_fields))
@@ -379,8 +381,9 @@ def test_real_episodes_through_the_trainer_mode(tokenizer, retrieval_service, fa
     rewards = [fake_tq.store[("train", k)]["rm_scores"].tolist() for k in keys]
     masks = [fake_tq.store[("train", k)]["response_mask"].tolist() for k in keys]
     # searcher: turn 1 finds nothing with 1 query, turn 2 finds entities 0 and 1 (unique in the
-    # group: alpha + beta each) with 2 queries, answers F1 4/7; direct answer: P 1, R 1/4 -> F1 0.4
-    assert sorted(v for v in rewards[0] if v) == pytest.approx(sorted([-0.01 / 4, (10 - 0.02) / 4, 4 / 7]))
+    # group: alpha + beta each) with 2 queries (one call: 0.01), answers F1 4/7; direct answer:
+    # P 1, R 1/4 -> F1 0.4
+    assert sorted(v for v in rewards[0] if v) == pytest.approx(sorted([-0.01 / 4, (10 - 0.01) / 4, 4 / 7]))
     assert [v for v in rewards[1] if v] == [pytest.approx(0.4)]
     assert metrics["spader/new_entities/mean"] == 1.0 and metrics["spader/missing_step_records"] == 0.0
     width = max(len(r) for r in rewards)

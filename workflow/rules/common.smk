@@ -20,7 +20,7 @@ from spader.config import (
     verl_config_dir,
 )
 from spader.core.prompt import load_template
-from spader.methods import table_rows, verl_yaml
+from spader.methods import assumed_methods, table_rows, verl_yaml
 from spader.infra.failures import JobErrors, failure_report
 from spader.infra.replace_guard import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
@@ -158,10 +158,12 @@ SUITE = config["suite"]
 VARIANTS = list(config["variants"])
 
 # The prompt template (agent.prompt_template, or the project's default file) is read by the jobs,
-# not imported: its hash is the param that reruns data export (and so training) and evaluation.
+# not imported: its hash and how it is sent (agent.prompt_role) are the param that reruns data
+# export (and so training) and evaluation.
 PROMPT = {
     "path": config["agent"]["prompt_template"],
     "version": load_template(config["agent"]["prompt_template"]).version,
+    "role": config["agent"]["prompt_role"],
 }
 
 # Variants whose resolved training config is identical (no_np and beta_0, spader and beta_4 in the
@@ -455,10 +457,10 @@ def get_verl_configs(wildcards):
     return [workflow_file(p) for p in chain]
 
 
-def evaluation_params():
+def evaluation_params(wildcards):
     """The `evaluation` param of evaluate_policy, the settings that can change a score (not the
-    tables' bootstrap, not the job's threads), with the context budget resolved."""
-    budget = {"max_context_tokens": CONFIG.evaluation_context_tokens}
+    tables' bootstrap, not the job's threads), with the backbone's context budget resolved."""
+    budget = {"max_context_tokens": CONFIG.context_tokens_of(wildcards.backbone)}
     return canonical({**section_params("evaluate_policy", "evaluation"), **budget})
 
 

@@ -13,4 +13,5 @@ with job(snakemake):
         name=snakemake.params.run,
         uncertainty=snakemake.params.uncertainty,
         topics=next(iter(snakemake.input.topics), None),
+        assumed=snakemake.params.assumed,
     )

@@ -8,7 +8,9 @@ prompt's ids, extended turn by turn with
   :func:`turn_token_count`),
 * the template's turn-closing tokens the model did not write itself (:func:`missing_closing`:
   Qwen3's ``<|im_end|>`` and newline after a turn that stopped at ``</tool_call>``, only the
-  newline after a turn that ended with ``<|im_end|>``; nothing after Llama-3.1's ``<|eot_id|>``),
+  newline after a turn that ended with ``<|im_end|>``; nothing after Llama-3.1's ``<|eot_id|>``;
+  nothing at all with ``agent.turn_boundary: authors``, as the authors' training appends the
+  observation right after the last generated token),
 * the observation as a user turn ``<tool_response>\\n...\\n</tool_response>``
   (:func:`spader.core.prompt.observation_message`), tokenized on its own as the difference
   between a two-message conversation with and without it, the assistant header of the next turn
@@ -254,9 +256,10 @@ class Conversation:
         generated: one flag per id after the prompt, True for ids the model generated.
     """
 
-    def __init__(self, tokenizer, prompt_ids: Sequence[int], fmt: str = "spader"):
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], fmt: str = "spader", boundary: str = "template"):
         self.tokenizer = tokenizer
         self.fmt = fmt
+        self.boundary = boundary
         self.ids = [int(i) for i in prompt_ids]
         self.prompt_tokens = len(self.ids)
         self.generated: list[bool] = []
@@ -275,7 +278,11 @@ class Conversation:
         self._extend(ids, True)
 
     def close_turn(self) -> list[int]:
-        """Append the template's closing tokens the last turn lacks; returns them."""
+        """Append the template's closing tokens the last turn lacks; returns them. With
+        ``boundary="authors"`` (``agent.turn_boundary``) nothing: the observation follows the last
+        generated token, as the authors' training appends it."""
+        if self.boundary == "authors":
+            return []
         tail = missing_closing(self.ids, turn_closing_ids(self.tokenizer))
         self._extend(tail, False)
         return tail

@@ -17,7 +17,10 @@ Budgets are training's (config ``agent`` and ``evaluation.max_context_tokens``):
 what is left of the episode's token budget (or ``max_turn_tokens`` when a per-turn cap is set);
 a turn that fills the budget, or an observation that does not fit in it, ends the episode
 (``context_budget``), and a call in the last allowed turn is not run (``turn_budget``). Every
-episode a token budget cut short is flagged (``budget_cut``).
+episode a token budget cut short is flagged (``budget_cut``). With ``evaluation.overflow:
+end_episode`` (the authors' server) a turn whose cap does not fit in the context left is not
+shrunk to fit: the request fails and the episode ends there, scored on what it wrote, and an
+observation is appended whatever its size.
 
 Episodes are advanced turn by turn in lock-step: the prompts of all running episodes go to the
 engine together (each request with its own seed, derived from ``evaluation.seed``, the question
@@ -114,9 +117,10 @@ class AgentSettings:
     """Budgets and decoding of the loop, built by :meth:`from_config` from the typed sections (the
     configuration model holds every default and description): ``max_turns``,
     ``max_turn_tokens``, ``max_queries_per_call``, ``max_tool_response_chars``, ``stop`` and
-    ``regenerations``, ``parser`` and ``observation_format`` are ``agent.*`` (the same in
-    training); ``max_context_tokens`` (resolved), ``max_response_tokens``, ``temperature``,
-    ``top_p``, ``seed``, ``max_error_share`` and ``loop`` are ``evaluation.*``, and
+    ``regenerations``, ``parser``, ``observation_format`` and ``turn_boundary`` are ``agent.*``
+    (the same in training); ``max_context_tokens`` (resolved), ``max_response_tokens``,
+    ``overflow``, ``temperature``, ``top_p``, ``seed``, ``max_error_share`` and ``loop`` are
+    ``evaluation.*``, and
     ``evaluation.max_turn_tokens`` replaces ``agent.max_turn_tokens`` when set; ``top_k``,
     ``min_p`` and ``repetition_penalty`` are off unless ``evaluation.generation_config`` fills
     them;
@@ -143,6 +147,8 @@ class AgentSettings:
     parser: str
     observation_format: str
     loop: str
+    turn_boundary: str
+    overflow: str
 
     def __post_init__(self):
         positive = ("max_turns", "max_context_tokens", "max_query_chars", "max_tool_response_chars")
@@ -159,6 +165,10 @@ class AgentSettings:
             if getattr(self, name) not in ("spader", "authors"):
                 section = "evaluation" if name == "loop" else "agent"
                 raise ValueError(f"{section}.{name} must be spader or authors, got {getattr(self, name)!r}")
+        if self.turn_boundary not in ("template", "authors"):
+            raise ValueError(f"agent.turn_boundary must be template or authors, got {self.turn_boundary!r}")
+        if self.overflow not in ("shrink", "end_episode"):
+            raise ValueError(f"evaluation.overflow must be shrink or end_episode, got {self.overflow!r}")
         if int(self.regenerations) < 0:
             raise ValueError(f"agent.regenerations must be >= 0, got {self.regenerations!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
@@ -213,6 +223,8 @@ class AgentSettings:
             seed=evaluation.seed,
             max_error_share=evaluation.max_error_share,
             loop=evaluation.loop,
+            turn_boundary=agent.turn_boundary,
+            overflow=evaluation.overflow,
         )
 
     @property
@@ -271,8 +283,8 @@ class Episode:
     ``generation_error`` or ``episode_error`` (``error`` says why; both score 0, except in the
     authors' loop, which scores a generation error on what the episode wrote and leaves an
     episode error out of the means: :attr:`dropped`). ``conversation`` holds the ids the model saw;
-    ``prompt_text`` the user prompt. With the authors' parser the answer is the last ``<answer>``
-    of the episode's turns, whatever ended it.
+    ``prompt_text`` the prompt's messages (system and user, joined by newlines). With the authors'
+    parser the answer is the last ``<answer>`` of the episode's turns, whatever ended it.
     """
 
     question: Question
@@ -374,7 +386,9 @@ def _observe(ep: Episode, step: Step, text: str, settings: AgentSettings) -> Non
         settings.max_response_tokens is not None
         and conv.response_tokens + len(ids) >= settings.max_response_tokens
     )
-    if len(conv.ids) + len(ids) >= settings.max_context_tokens or over_response:
+    # end_episode: appended whatever its size (the authors' loop); the next request ends the episode
+    over_context = settings.overflow == "shrink" and len(conv.ids) + len(ids) >= settings.max_context_tokens
+    if over_context or over_response:
         ep.status = "context_budget"
         return
     conv.add_observation(ids)
@@ -562,12 +576,14 @@ def _start_episodes(
     for ep in episodes:
         try:
             messages = build_messages(ep.question.question, template)
-            ep.prompt_text = messages[-1]["content"]
+            ep.prompt_text = "\n".join(m["content"] for m in messages)
             if settings.loop == "authors":  # the history is rendered again before every turn
                 ep.conversation = RenderedConversation(tokenizer, messages, settings.observation_format)
             else:
                 prompt = render_prompt(tokenizer, messages)
-                ep.conversation = Conversation(tokenizer, prompt, settings.observation_format)
+                ep.conversation = Conversation(
+                    tokenizer, prompt, settings.observation_format, settings.turn_boundary
+                )
         except Exception as exc:  # noqa: BLE001 (a template error is this episode's failure)
             ep.status, ep.error = "generation_error", f"chat template failed: {type(exc).__name__}: {exc}"
     return episodes
@@ -579,13 +595,16 @@ def _turn_requests(episodes: list[Episode], turn: int, settings: AgentSettings) 
     for ep in episodes:
         if ep.status != "running":
             continue
-        room = settings.max_context_tokens - len(ep.conversation.ids)
+        context_room = settings.max_context_tokens - len(ep.conversation.ids)
+        room = context_room
         if settings.max_response_tokens is not None:  # training's response budget after the prompt
             room = min(room, settings.max_response_tokens - ep.conversation.response_tokens)
-        if room <= 0:
+        cap = settings.max_turn_tokens
+        # end_episode: a request whose cap does not fit in the context fails (the authors' server)
+        refused = settings.overflow == "end_episode" and cap is not None and cap > context_room
+        if room <= 0 or refused:
             ep.status = "context_budget"
             continue
-        cap = settings.max_turn_tokens
         requests.append(
             _Request(ep, list(ep.conversation.ids), room if cap is None else min(cap, room), turn)
         )

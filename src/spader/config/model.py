@@ -632,6 +632,15 @@ class BackboneConfig(Section):
         "warmstart_policy) before training and the prompting methods use it; null: the model as "
         "built or released",
     )
+    max_context_tokens: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=2**24,
+        description="the token budget of this backbone's evaluation episodes, replacing "
+        "evaluation.max_context_tokens: the context its serving engine holds (the authors' evaluation "
+        "served Llama-3.1-8B with --max-model-len 32768 and Qwen3-8B at its own 40,960); null: "
+        "evaluation.max_context_tokens",
+    )
     variants: list[str] = Field(default_factory=list, description="trained variants (keys of `variants`)")
     prompting: list[Literal["rag", "react"]] = Field(
         default_factory=lambda: list(PROMPTING),
@@ -814,14 +823,22 @@ class DivergencesConfig(Section):
         "aware",
         description="training reward's gold entities: aware (any alias matches, paper) or blind (the "
         "authors' code: each alias list becomes one string, so an entity with two or more aliases "
-        "never matches, in the F1 and in step discovery)",
+        "never matches, in the F1 and in step discovery; the F1 then is their reward's, the set of "
+        "predictions against the set of those strings, both through their normalize_answer)",
     )
     discovery: Literal["passages", "substring"] = Field(
         "passages",
         description="how the training reward finds an entity at a search step: passages (an alias "
         "occurs as whole words in the normalised text of the passages shown, paper) or substring (the "
         "authors' code: an alias, normalised by their normalize_answer, occurs anywhere in the whole "
-        "observation text, which echoes the queries)",
+        "observation text, which echoes the queries; each distinct gold entry, by its exact text, is "
+        "an entity of its own)",
+    )
+    denominator: Literal["distinct", "entries"] = Field(
+        "distinct",
+        description="|E_GT| of the search-step rewards: distinct (each gold entity once, as recall "
+        "counts them, paper; each distinct entry with discovery: substring) or entries (every entry of "
+        "the gold list, duplicates included, as the authors' reward divides)",
     )
     cost_warmup: CostWarmup | None = Field(
         None, description="tool-cost warm-up by training step (code); null: none"
@@ -894,6 +911,13 @@ class TrainingConfig(Section):
     top_p: StrictFloat = Field(1.0, gt=0, le=1, description="rollout top-p")
     kl_loss_coef: StrictFloat = Field(0.001, ge=0, le=100, description="KL loss coefficient")
     kl_loss_type: str = Field("low_var_kl", description="verl KL loss type")
+    policy_ratio: Literal["token", "step"] = Field(
+        "token",
+        description="importance ratio of the clipped objective: token (verl's, one ratio per token "
+        "averaged over tokens, as the authors' code trains) or step (the paper's eq. 3, one ratio per "
+        "decision step, the product of its tokens' ratios, summed over steps and averaged over "
+        "trajectories; a verl policy loss of the plug-in)",
+    )
     gamma: StrictFloat = Field(
         0.9,
         ge=0,
@@ -1097,10 +1121,23 @@ class AgentConfig(Section):
         "echoed and each title repeated, indent 2, capped at 10,000 characters with a System Note, "
         "then cut to its first max_tool_response_chars characters; their error messages)",
     )
+    turn_boundary: Literal["template", "authors"] = Field(
+        "template",
+        description="what follows an assistant turn before its observation: template (the chat "
+        "template's closing tokens the model did not write, e.g. Qwen3's newline after <|im_end|>) or "
+        "authors (nothing: the observation turn right after the last generated token, as the authors' "
+        "training appends it)",
+    )
     prompt_template: Annotated[str, StringConstraints(min_length=1)] | None = Field(
         None,
-        description="the user prompt: a packaged template by name (default, authors: the authors' "
+        description="the prompt: a packaged template by name (default, authors: the authors' "
         "wording) or a template file (one {question} placeholder); null: default",
+    )
+    prompt_role: Literal["system", "user"] = Field(
+        "system",
+        description="how the prompt is sent: system (the paper's structured system prompt: the "
+        "template's text before the line holding {question} is a system message, that line the "
+        "user turn) or user (the whole prompt as one user message, as the authors' code sends it)",
     )
 
 
@@ -1129,6 +1166,14 @@ class EvaluationConfig(Section):
         le=2**24,
         description="cap on new tokens per assistant turn in evaluation only (the authors' evaluation: "
         "5,096); null: agent.max_turn_tokens",
+    )
+    overflow: Literal["shrink", "end_episode"] = Field(
+        "shrink",
+        description="a turn whose token cap (max_turn_tokens) does not fit in the room the context "
+        "budget has left: shrink (the turn gets the room left) or end_episode (the request fails and "
+        "the episode ends, scored on what it wrote, as the authors' vLLM server refuses a request whose "
+        "prompt plus max_tokens exceed the model's length; an observation is then appended whatever its "
+        "size, and the next request fails when it does not fit)",
     )
     temperature: StrictFloat = Field(
         1.0,
@@ -1669,11 +1714,17 @@ class Config(Section):
             return self.evaluation.max_context_tokens
         return self.training.max_prompt_length + self.training.max_response_length
 
-    def evaluation_params(self) -> dict[str, Any]:
-        """``evaluation`` as rule evaluate_policy's param: the section with its context budget
-        resolved (:attr:`evaluation_context_tokens`)."""
+    def context_tokens_of(self, backbone: str | None) -> int:
+        """The token budget of ``backbone``'s evaluation episodes: its own ``max_context_tokens``,
+        else :attr:`evaluation_context_tokens` (also for ``backbone`` None)."""
+        own = None if backbone is None else self.backbones[backbone].max_context_tokens
+        return self.evaluation_context_tokens if own is None else own
+
+    def evaluation_params(self, backbone: str | None = None) -> dict[str, Any]:
+        """``evaluation`` as rule evaluate_policy's param for ``backbone``: the section with its
+        context budget resolved (:meth:`context_tokens_of`)."""
         params = self.evaluation.model_dump(exclude={"cpu_threads"})  # the rule's threads: no score moves
-        return {**params, "max_context_tokens": self.evaluation_context_tokens}
+        return {**params, "max_context_tokens": self.context_tokens_of(backbone)}
 
     def methods_of(self, backbone: str) -> list[str]:
         """What a backbone's tables report: its trained variants, then its prompting methods."""

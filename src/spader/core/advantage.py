@@ -83,6 +83,11 @@ class Steps:
         """(B, L) int64 step of each assistant token, -1 on observation and padding tokens."""
         return _fill_runs(self.number, self, fill=-1)
 
+    @property
+    def run_ids(self) -> Tensor:
+        """(B, L) int64 position in the run table of each assistant token's run, -1 elsewhere."""
+        return _fill_runs(torch.arange(self.rows.numel(), device=self.rows.device), self, fill=-1)
+
 
 def _fill_runs(values: Tensor, steps: Steps, fill) -> Tensor:
     """(B, L) tensor holding ``values[k]`` on the tokens of run k and ``fill`` elsewhere.

@@ -11,14 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from spader.core.metrics import gold_count, unique_gold
 from spader.core.text import normalize, normalize_spader_compat
 
-__all__ = ["DISCOVERY", "authors_text_hits", "find_hits", "passage_hits"]
+__all__ = [
+    "DENOMINATORS",
+    "DISCOVERY",
+    "authors_entries",
+    "authors_text_hits",
+    "discovery_gold",
+    "find_hits",
+    "listed_count",
+    "passage_hits",
+]
 
 #: How the training reward finds an entity at a search step (``training.divergences.discovery``):
 #: in the passages shown (:func:`passage_hits`) or, as the authors' code, anywhere in the
 #: observation text (:func:`authors_text_hits`).
 DISCOVERY = ("passages", "substring")
+#: ``|E_GT|`` of the search-step rewards (``training.divergences.denominator``): ``distinct`` (each
+#: gold entity once, as recall counts them) or ``entries`` (every entry of the gold list,
+#: duplicates included, as the authors' reward divides).
+DENOMINATORS = ("distinct", "entries")
 
 
 def _normalized_aliases(entities: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -80,3 +94,63 @@ def authors_text_hits(text: str, entities: Sequence[Sequence[str]]) -> set[int]:
         if any(a and a in haystack for a in norms):
             hits.add(i)
     return hits
+
+
+def _aliases(entry) -> list[str]:
+    return [entry] if isinstance(entry, str) else [str(a) for a in entry]
+
+
+def authors_entries(entities: Sequence[Sequence[str]]) -> list[list[str]]:
+    """The gold entries as the authors' step reward keys them: each non-blank entry once by its
+    exact text (their reward keeps the entries it found in a set of strings), first occurrence
+    kept, with no normalisation: two entries that differ in case or accents are two entities to it.
+
+    >>> authors_entries([["Paris"], ["paris"], ["Paris"], [" "], ["Café"], ["Cafe"]])
+    [['Paris'], ['paris'], ['Café'], ['Cafe']]
+    """
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for entry in entities:
+        aliases = _aliases(entry)
+        if any(a.strip() for a in aliases) and tuple(aliases) not in seen:
+            seen.add(tuple(aliases))
+            out.append(aliases)
+    return out
+
+
+def listed_count(entities: Sequence[Sequence[str]]) -> int:
+    """Entries of the gold list, duplicates included, blank ones not (the authors' ``|GT|``, the
+    length of their list of non-blank entries).
+
+    >>> listed_count([["Paris"], ["Paris"], [" "], ["Lyon", "Lugdunum"]])
+    3
+    """
+    return sum(1 for entry in entities if any(a.strip() for a in _aliases(entry)))
+
+
+def discovery_gold(
+    entities: Sequence[Sequence[str]], discovery: str = "passages", denominator: str = "distinct"
+) -> tuple[list[list[str]], int]:
+    """The entities step discovery finds, by index, and ``|E_GT|`` of the search-step rewards.
+
+    ``passages`` (paper) indexes the distinct gold entities (:func:`spader.core.metrics.unique_gold`,
+    norm_v1), the ones F1 counts; ``substring`` (the authors' code) the distinct entries by their
+    exact text (:func:`authors_entries`), matched through their normaliser
+    (:func:`authors_text_hits`). ``|E_GT|`` is the number of those entities (``distinct``), or every
+    non-blank entry of the list, duplicates included (``entries``, the authors' reward).
+
+    >>> gold = [["Paris"], ["paris"], ["Paris"], ["Lyon"]]
+    >>> [discovery_gold(gold, d, n)[1] for d in DISCOVERY for n in DENOMINATORS]
+    [2, 4, 3, 4]
+    """
+    if discovery not in DISCOVERY:
+        raise ValueError(f"discovery must be one of {DISCOVERY}, got {discovery!r}")
+    if denominator not in DENOMINATORS:
+        raise ValueError(f"denominator must be one of {DENOMINATORS}, got {denominator!r}")
+    if discovery == "substring":
+        found = authors_entries(entities)
+        distinct = len(found)
+    else:
+        found = unique_gold(entities)
+        distinct = gold_count(entities)
+    return found, distinct if denominator == "distinct" else listed_count(entities)

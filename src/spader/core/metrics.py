@@ -20,6 +20,7 @@ __all__ = [
     "authors_correct_count",
     "authors_prf",
     "authors_query_count",
+    "authors_reward_prf",
     "correct_count",
     "gold_alias_sets",
     "gold_count",
@@ -273,3 +274,24 @@ def alias_blind(gold: Iterable[Sequence[str]]) -> list[list[str]]:
     [["['Paris', 'Paname']"], ["['Lyon']"]]
     """
     return [[str([str(a) for a in ([aliases] if isinstance(aliases, str) else aliases)])] for aliases in gold]
+
+
+def authors_reward_prf(predicted: Sequence[str] | None, targets: Sequence[str]) -> tuple[float, float, float]:
+    """Precision, recall and F1 as the authors' training reward computes them
+    (``training.divergences.aliases: blind``; their reward's ``compute_score_qampari``): the set of
+    predictions against the set of gold strings, both through their ``normalize_answer``
+    (:func:`spader.core.text.normalize_spader_compat`), empty strings left out. Their gold strings
+    are one per entity, the ``str`` of its alias list (:func:`alias_blind`): an entity with two or
+    more aliases is matched only by that whole string.
+
+    >>> authors_reward_prf(["Paris", "Lyon", "Rome"], ["['Paris', 'Paname']", "['Lyon']"])
+    (0.3333333333333333, 0.5, 0.4)
+    """
+    preds = {n for n in (normalize_spader_compat(p) for p in predicted or []) if n}
+    gold = {n for n in (normalize_spader_compat(t) for t in targets) if n}
+    if not preds or not gold:
+        return 0.0, 0.0, 0.0
+    matched = len(preds & gold)
+    precision, recall = matched / len(preds), matched / len(gold)
+    f1 = 2 * (precision * recall) / (precision + recall) if precision + recall > 0 else 0.0
+    return precision, recall, f1

@@ -41,6 +41,7 @@ __all__ = [
     "authors_answer",
     "authors_answers",
     "authors_tool_call",
+    "authors_training_call",
     "end_of_turn",
     "final_answer",
     "malformed_turn",
@@ -171,10 +172,14 @@ def parse_answer(text: str) -> AnswerParse:
 
 @dataclass(frozen=True)
 class ToolCallParse:
-    """Queries of a search step. ``error`` is set (and ``queries`` empty) for a malformed call."""
+    """Queries of a search step. ``error`` is set (and ``queries`` empty) for a malformed call;
+    ``observation``, when set, is the whole content of the observation turn that answers it (the
+    authors' training shows some malformed calls otherwise than their evaluation:
+    :func:`authors_training_call`)."""
 
     queries: list[str] = field(default_factory=list)
     error: str | None = None
+    observation: str | None = None
 
 
 def parse_tool_call(text: str) -> ToolCallParse | None:
@@ -335,17 +340,111 @@ def authors_tool_call(text: str) -> ToolCallParse | None:
             queries = _query_list(value)
         elif isinstance(value, dict):
             arguments = value.get("arguments", {})
-            queries = _query_list(arguments.get("query_list", []) if isinstance(arguments, dict) else [])
+            if not isinstance(arguments, dict):  # their .get on it raises
+                raise AttributeError(_no_get(arguments))
+            queries = _query_list(arguments.get("query_list", []))
         else:
             raise ValueError(f"Unexpected tool call format: {type(value)}")
     except (ValueError, RecursionError, AttributeError) as exc:
-        return ToolCallParse(
-            error=f"Your tool call could not be parsed. Error: {exc}. Please output valid JSON inside "
-            "<tool_call>...</tool_call> tags and try again."
-        )
+        return ToolCallParse(error=_unparsed(exc))
     queries = _encodable(queries)
     if not queries:
         return ToolCallParse(error=AUTHORS_EMPTY_CALL)
+    return ToolCallParse(queries=queries)
+
+
+def _no_get(value) -> str:
+    """Python's message for ``value.get`` on a value that has no ``get``."""
+    return f"'{type(value).__name__}' object has no attribute 'get'"
+
+
+def _unparsed(exc: BaseException) -> str:
+    """Their message for a call that could not be parsed (their evaluation's and training's)."""
+    return (
+        f"Your tool call could not be parsed. Error: {exc}. Please output valid JSON inside "
+        "<tool_call>...</tool_call> tags and try again."
+    )
+
+
+def _function_name_error(name) -> str:
+    """The error their training's parser catches when a call's ``name`` is not a string: the
+    validation error of verl's ``FunctionCall`` model (pydantic, as verl builds it)."""
+    from pydantic import BaseModel, ValidationError
+
+    class FunctionCall(BaseModel):
+        arguments: str
+        name: str
+
+    try:
+        FunctionCall(name=name, arguments="{}")
+    except ValidationError as exc:
+        return str(exc)
+    return ""  # pragma: no cover  (only called for a name that is not a string)
+
+
+def authors_training_call(text: str) -> ToolCallParse | None:
+    """The authors' training reading of a turn's call (their verl fork's ``text`` tool parser, its
+    agent loop and their search tool), which differs from their evaluation's
+    (:func:`authors_tool_call`) in what a malformed call shows and in one case that ends the
+    episode. None when the turn makes no call, which ends their training episode: no complete
+    ``<tool_call>...</tool_call>`` block, or a last block holding a JSON scalar (a string, number,
+    ``true`` or ``null``; their evaluation answers it with an error and goes on).
+
+    A call comes with ``observation``, the whole content of the observation turn their training
+    shows, when it is not a search: text that is not JSON gets their parse-error message as a
+    ``tool`` message, which Qwen3's chat template renders as the user turn
+    ``<tool_response>\\n...\\n</tool_response>``; a call without a usable query gets their search
+    tool's JSON error without tags; an object naming another tool than ``search``, or with
+    ``arguments`` that are not an object, gets their loop's ``Error when executing tool: ...``.
+
+    >>> authors_training_call('<tool_call>"films of Ilse Varga"</tool_call>') is None
+    True
+    >>> print(authors_training_call("<tool_call> [oops</tool_call>").observation[:80])
+    <tool_response>
+    Your tool call could not be parsed. Error: Expecting value: line
+    >>> print(authors_training_call('<tool_call>[" "]</tool_call>').observation)
+    {"result": "Error: 'query_list' is missing, empty, or not a list in parameters."}
+    """
+    if _CALL_OPEN not in text or _CALL_CLOSE not in text:
+        return None
+    blocks = _CALL_BLOCKS.findall(text)
+    if not blocks:
+        return None
+    try:
+        value = json.loads(blocks[-1].strip())
+        if isinstance(value, dict):
+            name = value.get("name", "search")
+            arguments = value.get("arguments", value)
+            if not isinstance(name, str):
+                raise _NameError(_function_name_error(name))
+        elif isinstance(value, list):
+            name, arguments = "search", {"query_list": _query_list(value)}
+        else:
+            return None  # their parser makes no call of a scalar: the episode ends
+    except (ValueError, RecursionError, _NameError) as exc:
+        message = _unparsed(exc)
+        return ToolCallParse(error=message, observation=f"<tool_response>\n{message}\n</tool_response>")
+    return _training_call(name, arguments)
+
+
+class _NameError(Exception):
+    """A call whose ``name`` verl's ``FunctionCall`` refuses (caught as their parser catches it)."""
+
+
+def _training_call(name: str, arguments) -> ToolCallParse:
+    """What their training's agent loop and search tool make of a parsed call."""
+    if name != "search":  # their loop looks the tool up by name: a KeyError
+        message = f"Error when executing tool: {name!r}"
+        return ToolCallParse(error=message, observation=message)
+    if not isinstance(arguments, dict):
+        message = f"Error when executing tool: {_no_get(arguments)}"
+        return ToolCallParse(error=message, observation=message)
+    queries = arguments.get("query_list")
+    if "query_list" in arguments:
+        queries = _query_list(queries)
+    if not queries or not isinstance(queries, list):
+        return ToolCallParse(error=AUTHORS_EMPTY_CALL, observation=AUTHORS_EMPTY_CALL)
+    queries = _encodable([q for q in queries if isinstance(q, str)])
     return ToolCallParse(queries=queries)
 
 

@@ -13,6 +13,11 @@ special (braces in a JSON example stay as written). Trailing newlines of the fil
 that the message ends with the question. Packaged templates are named by their file's stem:
 ``default`` and ``authors`` (the user-content prefix of the authors' published code, verbatim).
 
+How the filled template reaches the model (``agent.prompt_role``, :data:`PROMPT_ROLES`): as the
+paper's "structured system prompt" (``system``: the instructions, everything before the line that
+holds ``{question}``, are a system message, and that line with what follows is the user turn), or
+as one user message (``user``, as the authors' code sends it).
+
 Observations come in two formats (``agent.observation_format``): the project's numbered passages
 (:func:`fit_observation`), and the authors' (:func:`fit_authors_observation`): their search
 server's JSON of the results, capped by the server at :data:`AUTHORS_SERVER_CHARS` characters
@@ -35,6 +40,7 @@ __all__ = [
     "DEFAULT_TEMPLATE_PATH",
     "OBSERVATION_FORMATS",
     "PLACEHOLDER",
+    "PROMPT_ROLES",
     "PROMPT_TEMPLATE",
     "PROMPT_VERSION",
     "PromptTemplate",
@@ -55,14 +61,19 @@ DEFAULT_TEMPLATE_PATH = Path(__file__).resolve().with_name("prompts") / "default
 #: How summaries name the default template: its place in the package.
 DEFAULT_TEMPLATE_NAME = "spader/core/prompts/default.txt"
 PLACEHOLDER = "{question}"
+#: How the prompt is sent (``agent.prompt_role``): ``system`` (the paper: the instructions as a
+#: system message, the question as the user turn) or ``user`` (one user message, the authors' code).
+PROMPT_ROLES = ("system", "user")
 
 
 @dataclass(frozen=True)
 class PromptTemplate:
-    """A user-prompt template: ``text`` with one :data:`PLACEHOLDER`, read from ``source``."""
+    """A prompt template: ``text`` with one :data:`PLACEHOLDER`, read from ``source``, sent as
+    ``role`` says (:data:`PROMPT_ROLES`; the default is ``agent.prompt_role``'s)."""
 
     text: str
     source: str = "<string>"
+    role: str = "system"
 
     def __post_init__(self):
         count = self.text.count(PLACEHOLDER)
@@ -70,6 +81,8 @@ class PromptTemplate:
             raise ValueError(
                 f"prompt template {self.source}: needs exactly one {PLACEHOLDER} placeholder, found {count}"
             )
+        if self.role not in PROMPT_ROLES:
+            raise ValueError(f"prompt role must be one of {PROMPT_ROLES}, got {self.role!r}")
 
     @property
     def version(self) -> str:
@@ -81,7 +94,24 @@ class PromptTemplate:
         return self.text.replace(PLACEHOLDER, question)
 
     def messages(self, question: str) -> list[dict[str, str]]:
-        """Chat messages for one episode's start: a single user turn, no system prompt."""
+        """Chat messages for one episode's start: with role ``system``, the instructions (the text
+        before the line holding the placeholder) as a system message and that line onwards as the
+        user turn; with ``user`` (or a template with nothing before that line), one user turn.
+
+        >>> t = PromptTemplate("Answer.\n\nQuestion: {question}")
+        >>> t.messages("Q?")
+        [{'role': 'system', 'content': 'Answer.'}, {'role': 'user', 'content': 'Question: Q?'}]
+        >>> PromptTemplate(t.text, role="user").messages("Q?")
+        [{'role': 'user', 'content': 'Answer.\n\nQuestion: Q?'}]
+        """
+        if self.role == "system":
+            line = self.text.rfind("\n", 0, self.text.index(PLACEHOLDER)) + 1
+            instructions = self.text[:line].rstrip()
+            if instructions:
+                return [
+                    {"role": "system", "content": instructions},
+                    {"role": "user", "content": self.text[line:].replace(PLACEHOLDER, question)},
+                ]
         return [{"role": "user", "content": self.user_prompt(question)}]
 
 
@@ -90,9 +120,9 @@ def packaged_templates() -> dict[str, Path]:
     return {f.stem: f for f in sorted(DEFAULT_TEMPLATE_PATH.parent.glob("*.txt"))}
 
 
-def load_template(path: str | os.PathLike | None = None) -> PromptTemplate:
+def load_template(path: str | os.PathLike | None = None, role: str | None = None) -> PromptTemplate:
     """Read a template: a packaged one by name (``authors``), a file, or the project's default
-    when ``path`` is None.
+    when ``path`` is None; sent as ``role`` says (None: the default, ``agent.prompt_role``'s).
 
     Raises:
         ValueError: the file is not UTF-8 text or lacks a single ``{question}`` (message names it).
@@ -111,18 +141,21 @@ def load_template(path: str | os.PathLike | None = None) -> PromptTemplate:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"prompt template {source}: not UTF-8 text ({exc})") from exc
-    return PromptTemplate(text.rstrip("\n"), source=source)
+    if role is None:
+        return PromptTemplate(text.rstrip("\n"), source=source)
+    return PromptTemplate(text.rstrip("\n"), source=source, role=role)
 
 
 def checked_template(prompt: Mapping[str, Any] | None) -> PromptTemplate:
     """The prompt template a job was planned with: ``prompt["path"]`` (None: the project's
-    default), verified against ``prompt["version"]`` when given.
+    default) sent as ``prompt["role"]`` (``agent.prompt_role``), verified against
+    ``prompt["version"]`` when given.
 
     Raises:
         ValueError: the file changed since the workflow computed the version (names the file).
     """
     prompt = prompt or {}
-    template = load_template(prompt.get("path"))
+    template = load_template(prompt.get("path"), prompt.get("role"))
     expected = prompt.get("version")
     if expected is not None and expected != template.version:
         raise ValueError(
@@ -144,7 +177,7 @@ def build_user_prompt(question: str, template: PromptTemplate | None = None) -> 
 
 
 def build_messages(question: str, template: PromptTemplate | None = None) -> list[dict[str, str]]:
-    """Chat messages for one episode's start: a single user turn, no system prompt."""
+    """Chat messages for one episode's start (:meth:`PromptTemplate.messages`)."""
     return (template or _DEFAULT).messages(question)
 
 
@@ -193,13 +226,19 @@ def observation_message(text: str, fmt: str = "spader") -> dict[str, str]:
     return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
 
 
-def error_observation(error: str, fmt: str = "spader", max_chars: int | None = None) -> str:
+def error_observation(
+    error: str, fmt: str = "spader", max_chars: int | None = None, content: str | None = None
+) -> str:
     """The observation of a call that ran no search (a malformed call, a refused request): the
     project's ``Error: <why>``, or in the authors' format the message itself between
-    ``<tool_response>`` tags (their parser's and their tool's messages, :mod:`spader.core.parsing`);
-    cut to ``max_chars`` as an observation is."""
+    ``<tool_response>`` tags, as their evaluation shows it (their parser's and their tool's
+    messages, :mod:`spader.core.parsing`), or ``content`` when given (the whole observation their
+    training shows instead: :func:`spader.core.parsing.authors_training_call`); cut to
+    ``max_chars`` as an observation is."""
     if fmt == "authors":
-        return _authors_cut(f"<tool_response>{error}</tool_response>", max_chars)
+        return _authors_cut(
+            f"<tool_response>{error}</tool_response>" if content is None else content, max_chars
+        )
     text = format_observation([], error=error)
     return text if max_chars is None else text[:max_chars]
 

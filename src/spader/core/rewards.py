@@ -8,12 +8,14 @@ For one group of G trajectories sampled for the same prompt:
   returned at t (:func:`spader.core.matching.find_hits`); the *new* entities at t are the hits not hit earlier in the
   same trajectory;
 * ``N(e)`` is the number of trajectories of the group that hit ``e`` at any step;
-* a search step earns ``(sum over new e of R(e) - c * q_t) / |E_GT|`` with
-  ``R(e) = alpha + beta * novelty(N(e))`` (:func:`search_step_rewards`);
+* a search step earns ``(sum over new e of R(e) - Cost(a_t)) / |E_GT|`` with
+  ``R(e) = alpha + beta * novelty(N(e))`` and ``Cost(a_t) = c`` for a search call (the paper), or
+  ``c * q_t`` with ``q_t`` the queries the call issued (``cost_per="query"``, the authors' code)
+  (:func:`search_step_rewards`);
 * the answer step earns the F1 of the final answer, or the invalid-format reward
   (:func:`terminal_reward`).
 
-The options ``novelty="exp_decay"``, ``invalid_format_reward=0.0`` and ``cost_scale`` (with
+The options ``novelty="exp_decay"``, ``cost_per="query"``, ``invalid_format_reward=0.0`` and ``cost_scale`` (with
 :func:`cost_warmup_scale`) reproduce the authors' published code (docs/method.md, "Known divergences");
 the defaults are the paper's.
 """
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from spader.core.matching import find_hits, passage_hits  # re-exported: the rewards' hit definition
 
 __all__ = [
+    "COST_PER",
     "NOVELTY",
     "StepRewardWeights",
     "cost_warmup_scale",
@@ -41,6 +44,9 @@ __all__ = [
 #: Novelty premium shapes: ``inverse`` is the paper's ``1 / N``, ``exp_decay`` the authors' code
 #: ``exp(-(N - 1))``.
 NOVELTY = ("inverse", "exp_decay")
+#: What the tool cost counts: ``call`` is the paper's ``Cost(a_t) = c`` per search call (a step
+#: that issued at least one query), ``query`` the authors' code, ``c`` per query issued.
+COST_PER = ("call", "query")
 
 
 @dataclass(frozen=True)
@@ -49,11 +55,15 @@ class StepRewardWeights:
 
     Attributes:
         alpha: reward of a new entity; beta: weight of its novelty premium; cost: ``c``, the cost
-            of one query; novelty: ``"inverse"`` (paper) or ``"exp_decay"`` (authors' code);
+            of one search call (``cost_per="call"``, paper) or of one query (``"query"``, authors'
+            code); novelty: ``"inverse"`` (paper) or ``"exp_decay"`` (authors' code);
             cost_scale: the tool-cost warm-up's multiplier of ``cost`` (:func:`cost_warmup_scale`).
 
     >>> StepRewardWeights(alpha=1.0, beta=4.0, cost=0.01, cost_scale=0.5).step_cost
     0.005
+    >>> w = StepRewardWeights(1.0, 4.0, 0.01)
+    >>> w.charge(3), w.charge(0), StepRewardWeights(1.0, 4.0, 0.01, cost_per="query").charge(3)
+    (0.01, 0.0, 0.03)
     """
 
     alpha: float
@@ -61,15 +71,26 @@ class StepRewardWeights:
     cost: float
     novelty: str = "inverse"
     cost_scale: float = 1.0
+    cost_per: str = "call"
 
     def __post_init__(self):
         if self.novelty not in NOVELTY:
             raise ValueError(f"novelty must be one of {NOVELTY}, got {self.novelty!r}")
+        if self.cost_per not in COST_PER:
+            raise ValueError(f"cost_per must be one of {COST_PER}, got {self.cost_per!r}")
 
     @property
     def step_cost(self) -> float:
-        """The cost of one query at this step, ``cost_scale * cost``."""
+        """The cost of one call (or one query) at this step, ``cost_scale * cost``."""
         return self.cost * self.cost_scale
+
+    def charge(self, queries: int) -> float:
+        """``Cost(a_t)`` of a search step that issued ``queries`` queries: ``step_cost`` for a
+        call that issued any (``cost_per="call"``; a malformed call issues none and costs nothing),
+        ``step_cost * queries`` per query."""
+        if self.cost_per == "query":
+            return self.step_cost * queries
+        return self.step_cost if queries > 0 else 0.0
 
 
 def novelty_premium(n_found: int, *, novelty: str = "inverse") -> float:
@@ -144,12 +165,14 @@ def search_step_rewards(
     cost: float,
     novelty: str = "inverse",
     cost_scale: float = 1.0,
+    cost_per: str = "call",
 ) -> list[list[float]]:
     """Rewards of the search steps of one group of trajectories (same prompt).
 
-    ``r_t = (sum over new e at t of (alpha + beta * novelty(N(e))) - cost_scale * cost * q_t) / n_gt``
-    where *new* means not hit at an earlier step of the same trajectory and ``N(e)`` counts the
-    trajectories of the group that hit ``e`` at any step.
+    ``r_t = (sum over new e at t of (alpha + beta * novelty(N(e))) - Cost(a_t)) / n_gt`` where
+    *new* means not hit at an earlier step of the same trajectory, ``N(e)`` counts the
+    trajectories of the group that hit ``e`` at any step, and ``Cost(a_t)`` is ``cost_scale * cost``
+    for a step that issued queries (``cost_per="call"``), or that times ``q_t`` (``"query"``).
 
     Args:
         hits: ``hits[i][t]`` entity indices (in ``[0, n_gt)``) hit at search step t of trajectory i.
@@ -157,10 +180,11 @@ def search_step_rewards(
         n_gt: number of (deduplicated) ground-truth entities, ``|E_GT|``.
         alpha: information-gain weight.
         beta: novelty-premium weight.
-        cost: tool cost per query.
+        cost: tool cost ``c`` per search call, or per query.
         novelty: ``inverse`` (``1/N``, paper) or ``exp_decay`` (``exp(-(N-1))``, authors' code).
         cost_scale: multiplier of ``cost`` (the warm-up of the authors' code, see
             :func:`cost_warmup_scale`).
+        cost_per: ``call`` (paper) or ``query`` (authors' code), see :data:`COST_PER`.
     Returns:
         ``rewards[i][t]``, the same ragged shape as ``queries``.
 
@@ -169,7 +193,7 @@ def search_step_rewards(
     """
     _check_shapes(hits, queries, n_gt)
     rewards, _ = _search_rewards(
-        hits, queries, n_gt, StepRewardWeights(alpha, beta, cost, novelty, cost_scale)
+        hits, queries, n_gt, StepRewardWeights(alpha, beta, cost, novelty, cost_scale, cost_per)
     )
     return rewards
 
@@ -198,11 +222,11 @@ def _search_rewards(
         new_per_step.append(new_steps)
         for e in seen:
             found_by[e] = found_by.get(e, 0) + 1
-    alpha, beta, step_cost = weights.alpha, weights.beta, weights.step_cost
+    alpha, beta, charge = weights.alpha, weights.beta, weights.charge
     value = {e: alpha + beta * novelty_premium(n, novelty=weights.novelty) for e, n in found_by.items()}
     get = value.__getitem__
     rewards = [
-        [(sum(map(get, new)) - step_cost * q) / n_gt for new, q in zip(new_steps, traj_queries, strict=False)]
+        [(sum(map(get, new)) - charge(q)) / n_gt for new, q in zip(new_steps, traj_queries, strict=False)]
         for new_steps, traj_queries in zip(new_per_step, queries, strict=False)
     ]
     return rewards, [sum(len(new) for new in new_steps) for new_steps in new_per_step]
@@ -220,11 +244,13 @@ def group_step_rewards(
     novelty: str = "inverse",
     invalid_format_reward: float = -1.0,
     cost_scale: float = 1.0,
+    cost_per: str = "call",
 ) -> list[list[float]]:
     """Per-step rewards of one group: each trajectory's search-step rewards, then its terminal reward.
 
     Args:
-        hits, queries, n_gt, alpha, beta, cost, novelty, cost_scale: see :func:`search_step_rewards`.
+        hits, queries, n_gt, alpha, beta, cost, novelty, cost_scale, cost_per: see
+            :func:`search_step_rewards`.
         final_f1: ``final_f1[i]`` F1 of trajectory i's final answer, ``None`` for an invalid format.
         invalid_format_reward: terminal reward of an invalid format (paper -1, authors' code 0).
     Returns:
@@ -236,7 +262,15 @@ def group_step_rewards(
     if len(final_f1) != len(hits):
         raise ValueError(f"final_f1 has {len(final_f1)} entries for {len(hits)} trajectories")
     search = search_step_rewards(
-        hits, queries, n_gt, alpha=alpha, beta=beta, cost=cost, novelty=novelty, cost_scale=cost_scale
+        hits,
+        queries,
+        n_gt,
+        alpha=alpha,
+        beta=beta,
+        cost=cost,
+        novelty=novelty,
+        cost_scale=cost_scale,
+        cost_per=cost_per,
     )
     return [
         [*steps, terminal_reward(f1, invalid_format_reward=invalid_format_reward)]

@@ -4,7 +4,9 @@ verl parquet (docs/data.md, "Normalized record"; read by
 ``verl.utils.dataset.rl_dataset.RLHFDataset``), one row per question::
 
     data_source   the dataset: "qampari" | "mintaka" | "webqsp" | "quest" | ...   (reward dispatch key)
-    prompt        [{"role": "user", "content": spader.core.prompt.build_user_prompt(question)}]
+    prompt        spader.core.prompt.build_messages(question, template): the template's instructions
+                  as a system message and its question line as the user turn
+                  (agent.prompt_role: system), or the whole prompt as one user message (user)
     ability       "multi-answer-qa"
     reward_model  {"style": "rule", "ground_truth": {"target": [primary names],
                                                      "entities": [[aliases...], ...]}}
@@ -148,7 +150,9 @@ def check_verl(df: pl.DataFrame) -> pl.DataFrame:
     gt = pl.col("reward_model").struct.field("ground_truth")
     bad = df.with_row_index("_row").filter(
         pl.col("data_source").is_null()
-        | (pl.col("prompt").list.len() != 1)
+        # the user turn, after the system message when the prompt is sent as one (agent.prompt_role)
+        | ~pl.col("prompt").list.len().is_between(1, 2)
+        | (pl.col("prompt").list.last().struct.field("role") != "user")
         | (gt.struct.field("target").list.len() == 0)
         | (gt.struct.field("target").list.len() != gt.struct.field("entities").list.len())
         | pl.col("extra_info").struct.field("id").is_null()

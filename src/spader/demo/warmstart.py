@@ -120,7 +120,7 @@ def _scripting(model_dir, warmstart: WarmstartSettings, agent, retrieval, prompt
 
     from spader.core.prompt import load_template
 
-    template = prompt or load_template()
+    template = prompt or load_template(role=agent.prompt_role)
     return {
         "max_tool_response_chars": agent.max_tool_response_chars,
         "max_query_chars": retrieval.max_query_chars,

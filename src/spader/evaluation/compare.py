@@ -13,6 +13,13 @@ use (``evaluation.bootstrap_samples``, ``bootstrap_seed``, ``significance_level`
 within each, by clusters of questions that share a topic when ``evaluation.topics`` names them.
 Questions one of the runs left out of its means (the authors' evaluation loop drops failed
 episodes) are left out of both sides.
+
+What is assumed rather than reproduced is said in the table's first lines (``#`` comments): the
+authors' published code trains SPADER (its ablations are its settings) and GRPO only
+(:data:`spader.methods.AUTHORS_TRAINED`); for any other trained method of the table (PPO,
+StepSearch, R3-RAG) the named run's options (config/authors.yaml: their parser, observations,
+alias-blind reward) are applied as if their code had trained it, an assumption
+(:func:`spader.methods.assumed_methods`, :func:`header_lines`).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import polars as pl
 from spader.evaluation.stats import SignFlip, bootstrap_means, percentile_interval
 from spader.evaluation.tables import AVG, METRICS, Uncertainty, method_order, question_scores
 
-__all__ = ["COLUMNS", "compare_runs_table"]
+__all__ = ["COLUMNS", "compare_runs_table", "header_lines"]
 
 Runs = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
 
@@ -40,6 +47,18 @@ COLUMNS = {
     "diff": pl.Float64, "diff_lo": pl.Float64, "diff_hi": pl.Float64,
     "p_value": pl.Float64, "significant": pl.Boolean, "p_min": pl.Float64,
 }  # fmt: skip
+
+
+def header_lines(name: str, assumed: Sequence[str]) -> list[str]:
+    """The table's ``#`` lines: what the comparison of run ``name`` assumes (none without
+    ``assumed`` methods)."""
+    if not assumed:
+        return []
+    return [
+        f"# assumed, not reproduced: the authors' published code has no training code for {', '.join(assumed)};",
+        f"# run {name!r} trains them with its options (config/authors.yaml: their parser, observations and",
+        "# alias-blind reward) as if it had (docs/method.md, Known divergences)",
+    ]
 
 
 def _kept(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -130,10 +149,12 @@ def compare_runs(
     name: str,
     uncertainty: Mapping[str, Any] | None = None,
     topics: str | None = None,
+    assumed: Sequence[str] = (),
 ) -> pl.DataFrame:
     """Rule ``compare_runs``: read both runs' evaluations (each summary and its records, checked
     as :func:`spader.evaluation.aggregate.load_runs` checks them) and the questions' topics
-    (``evaluation.topics``, when set), and write the table (TSV)."""
+    (``evaluation.topics``, when set), and write the table (TSV), after the lines saying what it
+    assumes for the ``assumed`` methods (:func:`header_lines`)."""
     from pathlib import Path
 
     from spader.evaluation.aggregate import load_runs
@@ -146,5 +167,8 @@ def compare_runs(
         u = dataclasses.replace(u, topics=read_topics(topics))
     table = compare_runs_table(default, run, methods, datasets, name=name, uncertainty=u)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
-    table.write_csv(output, separator="\t", float_precision=4)
+    text = table.write_csv(separator="\t", float_precision=4)
+    Path(output).write_text(
+        "".join(f"{line}\n" for line in header_lines(name, assumed)) + text, encoding="utf-8"
+    )
     return table

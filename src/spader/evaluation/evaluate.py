@@ -250,7 +250,7 @@ def evaluate_policy(
     agent = agent or AgentConfig()
     # queries are cut to what the service accepts, as training's search tool does
     settings = loop_settings(evaluation, agent, retrieval, model_dir)
-    template = prompt or load_template()
+    template = prompt or load_template(role=agent.prompt_role)
     items = load_eval_set(records_path)
     tiny = is_tiny(model_dir)
     if tiny:

@@ -287,6 +287,12 @@ TABLE: tuple[Rerun, ...] = (
         ("backbones.*.gpus",), _TRAINED, "GPUs per training job (data-parallel ranks)", scope="that backbone"
     ),
     Rerun(
+        ("backbones.*.max_context_tokens",),
+        _EVALUATED,
+        "the token budget of a backbone's evaluation episodes",
+        scope="that backbone",
+    ),
+    Rerun(
         ("backbones.*.warmstart",),
         None,
         "no warm start: every method starts from the tiny model as built",
@@ -332,9 +338,9 @@ TABLE: tuple[Rerun, ...] = (
         demo=("train_policy", "export_checkpoint", "evaluate_policy", "aggregate_results"),
     ),
     Rerun(
-        ("agent.prompt_template",),
+        ("agent.prompt_template", "agent.prompt_role"),
         ("export_rl_dataset", *_TRAINED),
-        "the prompt: the training data export, every training and evaluation (and the demo's warm start)",
+        "the prompt and how it is sent: the training data export, every training and evaluation (and the demo's warm start)",
         demo=("export_rl_dataset", *_WARM),
     ),
     Rerun(("agent.*",), _TRAINED, "one agent turn, the same in training and evaluation", demo=_WARM),

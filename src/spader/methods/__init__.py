@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "ADVANTAGES",
+    "AUTHORS_TRAINED",
     "BUNDLED",
     "ENTRY_POINT_GROUP",
     "METHODS",
@@ -52,6 +53,7 @@ __all__ = [
     "Settings",
     "TableRole",
     "advantage_spec",
+    "assumed_methods",
     "bundled_keys",
     "load_plugins",
     "method_of",
@@ -323,6 +325,19 @@ def table_rows(variants: Mapping[str, Mapping[str, Any]]) -> list[list[Any]]:
             row = {"ordered": role.ordered, "table": role.table, "value": spec[role.key]}
         out.append([name, row])
     return out
+
+
+#: The methods the authors' published code trains: SPADER (its ablations are its settings) and
+#: GRPO. It has no training code for the others (PPO, StepSearch, R3-RAG).
+AUTHORS_TRAINED = ("spader", "grpo")
+
+
+def assumed_methods(variants: Mapping[str, Any], methods: Sequence[str]) -> list[str]:
+    """The trained methods among ``methods`` whose method the authors' code does not train
+    (``variants``: the config's variants, each with its registry ``method``): the authors'
+    profile (config/authors.yaml) applies its options to them as an assumption, not a
+    reproduction. Prompting methods and variants of SPADER or GRPO are not among them."""
+    return [m for m in methods if m in variants and variants[m].method.name not in AUTHORS_TRAINED]
 
 
 def bundled_keys() -> dict[str, Any]:

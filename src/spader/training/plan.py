@@ -1343,9 +1343,8 @@ def plan_config(
             jobs.extend(_backbone_training_jobs(inputs, b, spec, only))
         if evaluation["gpus"] > 0 and only is None:
             shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
-            jobs.append(
-                evaluation_job(f"evaluate {b}/*", shape, evaluation, capacity=capacity, reranker=replica)
-            )
+            own = config.evaluation_params(b)  # the backbone's context budget
+            jobs.append(evaluation_job(f"evaluate {b}/*", shape, own, capacity=capacity, reranker=replica))
     trains_stepsearch = any(
         config.variants[v].reward == "stepsearch" for s in config.backbones.values() for v in s.variants
     )

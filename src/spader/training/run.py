@@ -698,6 +698,7 @@ def train(
             record_turns=job.scorer.record_turns,
             observation_format=job.agent.observation_format,
             discovery=job.training.divergences.discovery,
+            denominator=job.training.divergences.denominator,
         )
         with (
             judge_endpoint(

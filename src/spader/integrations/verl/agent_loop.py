@@ -17,7 +17,8 @@ The agent loop is verl's ``ToolAgentLoop`` with these additions, all through pub
   (:func:`spader.core.prompt.observation_message`) for every backbone, as the authors send it,
   never a ``tool`` message (Llama-3.1's template JSON-escapes that one in an ``ipython`` turn);
   before it, the chat template's turn-closing tokens the model did not write are inserted (mask 0,
-  like verl's other boundary tokens; :func:`spader.agent.conversation.missing_closing`), and the
+  like verl's other boundary tokens; :func:`spader.agent.conversation.missing_closing`; with
+  ``spader_agent.turn_boundary: authors`` nothing is, as in the authors' training), and the
   turn is tokenized on its own, as verl's continuous-token builder tokenizes an appended user
   message, except that the observation's text is tokenized as text (a passage holding
   ``<|im_start|>`` never becomes a special token: :func:`spader.agent.conversation.observation_ids`).
@@ -70,7 +71,7 @@ from verl.utils.ray_utils import get_event_loop
 from spader.agent.conversation import missing_closing, observation_ids, turn_closing_ids, turn_token_count
 from spader.config.model import AgentConfig
 from spader.core.metrics import alias_blind
-from spader.core.parsing import malformed_turn, parse_turn
+from spader.core.parsing import authors_training_call, malformed_turn, parse_turn
 from spader.core.prompt import observation_message
 from spader.integrations.verl.episode_metrics import SEED_FIELD, TURN_STATS
 from spader.integrations.verl.reward import gold_entities
@@ -142,10 +143,28 @@ class SpaderToolParser(ToolParser):
 
 @ToolParser.register(AUTHORS_PARSER)
 class AuthorsToolParser(SpaderToolParser):
-    """The authors' reading of a turn: its last ``<tool_call>`` block is the call
-    (:func:`spader.core.parsing.authors_tool_call`), a malformed one comes back with their message."""
+    """The authors' training reading of a turn (:func:`spader.core.parsing.authors_training_call`):
+    its last ``<tool_call>`` block is the call; a JSON scalar in it makes no call (the episode
+    ends, as in their training); a malformed call comes back with the observation their training
+    shows (``observation``, which the search tool shows in the authors' format)."""
 
     parser = "authors"
+
+    async def extract_tool_calls(
+        self, responses_ids: list[int], tools=None
+    ) -> tuple[str, list[FunctionCall]]:
+        loop = get_event_loop()
+        text = await loop.run_in_executor(
+            None, lambda: self.tokenizer.decode(responses_ids, skip_special_tokens=False)
+        )
+        call = authors_training_call(text)
+        if call is None:
+            return text, []
+        args: dict[str, Any] = {"queries": call.queries}
+        if call.error is not None:
+            args = {"queries": [], "error": call.error, "observation": call.observation}
+        content = text[: text.rfind(_TOOL_CALL_BLOCK)]
+        return content, [FunctionCall(name=_tool_name(tools), arguments=json.dumps(args, ensure_ascii=False))]
 
 
 class TurnEndingServer:
@@ -267,6 +286,7 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         self.max_turn_tokens, self.stop = agent.max_turn_tokens, tuple(agent.stop)
         self.regenerations, self.parser = agent.regenerations, agent.parser
         self.observation_format = agent.observation_format
+        self.turn_boundary = agent.turn_boundary
         self.server_manager = TurnEndingServer(self.server_manager, self.tokenizer, self.stop, timeout)
         self.closing_ids = list(turn_closing_ids(self.tokenizer))
 
@@ -398,7 +418,12 @@ class SpaderToolAgentLoop(ToolAgentLoop):
         agent_data._active_tool_schemas = None
         # A turn that stopped at its tag lacks the template's closing tokens; the model did not
         # write them, so they carry no loss (mask 0, log-prob 0) like verl's boundary tokens.
-        closing = missing_closing(agent_data.prompt_ids, self.closing_ids)
+        # (agent.turn_boundary: authors, as their training: nothing, the observation follows directly)
+        closing = (
+            missing_closing(agent_data.prompt_ids, self.closing_ids)
+            if self.turn_boundary == "template"
+            else []
+        )
         if closing:
             agent_data.prompt_ids = [*agent_data.prompt_ids, *closing]
             agent_data.response_mask = [*agent_data.response_mask, *([0] * len(closing))]

@@ -31,6 +31,7 @@ from spader.methods import REWARDS, advantage_spec, reward_spec, verl_yaml
 
 __all__ = [
     "AGENT_KEYS",
+    "POLICY_LOSS_MODES",
     "TRAINING_KEYS",
     "actor_path_overrides",
     "agent_overrides",
@@ -69,6 +70,12 @@ TRAINING_KEYS = {
     "shuffle": "data.shuffle",
 }
 
+#: ``training.policy_ratio`` -> the policy loss verl's actor uses (``policy_loss.loss_mode``):
+#: verl's own ``vanilla`` (a clipped ratio per token, token-mean) or the paper's ratio per decision
+#: step, registered by the plug-in (:mod:`spader.integrations.verl.policy_loss`).
+POLICY_LOSS_MODES = {"token": "vanilla", "step": "spader_step_ratio"}
+POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss.loss_mode"
+
 #: Keys of the project's own blocks, which verl's ppo_trainer does not define: their overrides are
 #: written ``++key=value`` (set, or add when missing), so they compose over any project YAML. The
 #: rewards' own blocks (:attr:`spader.methods.Reward.verl_blocks`) are added by :func:`_project_key`.
@@ -96,6 +103,7 @@ AGENT_KEYS = {
     "regenerations": "spader_agent.regenerations",
     "parser": "spader_agent.parser",
     "observation_format": "spader_agent.observation_format",
+    "turn_boundary": "spader_agent.turn_boundary",
 }
 #: ``agent.parser`` -> the tool parser verl's multi-turn rollout uses (``multi_turn.format``) and
 #: the terminal reward reads answers with (``reward_kwargs.parser``).
@@ -208,7 +216,18 @@ def training_overrides(training: Mapping[str, Any]) -> list[str]:
         if name not in training:
             raise KeyError(f"config key 'training.{name}' is missing (verl's {key})")
         out.append(f"{key}={hydra_value(training[name])}")
+    ratio = training["policy_ratio"] if "policy_ratio" in training else _default("policy_ratio")
+    if ratio not in POLICY_LOSS_MODES:
+        raise ValueError(
+            f"config key 'training.policy_ratio' must be one of {sorted(POLICY_LOSS_MODES)}, got {ratio!r}"
+        )
+    out.append(f"{POLICY_LOSS_KEY}={POLICY_LOSS_MODES[ratio]}")
     return [*out, *actor_path_overrides(training)]
+
+
+def _default(name: str) -> Any:
+    """The typed model's default of ``training.<name>`` (a section as config.yaml writes it)."""
+    return TrainingConfig.model_fields[name].default
 
 
 def actor_path_overrides(training: Mapping[str, Any]) -> list[str]:

@@ -11,6 +11,8 @@ Registers:
   ``spader_traj`` and those of methods from entry points, :func:`.estimators.register_methods`),
   ``spader_grpo`` (:mod:`.estimators`) and R3-RAG's ``r3rag_turn_gae`` (:mod:`.turn_gae`);
 * v1 trainer mode ``spader_sync`` (:mod:`.trainer`);
+* the policy loss ``spader_step_ratio``, the paper's importance ratio per decision step
+  (``training.policy_ratio: step``, :mod:`.policy_loss`);
 * tool parser ``spader`` and agent loop ``spader_tool_agent`` (:mod:`.agent_loop`);
 * the critic's value-model loader honours the configured attention implementation
   (:mod:`.attention`: verl 0.9.1 hard-codes flash-attention 2 there);
@@ -47,7 +49,7 @@ from spader.integrations.verl import sglang_replica  # noqa: E402
 # sglang replicas seeded seed + replica rank (.sglang_replica)
 sglang_replica.register()
 
-from spader.integrations.verl import agent_loop, attention, estimators, trainer, turn_gae  # noqa: E402  (registration)
+from spader.integrations.verl import agent_loop, attention, estimators, policy_loss, trainer, turn_gae  # noqa: E402  (registration)
 from spader.methods import load_plugins  # noqa: E402
 
 # the critic's value model loads with critic.model.override_config.attn_implementation (.attention)
@@ -68,6 +70,7 @@ load_plugins()
 REGISTERED = {
     "adv_estimators": (*estimators.register_methods(), estimators.GRPO, turn_gae.TURN_GAE),
     "trainer_modes": (trainer.MODE,),
+    "policy_losses": (policy_loss.LOSS_MODE,),
     "attention": (packed_attention.NAME,),
     "tool_parsers": (agent_loop.PARSER,),
     "agent_loops": (agent_loop.AGENT_LOOP,),

@@ -15,7 +15,9 @@ answer as their reward does, from the decoded response (observations included): 
 unbalanced ``<think>`` tags or a missing ``<answer>`` / ``</answer>``, else the last ``<answer>``
 read as JSON, a Python literal or the raw string (:func:`spader.core.parsing.authors_answer`);
 ``aliases="blind"`` turns each entity's alias list into one string
-(:func:`spader.core.metrics.alias_blind`), so an entity with two or more aliases never matches.
+(:func:`spader.core.metrics.alias_blind`), so an entity with two or more aliases never matches, and
+scores the answer as their reward does, through their normaliser
+(:func:`spader.core.metrics.authors_reward_prf`).
 
 This module imports no verl: it only unpacks arguments for the core.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spader.core.metrics import alias_blind, gold_alias_sets, prf
+from spader.core.metrics import alias_blind, authors_reward_prf, gold_alias_sets, prf
 from spader.core.parsing import authors_answer, final_answer
 from spader.core.rewards import terminal_reward
 from spader.methods.steps import FAILURE_KEY, FINAL_TURN_KEY
@@ -57,6 +59,19 @@ def gold_entities(ground_truth: Any) -> list[list[str]]:
             f"reward_model.ground_truth must be a mapping or a list of alias lists, got {ground_truth!r}"
         )
     return _alias_lists(ground_truth)
+
+
+def _answer_prf(parsed, gold: list[list[str]], aliases: str, data_source: str, ground_truth: Any):
+    """The answer's precision, recall and F1 against ``gold`` (0 for an invalid answer)."""
+    if aliases not in ("aware", "blind"):
+        raise ValueError(f"reward_kwargs.aliases must be aware or blind, got {aliases!r}")
+    if not gold_alias_sets(gold):
+        raise ValueError(f"ground truth of a {data_source!r} row has no usable entity: {ground_truth!r}")
+    if not parsed.valid:
+        return 0.0, 0.0, 0.0
+    if aliases == "blind":  # the authors' reward: one string per alias list, their normaliser
+        return authors_reward_prf(parsed.answers, [t for (t,) in alias_blind(gold)])
+    return prf(parsed.answers, gold)
 
 
 def compute_score(
@@ -101,14 +116,9 @@ def compute_score(
         parsed = final_answer(str(extra_info[FINAL_TURN_KEY] or ""))
     else:
         raise ValueError(f"reward_kwargs.parser must be spader or authors, got {parser!r}")
-    gold = gold_entities(ground_truth)
-    if aliases == "blind":
-        gold = alias_blind(gold)
-    elif aliases != "aware":
-        raise ValueError(f"reward_kwargs.aliases must be aware or blind, got {aliases!r}")
-    if not gold_alias_sets(gold):
-        raise ValueError(f"ground truth of a {data_source!r} row has no usable entity: {ground_truth!r}")
-    precision, recall, f1 = prf(parsed.answers, gold) if parsed.valid else (0.0, 0.0, 0.0)
+    precision, recall, f1 = _answer_prf(
+        parsed, gold_entities(ground_truth), aliases, data_source, ground_truth
+    )
     score = terminal_reward(f1 if parsed.valid else None, invalid_format_reward=invalid_format_reward)
     return {
         "score": score,

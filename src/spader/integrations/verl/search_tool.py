@@ -17,13 +17,17 @@ fills it from the row's ``reward_model.ground_truth``). verl's ``ToolAgentLoop``
 
 In the authors' observation format (``observation_format: authors``) the observation is their
 search server's JSON (:func:`spader.core.prompt.fit_authors_observation`, as their training tool
-shows it) and an error their tool's or parser's message (:func:`spader.core.prompt.error_observation`).
+shows it) and an error their tool's or parser's message (:func:`spader.core.prompt.error_observation`),
+as their training shows it when the ``spader_authors`` parser hands it over (``observation``:
+:func:`spader.core.parsing.authors_training_call`).
 
 Tool YAML ``config`` keys (see :mod:`.tool_config`): ``retrieval_service_url`` (one service) or
 ``retrieval_service_urls`` (host name -> URL: one replica per node of a multi-node job, each on its
 node's loopback; the tool uses the one of the host it runs on), ``topk``, ``initial_k``,
 ``timeout``, ``retries``, ``max_queries_per_call`` (null: no cap), ``max_queries_per_request``,
-``max_query_chars``, ``max_chars``, ``record_turns``, ``observation_format``, ``discovery``.
+``max_query_chars``, ``max_chars``, ``record_turns``, ``observation_format``, ``discovery``,
+``denominator`` (``training.divergences.denominator``: ``|E_GT|`` of the step rewards, each gold
+entity once or every entry of the gold list, :func:`spader.core.matching.discovery_gold`).
 """
 
 from __future__ import annotations
@@ -39,8 +43,7 @@ from uuid import uuid4
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from spader.core.matching import DISCOVERY, authors_text_hits, passage_hits
-from spader.core.metrics import gold_count, unique_gold
+from spader.core.matching import DENOMINATORS, DISCOVERY, authors_text_hits, discovery_gold, passage_hits
 from spader.core.prompt import (
     OBSERVATION_FORMATS,
     error_observation,
@@ -173,6 +176,11 @@ class SearchTool(BaseTool):
             raise ValueError(
                 f"search tool config: 'discovery' must be one of {DISCOVERY}, got {self.discovery!r}"
             )
+        self.denominator = setting("denominator", str, "distinct")
+        if self.denominator not in DENOMINATORS:
+            raise ValueError(
+                f"search tool config: 'denominator' must be one of {DENOMINATORS}, got {self.denominator!r}"
+            )
         # the step-level baselines (StepSearch, R3-RAG) also need each turn's passages and text
         self.record_turns = setting("record_turns", bool, False)
         self.client = RetrievalClient(
@@ -182,14 +190,17 @@ class SearchTool(BaseTool):
         # verl runs every episode's tokenizer work in the loop's default executor, which a few
         # dozen searches waiting on the service would otherwise hold.
         self._requests = ThreadPoolExecutor(self.client.connections, thread_name_prefix="search")
-        self._instances: dict[str, list[list[str]]] = {}
+        self._instances: dict[str, tuple[list[list[str]], int]] = {}
 
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
         """Start a call; the entities come from ``kwargs['create_kwargs']['entities']``."""
         instance_id = instance_id or str(uuid4())
         create_kwargs = kwargs.get("create_kwargs") or {}
-        # one entry per distinct entity: hit indices and |E_GT| as the F1 metric counts them
-        self._instances[instance_id] = unique_gold(as_alias_lists(create_kwargs.get("entities")))
+        # the entities discovery indexes (each gold entity once, as the F1 metric counts them; each
+        # distinct entry with discovery: substring) and |E_GT| of the step rewards
+        self._instances[instance_id] = discovery_gold(
+            as_alias_lists(create_kwargs.get("entities")), self.discovery, self.denominator
+        )
         return instance_id, ToolResponse()
 
     async def release(self, instance_id: str, **kwargs) -> None:
@@ -217,9 +228,10 @@ class SearchTool(BaseTool):
         and metrics. ``parameters`` is ``{"queries": [...]}`` or ``{"queries": [], "error": why}``
         from the ``spader`` tool parser; ``kwargs['agent_data']`` is the trajectory's state."""
         agent_data = kwargs.get("agent_data")
-        entities = self._instances.get(instance_id)
-        if entities is None:
+        instance = self._instances.get(instance_id)
+        if instance is None:
             raise KeyError(f"search tool instance {instance_id!r} was not created")
+        entities, n_gold = instance
         turn = int(getattr(agent_data, "assistant_turns", 0) or 0) if agent_data is not None else 0
         issued, error = _issued_queries(parameters)
         # q_t counts every query the call issued; the ones beyond the per-call cap are not run
@@ -240,8 +252,9 @@ class SearchTool(BaseTool):
             except Exception as exc:  # noqa: BLE001 (the step becomes an error observation, counted)
                 log.warning("search failed for %d queries: %s: %s", len(queries), type(exc).__name__, exc)
                 error = f"search service unavailable ({type(exc).__name__})"
-        if error is not None:
-            text = error_observation(error, self.observation_format, self.max_chars)
+        if error is not None:  # the authors' training shows some malformed calls its own way
+            shown_as = parameters.get("observation") if isinstance(parameters, dict) else None
+            text = error_observation(error, self.observation_format, self.max_chars, shown_as)
         if self.discovery == "substring":  # the authors' reward: the whole observation, queries echoed
             hits = authors_text_hits(text, entities)
         record = StepRecord(turn=max(turn, 1), queries=len(issued), hits=tuple(sorted(hits)), error=error)
@@ -252,7 +265,7 @@ class SearchTool(BaseTool):
                     _turn_fields(shown if error is None else [], queries, text, agent_data.extra_fields)
                 )
             agent_data.extra_fields.setdefault(STEPS_KEY, []).append(entry)
-            agent_data.extra_fields[N_GOLD_KEY] = gold_count(entities)
+            agent_data.extra_fields[N_GOLD_KEY] = n_gold
         return (
             ToolResponse(text=text),
             0.0,

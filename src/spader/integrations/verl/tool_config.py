@@ -64,6 +64,7 @@ def write_tool_config(
     record_turns: bool = False,
     observation_format: str = "spader",
     discovery: str = "passages",
+    denominator: str = "distinct",
 ) -> Path:
     """Write verl's tool YAML for :class:`spader.integrations.verl.search_tool.SearchTool`.
 
@@ -78,8 +79,8 @@ def write_tool_config(
         max_chars: observation budget in characters (``training.max_tool_response_chars``; give
             verl's ``multi_turn.max_tool_response_length`` at least this value so it never cuts).
         record_turns: also record each turn's passages and text (the StepSearch and R3-RAG rewards).
-        observation_format: ``spader`` or ``authors`` (``agent.observation_format``).
-        discovery: ``passages`` or ``substring`` (``training.divergences.discovery``).
+        observation_format, discovery, denominator: ``agent.observation_format``,
+            ``training.divergences.discovery`` and ``.denominator``.
     Returns:
         The written path.
     """
@@ -102,6 +103,7 @@ def write_tool_config(
             "record_turns": bool(record_turns),
             "observation_format": str(observation_format),
             "discovery": str(discovery),
+            "denominator": str(denominator),
         }
     except KeyError as exc:
         raise ValueError(

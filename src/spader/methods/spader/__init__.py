@@ -13,7 +13,7 @@ world (:mod:`spader.mechanisms`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, StrictFloat
 
@@ -29,7 +29,14 @@ class StepKeys(Settings):
         1.0, ge=0, le=100, description="information-gain weight alpha (reward step only)"
     )
     beta: StrictFloat = Field(4.0, ge=0, le=100, description="novelty-premium weight beta (reward step only)")
-    cost: StrictFloat = Field(0.01, ge=0, le=100, description="tool cost c per query (reward step only)")
+    cost: StrictFloat = Field(
+        0.01, ge=0, le=100, description="tool cost c of a search step, see cost_per (reward step only)"
+    )
+    cost_per: Literal["call", "query"] = Field(
+        "call",
+        description="what the tool cost counts (reward step only): call (c per search call, the "
+        "paper's Cost(a_t)) or query (c per query the call issued, the authors' code)",
+    )
 
 
 def verl_settings(settings: StepKeys, training: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,6 +50,7 @@ def verl_settings(settings: StepKeys, training: Mapping[str, Any]) -> dict[str, 
         "algorithm.spader.alpha": float(settings.alpha),
         "algorithm.spader.beta": float(settings.beta),
         "algorithm.spader.cost": float(settings.cost),
+        "algorithm.spader.cost_per": settings.cost_per,
         "algorithm.spader.novelty": divergences["novelty"],
         "algorithm.spader.cost_warmup": None if warmup is None else dict(warmup),
         "algorithm.spader.epsilon": divergences["epsilon"],

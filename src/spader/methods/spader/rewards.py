@@ -1,5 +1,5 @@
 """SPADER's step rewards in training: the settings a verl config carries (``algorithm.gamma`` and
-``algorithm.spader``, set at launch from ``training.gamma``, ``variants.<name>.alpha/beta/cost``
+``algorithm.spader``, set at launch from ``training.gamma``, ``variants.<name>.alpha/beta/cost/cost_per``
 and ``training.divergences`` by :func:`spader.methods.spader.verl_settings`; every key is required,
 the defaults are the configuration model's) and the step rewards of one training step
 (:class:`SpaderStepRewards`, what the ``spader_sync`` trainer mode calls)."""
@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from spader.core.advantage import EPS_PLACEMENTS
-from spader.core.rewards import NOVELTY, StepRewardWeights, cost_warmup_scale
+from spader.core.rewards import COST_PER, NOVELTY, StepRewardWeights, cost_warmup_scale
 from spader.methods.spader.densify import densify_rewards
 from spader.methods.steps import N_GOLD_KEY, StepBatch, parse_step_records
 
@@ -26,7 +26,8 @@ class SpaderSettings:
 
     Attributes:
         gamma: discount per decision step (``algorithm.gamma``).
-        alpha, beta, cost: entity-reward weights and tool cost per query.
+        alpha, beta, cost: entity-reward weights and tool cost.
+        cost_per: what the tool cost counts, ``call`` (paper) or ``query`` (authors' code).
         novelty: ``inverse`` (paper) or ``exp_decay`` (authors' code).
         free_steps, ramp_steps: tool-cost warm-up (authors' code); None when off.
         epsilon: where the advantage spread's epsilon goes, ``outside`` (paper) or
@@ -37,6 +38,7 @@ class SpaderSettings:
     alpha: float
     beta: float
     cost: float
+    cost_per: str
     novelty: str
     free_steps: int | None
     ramp_steps: int | None
@@ -48,6 +50,8 @@ class SpaderSettings:
         for name in ("alpha", "beta", "cost"):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.spader.{name} must be >= 0, got {getattr(self, name)}")
+        if self.cost_per not in COST_PER:
+            raise ValueError(f"algorithm.spader.cost_per must be one of {COST_PER}, got {self.cost_per!r}")
         if self.novelty not in NOVELTY:
             raise ValueError(f"algorithm.spader.novelty must be one of {NOVELTY}, got {self.novelty!r}")
         if self.epsilon not in EPS_PLACEMENTS:
@@ -73,6 +77,7 @@ class SpaderSettings:
                 alpha=float(block["alpha"]),
                 beta=float(block["beta"]),
                 cost=float(block["cost"]),
+                cost_per=str(block["cost_per"]),
                 novelty=str(block["novelty"]),
                 free_steps=None if warmup is None else int(warmup["free_steps"]),
                 ramp_steps=None if warmup is None else int(warmup["ramp_steps"]),
@@ -91,7 +96,9 @@ class SpaderSettings:
 
     def step_weights(self, global_step: int) -> StepRewardWeights:
         """The search-step reward's hyperparameters at training step ``global_step``."""
-        return StepRewardWeights(self.alpha, self.beta, self.cost, self.novelty, self.cost_scale(global_step))
+        return StepRewardWeights(
+            self.alpha, self.beta, self.cost, self.novelty, self.cost_scale(global_step), self.cost_per
+        )
 
 
 class SpaderStepRewards:
