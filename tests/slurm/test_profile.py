@@ -98,9 +98,9 @@ def _estimate_minutes(variant: str) -> int:
 
 
 def _planned_requests(*configfiles: str) -> dict[str, tuple[int, int]]:
-    """{variant: (threads, MB)} the plan gives qwen3_8b's training jobs (spader.training.plan)."""
+    """{variant: (threads, MB)} the plan gives qwen3_8b's training jobs (spader.planning.plan)."""
     from spader.config import load_config
-    from spader.training.plan import plan_config
+    from spader.planning.plan import plan_config
 
     config = load_config(*(REPO / f for f in configfiles), verl_config_dir=REPO / "config" / "verl")
     jobs = plan_config(config, REPO / "config" / "verl", only=lambda b, v: b == "qwen3_8b")
@@ -109,7 +109,7 @@ def _planned_requests(*configfiles: str) -> dict[str, tuple[int, int]]:
 
 def test_training_asks_for_one_node_with_its_gpus_cores_and_planned_memory(paper_jobs, sbatch_line):
     """--cpus-per-task is the node's cores (hardware.cores: the job holds all hardware.gpus GPUs),
-    --mem the host memory of the job's plan with headroom (python -m spader.training.plan)."""
+    --mem the host memory of the job's plan with headroom (python -m spader.planning.plan)."""
     planned = _planned_requests("config/config.yaml")
     for res in paper_jobs["train_policy"]:
         variant = dict(kv.split("=") for kv in res["_wildcards"].split(", "))["variant"]

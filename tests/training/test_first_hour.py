@@ -55,7 +55,7 @@ def test_the_steps_are_the_documented_ones_in_order():
     assert planned["plan"] == [
         "py",
         "-m",
-        "spader.training.plan",
+        "spader.planning.plan",
         "--configfile",
         "a.yaml",
         "--configfile",

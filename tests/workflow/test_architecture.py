@@ -48,7 +48,7 @@ def test_the_contracts_are_kept():
         ("data/mix.py", "import ray", "Only spader.integrations.verl imports"),
         ("infra/retry.py", "import snakemake", "never imports Snakemake"),
         ("integrations/verl/reward.py", "import spader.demo", "Nothing in the package imports the demo"),
-        ("training/plan.py", "from spader.demo import tiny", "Nothing in the package imports the demo"),
+        ("planning/plan.py", "from spader.demo import tiny", "Nothing in the package imports the demo"),
         ("integrations/sglang.py", "import verl", "Only spader.integrations.verl imports"),
         ("integrations/sglang.py", "import ray", "Only spader.integrations.verl imports"),
         ("integrations/sglang.py", "import transfer_queue", "Only spader.integrations.verl imports"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spader.config import load_config
-from spader.training import plan
+from spader.planning import plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ _ABLATIONS = ["no_spa", "no_np", "no_ig"]
 
 def _gpu_page_rows() -> list[list[str]]:
     text = (REPO / "docs" / "gpu.md").read_text()
-    table = text.split("(`python -m spader.training.plan`):\n\n", 1)[1].split("\n\n", 1)[0]
+    table = text.split("(`python -m spader.planning.plan`):\n\n", 1)[1].split("\n\n", 1)[0]
     return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
 
 

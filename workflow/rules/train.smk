@@ -11,7 +11,7 @@
 # (training.time_limit.hours) capped by the SLURM profile's `max_runtime` for train_policy.
 # Nodes: variants.<name>.nodes, else training.nodes, per job (a Ray cluster across them); more
 # than one needs a cluster executor. CPUs and host memory come from the node's description
-# (hardware.cores, hardware.host_memory_gib) and the job's plan (python -m spader.training.plan);
+# (hardware.cores, hardware.host_memory_gib) and the job's plan (python -m spader.planning.plan);
 # partition, account and GPU model live in profiles/slurm, never here.
 
 

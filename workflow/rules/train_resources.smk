@@ -1,7 +1,7 @@
 # Helpers of the training rules (train.smk): the resources a training job asks a scheduler for,
 # and the check that a multi-node training has a cluster executor (docs/cluster.md).
 
-from spader.training.plan import load_record, plan_config
+from spader.planning.plan import load_record, plan_config
 from spader.training.stop import slurm_signal_option
 
 TRAINING = CONFIG.training
@@ -68,7 +68,7 @@ _PLANNED = {}
 def training_request(wildcards):
     """(cpus_per_task, mem_mb) of a training job on each of its nodes: its share of the node's cores
     (hardware.cores) and the host memory its plan needs with headroom, at most its share of
-    hardware.host_memory_gib (spader.training.plan.job_request); a CPU training job asks for
+    hardware.host_memory_gib (spader.planning.plan.job_request); a CPU training job asks for
     64 GB and its threads. The training jobs are planned together, once; a model the plan has no
     shape for yet (neither downloaded nor shipped) asks for its GPUs' share of the node."""
     spec = CONFIG.backbones[wildcards.backbone]
@@ -93,7 +93,7 @@ def training_request(wildcards):
             if job.name.startswith("train "):  # not a served judge's job
                 _PLANNED[job.name] = (job.threads, job.mem_mb)
                 for problem in job.problems:
-                    logger.warning(f"{job.name}: {problem} (python -m spader.training.plan)")
+                    logger.warning(f"{job.name}: {problem} (python -m spader.planning.plan)")
     share = min(spec.gpus, CONFIG.hardware.gpus) / CONFIG.hardware.gpus
     fallback = (gpu_job_cpus(spec.gpus), int(CONFIG.hardware.host_memory_gib * share * 1024))
     return _PLANNED.get(f"train {wildcards.backbone}/{wildcards.variant}", fallback)

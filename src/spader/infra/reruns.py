@@ -375,7 +375,7 @@ TABLE: tuple[Rerun, ...] = (
         scope="the r3rag variants with the LLM judge",
     ),
     Rerun(("judge.*",), _TRAINED, "how the judge scores", scope="the r3rag variants with the LLM judge"),
-    Rerun(("hardware.*",), NOTHING, "the GPU memory plan only (`python -m spader.training.plan`)"),
+    Rerun(("hardware.*",), NOTHING, "the GPU memory plan only (`python -m spader.planning.plan`)"),
     Rerun(
         ("code_reruns.*",),
         NOTHING,

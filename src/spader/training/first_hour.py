@@ -58,8 +58,8 @@ STEPS = (
     ),
     Step(
         "plan",
-        ("{python}", "-m", "spader.training.plan", "{configfiles}"),
-        ("{python}", "-m", "spader.training.plan", "{configfiles}"),
+        ("{python}", "-m", "spader.planning.plan", "{configfiles}"),
+        ("{python}", "-m", "spader.planning.plan", "{configfiles}"),
         "every job's GPU memory, time per step and run, host memory and disk on the node of `hardware`; "
         "exit 0 when all fit",
         "under a minute",

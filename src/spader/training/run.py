@@ -61,6 +61,8 @@ from spader.infra.atomic import atomic_write
 from spader.infra.glue import overlay, retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated, deferring_workflow_loss
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
+from spader.integrations.verl.device import device_overrides
+from spader.integrations.verl.device import device_overrides
 from spader.integrations.verl.overrides import agent_overrides
 from spader.training.checkpoints import (
     Checkpoint,
@@ -77,7 +79,6 @@ from spader.training.launch import (
     build_plan,
     compose_config,
     device_env,
-    device_overrides,
     job_overrides,
     log_stream,
     ray_cpu_slots,
