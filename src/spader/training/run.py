@@ -62,7 +62,6 @@ from spader.infra.glue import overlay, retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated, deferring_workflow_loss
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
 from spader.integrations.verl.device import device_overrides
-from spader.integrations.verl.device import device_overrides
 from spader.integrations.verl.overrides import agent_overrides
 from spader.training.checkpoints import (
     Checkpoint,
