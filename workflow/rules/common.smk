@@ -98,7 +98,7 @@ CODE = stage_fingerprints(Path(workflow.basedir) / "scripts", cache_dir=code_cac
 
 
 def code_of(name):
-    """The `code` param of the jobs of rule `name`: the fingerprint of its script and of the
+    """The `code` param of the jobs of the rule called `name`, the fingerprint of its script and of the
     modules it runs. With `code_reruns.<its group>` off, a job whose output exists keeps the param
     it was built with (recorded with the output), so a code change reruns nothing."""
     if name not in CODE:

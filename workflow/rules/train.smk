@@ -12,10 +12,8 @@
 # Nodes: variants.<name>.nodes, else training.nodes, per job (a Ray cluster across them); more
 # than one needs a cluster executor. CPUs and host memory come from the node's description
 # (hardware.cores, hardware.host_memory_gib) and the job's plan (`spader plan`);
-# partition, account and GPU model live in profiles/slurm, never here.
-
-
-include: "train_resources.smk"
+# partition, account and GPU model live in profiles/slurm, never here. What a training job asks
+# for: spader.dag.TrainingResources (TRAINING, common.smk).
 
 
 rule train_policy:
@@ -45,7 +43,7 @@ rule train_policy:
         tasks=TRAINING.nodes,
         cpus_per_task=lambda wc: TRAINING.request(wc)[0],
         mem_mb=lambda wc: TRAINING.request(wc)[1],
-        runtime=lambda wc: TRAINING.runtime(wc, profile_max_runtime("train_policy")),
+        runtime=lambda wc: TRAINING.runtime(wc, workflow.resource_settings.overwrite_resources),
         slurm_extra=TRAINING.signal_option(),
         train_attempt=lambda wc, attempt: attempt,
     params:

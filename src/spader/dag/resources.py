@@ -6,6 +6,7 @@ memory and runtime, from the configuration and the plan of every training job
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from spader.config import Config
@@ -40,10 +41,15 @@ class TrainingResources:
         gpus = self.config.backbones[wildcards.backbone].gpus
         return f"gpu:{gpus}" if self.nodes(wildcards) > 1 and gpus > 0 else ""
 
-    def runtime(self, wildcards, cap: int | None) -> int:
-        """The variant's wall-time estimate, capped by the partition limit the profile states."""
+    def runtime(self, wildcards, overwrite_resources: Mapping[str, Any]) -> int:
+        """The variant's wall-time estimate, capped by the partition's time limit: the
+        ``max_runtime`` (minutes) that the profile's set-resources gives rule ``train_policy``
+        (``overwrite_resources``: Snakemake's resource settings; a profile cannot set config values
+        without taking ``--config`` away from the command line)."""
         estimate = self.config.training.time_limit.estimate_minutes(wildcards.variant)
-        return estimate if cap is None else min(estimate, cap)
+        limit = (overwrite_resources.get("train_policy") or {}).get("max_runtime")
+        cap = getattr(limit, "value", limit)
+        return estimate if cap is None or callable(cap) else min(estimate, int(cap))
 
     def retries(self, remote_exec: bool) -> int:
         """training.time_limit.retries for the Snakemake process that schedules jobs; none inside a
