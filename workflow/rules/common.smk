@@ -35,12 +35,6 @@ for _configfile in workflow.configfiles:
 CONFIG = check_config(config, verl_config_dir=VERL_CONFIG_DIR)
 config.clear()
 config.update(CONFIG.model_dump(mode="json"))
-# What the user must supply is said at every start (a dry run included); a real run whose jobs
-# need it stops before its first job (check_before_start).
-MISSING_SOURCES = dict(CONFIG.missing_sources())
-if not workflow.remote_exec:
-    for _line in start.missing_source_warnings(CONFIG):
-        logger.warning(_line)
 
 # ---------------------------------------------------------------------------------------------
 # A named run (config key `run`, e.g. config/authors.yaml) works in results/runs/<run>/: its
@@ -52,15 +46,17 @@ if not workflow.remote_exec:
 _RUN_DIR, SHARED = named_run_root(CONFIG.run, Path.cwd())
 OWN_STAGES = {}
 if SHARED:
-    _default, _warning = start.default_run_config(
+    OWN_STAGES, _warnings = start.named_run_stages(
+        CONFIG,
         REPO,
+        _RUN_DIR,
+        SHARED,
         workflow.overwrite_configfiles,
         replace_workflow_config=workflow.config_settings.replace_workflow_config,
         verl_config_dir=VERL_CONFIG_DIR,
     )
-    if _warning:
-        logger.warning(_warning)
-    OWN_STAGES = start.named_run_stages(CONFIG, REPO, start.default_dir(_RUN_DIR, SHARED), _default)
+    for _line in _warnings:
+        logger.warning(_line)
     if not workflow.remote_exec:
         logger.info(summary(CONFIG.run, OWN_STAGES))
 if _RUN_DIR is not None:
@@ -82,10 +78,11 @@ stage = JOBS.stage
 
 workflow.global_wildcard_constraints(**JOBS.wildcard_constraints())
 
-# A gated model (Llama) needs a hub token for its download: said at every start, a dry run
-# included (a real run whose jobs download it stops before its first job: check_before_start).
+# What the user must supply (release files without a source, a gated model's hub token) is said at
+# every start, a dry run included; a real run whose jobs need it stops before its first job
+# (check_before_start).
 if not workflow.remote_exec:
-    for _line in start.hub_token_warnings(JOBS.hub_models(), JOBS.model_dir):
+    for _line in start.warnings(CONFIG, JOBS):
         logger.warning(_line)
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +132,7 @@ def check_before_start():
     refused = TRAINING.executor_error(workflow.dag.needrun_jobs(), local)
     if refused:
         raise WorkflowError(refused)
-    problems = start.missing_before_start(workflow.dag.needrun_jobs(), MISSING_SOURCES)
+    problems = start.missing_before_start(workflow.dag.needrun_jobs(), dict(CONFIG.missing_sources()))
     if problems:
         raise WorkflowError("this run cannot start:\n" + "\n".join(problems))
     blocked = unintended_replacements(start.planned_jobs(workflow.dag))

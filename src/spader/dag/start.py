@@ -19,23 +19,19 @@ from spader.infra.rerun import PlannedJob
 from spader.infra.sources import changed_since_copy, digest_cache_dir
 from spader.models.gated import HubTokenError, check_hub_token
 
-from .jobs import DUMP
+from .jobs import DUMP, Jobs
 
 
-def missing_source_warnings(config: Config) -> list[str]:
-    """One line per release file or dump the user must supply (their config key is not set)."""
-    return [
+def warnings(config: Config, jobs: Jobs) -> list[str]:
+    """One line per thing the user must supply that some job will need: a release file without a
+    source (its config key), a gated hub model that no hub token can download."""
+    lines = [
         f"config key '{key}' is not set: {hint} (jobs that need it will fail)"
         for key, hint in config.missing_sources()
     ]
-
-
-def hub_token_warnings(models: Iterable[str], model_dir: Callable[[str], str]) -> list[str]:
-    """One line per gated hub model among ``models`` that no hub token can download."""
-    lines = []
-    for model in models:
+    for model in jobs.hub_models():
         try:
-            check_hub_token(model, model_dir(model))
+            check_hub_token(model, jobs.model_dir(model))
         except HubTokenError as exc:
             lines.append(f"{exc} (jobs that need it will fail)")
     return lines
@@ -78,18 +74,25 @@ def changed_local_sources(config: Config, repo: Path, default_dir: Path) -> dict
 
 
 def named_run_stages(
-    config: Config, repo: Path, default_dir: Path, default: Mapping[str, Any] | None
-) -> dict[str, list[str]]:
-    """The shared stages a named run builds itself, each with why
-    (:func:`spader.infra.named_runs.own_stages`), against the ``default`` run's config values
-    (:func:`default_run_config`) and the copies in its working directory ``default_dir``."""
+    config: Config,
+    repo: Path,
+    run_dir: Path | None,
+    shared: str,
+    files: Sequence[str],
+    *,
+    replace_workflow_config: bool,
+    verl_config_dir: Any,
+) -> tuple[dict[str, list[str]], list[str]]:
+    """``(stages, warnings)``: the shared stages a named run builds itself, each with why
+    (:func:`spader.infra.named_runs.own_stages`), against the default run's config
+    (:func:`default_run_config`) and the copies in its working directory (this process's when
+    ``run_dir``, where the named run works, is still to be entered; else ``shared`` leads back to it)."""
+    default, warning = default_run_config(
+        repo, files, replace_workflow_config=replace_workflow_config, verl_config_dir=verl_config_dir
+    )
+    default_dir = Path.cwd() if run_dir is not None else Path(os.path.normpath(Path.cwd() / shared))
     changed = changed_local_sources(config, repo, default_dir)
-    return own_stages(config.model_dump(mode="json"), default, changed)
-
-
-def default_dir(run_dir: Path | None, shared: str) -> Path:
-    """The default run's working directory, seen from this process's."""
-    return Path.cwd() if run_dir is not None else Path(os.path.normpath(Path.cwd() / shared))
+    return own_stages(config.model_dump(mode="json"), default, changed), [warning] if warning else []
 
 
 def missing_before_start(jobs: Iterable[Any], missing: Mapping[str, str]) -> list[str]:
