@@ -1,7 +1,7 @@
 """The plan's time, host memory and disk for the paper config, both actor paths side by side, as a
 record the README and docs quote (``<!-- bench: bench/plan.py ... -->``).
 
-Nothing is measured: the numbers are ``python -m spader.training.plan``'s for config/config.yaml
+Nothing is measured: the numbers are ``python -m spader.planning.plan``'s for config/config.yaml
 (its model and assumptions: docs/gpu.md), written as a record so that every per-step, per-run,
 host-memory and disk figure the docs give comes from one run of the plan, with its date and
 commit. tests/workflow/test_doc_numbers.py fails when the latest record differs from what the
@@ -29,7 +29,7 @@ NAMES = {"qwen3_8b": "Qwen3-8B", "llama3_1_8b": "Llama-3.1-8B"}
 def load(root: Path = REPO):
     """(config, training jobs) of config/config.yaml, without a calibration record."""
     from spader.config import load_config
-    from spader.training.plan import plan_config
+    from spader.planning.plan import plan_config
 
     config = load_config(root / "config" / "config.yaml", verl_config_dir=root / "config" / "verl")
     return config, plan_config(config, root / "config" / "verl")
@@ -139,7 +139,7 @@ def _tables(config: Any, jobs: Sequence[Any]) -> dict[str, dict]:
             "title": f"Time per training step and per run, {node}: low end at {hw.mfu:g} MFU and trajectories "
             f"{hw.length_share:g} of the maximum length, high end at {hw.mfu_low:g} MFU and {hw.length_share_high:g}; "
             f"the save cadence and the most work a lost allocation costs (training.max_work_lost_minutes "
-            f"{config.training.max_work_lost_minutes:g}; python -m spader.training.plan)",
+            f"{config.training.max_work_lost_minutes:g}; python -m spader.planning.plan)",
             "columns": ["runs", "training GPUs", "min per step, padded (today)", "min per step, packed",
                         "hours per run, padded", "hours per run, packed", "GPU-hours per run, padded",
                         "saves every (steps)", "work lost at most (min)"],
@@ -196,7 +196,7 @@ def _job_row(job: Any, gpu: str, row_id: str, what: str) -> dict:
 
 def build(config: Any, jobs: Sequence[Any]) -> tuple[list[dict], dict[str, dict]]:
     """The record's rows and tables from the plan's jobs."""
-    from spader.training.plan import dag_totals
+    from spader.planning.plan import dag_totals
 
     gpu = config.hardware.gpu
     train = {j.name: j for j in jobs if j.name.startswith("train ")}

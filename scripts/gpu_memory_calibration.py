@@ -2,7 +2,7 @@
 as a record the plan reads (``hardware.calibration``).
 
 torch, transformers and verl (no sglang, no network; random weights). For each backbone of
-config/config.yaml it builds a model of the backbone's shape (spader/training/shapes/) with fewer
+config/config.yaml it builds a model of the backbone's shape (spader/planning/shapes/) with fewer
 decoder layers, in bf16 with sdpa attention and activation checkpointing as verl's actor computes,
 on a micro-batch of the configured size and length (training.ppo_micro_batch_size_per_gpu x
 (max_prompt_length + max_response_length)), and measures the peak memory above what is live
@@ -28,7 +28,7 @@ The peak is the CUDA allocator's (``max_memory_allocated``) on a GPU, and on the
 of every tensor the passes create (a dispatch mode that follows each storage until it is freed).
 The record (YAML, ``--out``) holds per shape the measured constants, the plan's estimates for the
 same sizes and the raw peaks; point ``hardware.calibration`` at it and the plan uses the measured
-constants for that shape (spader.training.calibration, docs/gpu.md).
+constants for that shape (spader.planning.calibration, docs/gpu.md).
 
     python scripts/gpu_memory_calibration.py                               # one GPU, configured sizes
     python scripts/gpu_memory_calibration.py --device cpu --tiny --out /tmp/calibration.yaml
@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from spader.config import resolved_config  # noqa: E402
-from spader.training import plan  # noqa: E402  (plain Python: shapes and the plan's terms)
-from spader.training.calibration import KIND, SHAPE_KEYS  # noqa: E402
+from spader.planning import plan  # noqa: E402  (plain Python: shapes and the plan's terms)
+from spader.planning.calibration import KIND, SHAPE_KEYS  # noqa: E402
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)

@@ -141,7 +141,7 @@ def test_a_new_command_is_one_module_and_one_line(tmp_path, monkeypatch, capsys)
 
 
 def test_the_console_script_and_a_module_alias(tmp_path):
-    """Real processes: the installed ``spader`` script, and ``python -m spader.training.plan``
+    """Real processes: the installed ``spader`` script, and ``python -m spader.planning.plan``
     answering a missing file with one line (it used to end in a traceback)."""
     spader = Path(sys.executable).with_name("spader")
     proc = subprocess.run(
@@ -153,12 +153,12 @@ def test_the_console_script_and_a_module_alias(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["targets"] == ["demo"]
     proc = subprocess.run(
-        [sys.executable, "-m", "spader.training.plan", "--configfile", "missing.yaml"],
+        [sys.executable, "-m", "spader.planning.plan", "--configfile", "missing.yaml"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "python -m spader.training.plan: error: config file missing.yaml: No such file or directory"
+        "python -m spader.planning.plan: error: config file missing.yaml: No such file or directory"
     )

@@ -209,7 +209,7 @@ def _config_keys() -> set[str]:
 NOT_CONFIG = {
     "src/spader/scorers/judge_server.py": {"data"},  # an OpenAI /models reply
     "src/spader/integrations/verl/cpu/replica.py": {"batch_size"},  # verl's rollout engine_kwargs
-    "src/spader/training/calibration.py": {"model", "device"},  # a calibration record's fields
+    "src/spader/planning/calibration.py": {"model", "device"},  # a calibration record's fields
 }
 
 

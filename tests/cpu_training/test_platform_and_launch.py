@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from spader.config import TrainingConfig
-from spader.training.launch import check_device, cpu_ray_slots, device_env, device_overrides
+from spader.integrations.verl.device import check_device, device_overrides
+from spader.training.launch import cpu_ray_slots, device_env
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -98,9 +98,9 @@ def _estimate_minutes(variant: str) -> int:
 
 
 def _planned_requests(*configfiles: str) -> dict[str, tuple[int, int]]:
-    """{variant: (threads, MB)} the plan gives qwen3_8b's training jobs (spader.training.plan)."""
+    """{variant: (threads, MB)} the plan gives qwen3_8b's training jobs (spader.planning.plan)."""
     from spader.config import load_config
-    from spader.training.plan import plan_config
+    from spader.planning.plan import plan_config
 
     config = load_config(*(REPO / f for f in configfiles), verl_config_dir=REPO / "config" / "verl")
     jobs = plan_config(config, REPO / "config" / "verl", only=lambda b, v: b == "qwen3_8b")
@@ -155,9 +155,14 @@ def test_training_is_retried_a_bounded_number_of_times_by_the_main_process_only(
     retry of a job stopped for its time limit belongs in a new allocation)."""
     rules = REPO / "workflow" / "rules"
     rule = (rules / "train.smk").read_text().split("rule train_policy:", 1)[1].split("\nrule ", 1)[0]
-    assert "retries: training_retries()" in rule
-    helper = (rules / "train_resources.smk").read_text().split("def training_retries", 1)[1]
-    assert "0 if workflow.remote_exec else TRAINING.time_limit.retries" in helper
+    assert "retries: TRAINING.retries(workflow.remote_exec)" in rule
+    from spader.config import load_config
+    from spader.dag import Jobs, TrainingResources
+
+    config = load_config(REPO / "config" / "config.yaml")
+    training = TrainingResources(Jobs(config, REPO, REPO / "config" / "verl"))
+    assert training.retries(remote_exec=False) == config.training.time_limit.retries > 0
+    assert training.retries(remote_exec=True) == 0
 
 
 #: Two smaller nodes: fewer cores, less host memory (the overlay of the two-node dry run).

@@ -212,7 +212,7 @@ rule train_policy:
     log:
         "logs/train_policy/{{backbone}}/{{variant}}.log",
     threads: 2
-    retries: 0 if workflow.remote_exec else 3  # as workflow/rules/train_resources.smk's training_retries()
+    retries: 0 if workflow.remote_exec else 3  # as spader.dag.TrainingResources.retries
     resources:
         runtime=10,
         mem_mb=6000,

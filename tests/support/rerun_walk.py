@@ -504,7 +504,7 @@ def prepare_files(workdir: Path) -> None:
     """The files the changed values name (an archive, an index, a prompt template, a calibration
     record elsewhere)."""
     from spader.core.prompt import DEFAULT_TEMPLATE_PATH
-    from spader.training.calibration import KIND
+    from spader.planning.calibration import KIND
 
     (workdir / "elsewhere" / "bm25").mkdir(parents=True, exist_ok=True)
     (workdir / "elsewhere" / "chunked_wikipedia.tar.gz").write_text("stand-in archive\n")

@@ -104,7 +104,7 @@ def test_the_plan_uses_a_records_constants_for_the_shape_it_measured(tiny_record
     import yaml
 
     from spader.config import load_config
-    from spader.training import plan
+    from spader.planning import plan
 
     path, _ = tiny_record
     entry = yaml.safe_load(path.read_text())["shapes"][0]
@@ -143,7 +143,7 @@ def test_the_plan_uses_a_records_constants_for_the_shape_it_measured(tiny_record
 
 
 def test_a_file_that_is_not_a_record_is_refused_with_its_name(tmp_path):
-    from spader.training.calibration import load_calibration
+    from spader.planning.calibration import load_calibration
 
     bad = tmp_path / "other.yaml"
     bad.write_text("kind: something-else\n")

@@ -120,7 +120,7 @@ def test_a_training_job_stops_naming_what_its_node_lacks(tmp_path):
     """The job's plan (its host memory, its checkpoints at their peak, /dev/shm) against a node: one
     line naming each shortage with the figures; a node with room passes."""
     from spader.config import load_config
-    from spader.training.plan import plan_config
+    from spader.planning.plan import plan_config
     from spader.training.preflight import PreflightError
 
     config = load_config(REPO / "config" / "config.yaml", verl_config_dir=REPO / "config" / "verl")

@@ -222,7 +222,7 @@ def test_the_tool_yaml_of_several_nodes_is_loaded_by_verl_on_its_host(tmp_path):
 
 def test_a_cpu_run_has_an_agent_loop_worker_on_every_node():
     from spader.config import TrainingConfig
-    from spader.training.launch import device_overrides
+    from spader.integrations.verl.device import device_overrides
 
     training = TrainingConfig(device="cpu", rollout_backend="transformers", max_steps=2)
     assert "actor_rollout_ref.rollout.agent.num_workers=1" in device_overrides(training, threads=2, workers=1)

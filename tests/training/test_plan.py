@@ -1,4 +1,4 @@
-"""The GPU memory plan (spader.training.plan): model shapes from config.json, sglang 0.5.14's
+"""The GPU memory plan (spader.planning.plan): model shapes from config.json, sglang 0.5.14's
 static share of the memory free at launch, the phases of a training job from its composed verl
 config, the paper config fitting 80 GiB GPUs with the stated margin and failing when the
 micro-batch grows; and the preflight that refuses a job that does not fit."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from spader.config import resolved_config
-from spader.training import plan
-from spader.training.plan import VerlMemory, load_shape, training_job
+from spader.planning import plan
+from spader.planning.plan import VerlMemory, load_shape, training_job
 
 REPO = Path(__file__).resolve().parents[2]
 #: the margin docs/gpu.md states for every paper job on an 80 GiB GPU
@@ -219,7 +219,7 @@ def test_the_paper_config_fits_80_gib_and_a_larger_micro_batch_does_not(tmp_path
 # ---------------------------------------------------------------------------------------------
 def _costs(**hardware):
     from spader.config.model import HardwareConfig
-    from spader.training.costs import Workload
+    from spader.planning.costs import Workload
 
     work = Workload(steps=375, prompts=32, rollouts=16, val_prompts=200, max_turns=16, nodes=1)
     return plan.JobCosts(
@@ -231,7 +231,7 @@ def test_time_host_memory_and_disk_of_a_hand_computed_job():
     """Every term of one small job, computed here by hand from the stated model (docs/gpu.md):
     lengths all at the maximum (length_share 1), half of them generated, 2 GPUs, one TP-2 replica."""
     from spader.config.model import HardwareConfig
-    from spader.training.costs import Workload
+    from spader.planning.costs import Workload
 
     shape = plan.Shape(
         name="toy", vocab=1000, hidden=64, layers=2, heads=2, kv_heads=1, head_dim=32, intermediate=128
@@ -380,7 +380,7 @@ def test_the_plan_models_the_packed_path_a_job_launches():
     """training.remove_padding with a token cap: the plan composes the job as the launch does (the
     packed path, dynamic micro-batches), accepts the cap and plans its tokens."""
     from spader.config import load_config
-    from spader.training.plan import plan_config
+    from spader.planning.plan import plan_config
 
     cfg = load_config(REPO / "config" / "config.yaml", verl_config_dir=REPO / "config" / "verl")
     training = cfg.training.model_copy(update={"remove_padding": True, "max_token_len_per_gpu": 17408})

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from spader.training import plan
-from spader.training.costs import SEARCH_RANGE, Search, TimeInputs, save_cadence, search_seconds
+from spader.planning import plan
+from spader.planning.costs import SEARCH_RANGE, Search, TimeInputs, save_cadence, search_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_the_search_wait_is_the_retrieval_benchmarks_projection():
     """bench/retrieval.py projects 4.4-19.9 s of reranking per paper-size step on 8 A100 replicas
     (2,048-4,608 queries at 50%-0% repeats, 50 pairs each); the plan's search inputs give the same."""
     from spader.config.model import HardwareConfig
-    from spader.training.costs import GPUS
+    from spader.planning.costs import GPUS
 
     hw, spec = HardwareConfig(gpu="A100-80GB"), GPUS["A100-80GB"]
     assert spec.rerank_pairs_per_s == pytest.approx(1444, abs=2)  # bench: 1,444 pairs/s (estimate)
@@ -122,7 +122,7 @@ def test_the_search_wait_is_the_retrieval_benchmarks_projection():
 
 def test_the_high_end_scales_the_passes_by_the_mfu_and_prefills_the_retracted_sequences():
     from spader.config.model import HardwareConfig
-    from spader.training.costs import GPUS, Lengths, rollout_seconds
+    from spader.planning.costs import GPUS, Lengths, rollout_seconds
 
     shape = plan.load_shape("Qwen/Qwen3-8B")
     hw = HardwareConfig(mfu=0.4, mfu_low=0.25, length_share=0.5, length_share_high=0.5)

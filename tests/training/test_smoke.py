@@ -55,9 +55,9 @@ def test_smoke_command_trains_on_the_gpu_with_sglang_at_the_paper_length(smoke_r
     verl's GPU platform, sglang, the paper config's response length and the packed actor path."""
     import dataclasses
 
+    from spader.integrations.verl.device import device_overrides
     from spader.integrations.verl.overrides import AGENT_KEYS, TRAINING_KEYS, actor_path_overrides
     from spader.integrations.verl.packed_attention import NAME
-    from spader.training.launch import device_overrides
 
     config = resolved_config(*DEMO, verl_config_dir=REPO / "config" / "verl")
     assert (config["training"]["device"], config["training"]["rollout_backend"]) == ("cpu", "transformers")

@@ -1,15 +1,19 @@
 """The layers of docs/ARCHITECTURE.md hold: the import contracts of pyproject.toml pass, and they
 catch an upward import, a framework import in the core or outside its integration, a Snakemake
 import in the package and an import of the demo; the workflow's scripts import only the package
-and the standard library (a check over their syntax trees: lint-imports does not see scripts)."""
+and the standard library (a check over their syntax trees: lint-imports does not see scripts); the
+rules import no framework and no framework glue of the package (their DAG comes from spader.dag)."""
 
 from __future__ import annotations
 
 import ast
+import io
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
+import tokenize
 import tomllib
 from pathlib import Path
 
@@ -44,11 +48,14 @@ def test_the_contracts_are_kept():
             "Nothing in the package imports the demo",
         ),
         ("retrieval/cache.py", "from spader.training import launch", "Layers"),
+        ("planning/costs.py", "from spader.training import launch", "Layers"),
+        ("training/launch.py", "from spader.dag import Jobs", "Layers"),
+        ("planning/plan.py", "import ray", "Only spader.integrations.verl imports"),
         ("core/rewards.py", "import omegaconf", "The method core is pure"),
         ("data/mix.py", "import ray", "Only spader.integrations.verl imports"),
         ("infra/retry.py", "import snakemake", "never imports Snakemake"),
         ("integrations/verl/reward.py", "import spader.demo", "Nothing in the package imports the demo"),
-        ("training/plan.py", "from spader.demo import tiny", "Nothing in the package imports the demo"),
+        ("planning/plan.py", "from spader.demo import tiny", "Nothing in the package imports the demo"),
         ("integrations/sglang.py", "import verl", "Only spader.integrations.verl imports"),
         ("integrations/sglang.py", "import ray", "Only spader.integrations.verl imports"),
         ("integrations/sglang.py", "import transfer_queue", "Only spader.integrations.verl imports"),
@@ -115,3 +122,69 @@ def test_workflow_scripts_import_only_the_package(tmp_path):
         copy.mkdir()
         (copy / name).write_text((scripts / name).read_text() + f"\n{line}\n")
         assert len(foreign_imports(copy)) == 1, line
+
+
+#: What the rules must not import: the frameworks, and the package's glue to them (training jobs,
+#: the GPU plan, the framework integrations), which reach the rules only through spader.dag.
+RULE_FORBIDDEN = (
+    "verl", "ray", "hydra", "omegaconf", "transfer_queue", "transferqueue", "sglang", "torch",
+    "transformers", "mlflow", "pyserini", "spader.integrations", "spader.training", "spader.planning",
+)  # fmt: skip
+
+
+def rule_imports(path: Path) -> list[str]:
+    """The modules a Snakefile or rule file imports, anywhere in it: each logical line of its
+    tokens that starts with ``import`` or ``from`` is parsed as the Python statement it is."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    modules, statement = [], []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            continue
+        if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            if statement and statement[0].string in ("import", "from"):
+                source = "".join(lines[statement[0].start[0] - 1 : statement[-1].end[0]])
+                for node in ast.walk(ast.parse(textwrap.dedent(source))):
+                    if isinstance(node, ast.Import):
+                        modules += [alias.name for alias in node.names]
+                    elif isinstance(node, ast.ImportFrom):
+                        modules.append(node.module or "")
+            statement = []
+        else:
+            statement.append(token)
+    return modules
+
+
+def forbidden_rule_imports(workflow: Path) -> list[str]:
+    """``file: module`` for every import of the Snakefile or a rule file that :data:`RULE_FORBIDDEN`
+    names (the module or a package above it)."""
+    files = [workflow / "Snakefile", *sorted((workflow / "rules").glob("*.smk"))]
+    return [
+        f"{path.name}: {module}"
+        for path in files
+        for module in rule_imports(path)
+        if any(module == f or module.startswith(f + ".") for f in RULE_FORBIDDEN)
+    ]
+
+
+def test_the_rules_import_no_framework_and_no_framework_glue(tmp_path):
+    workflow = REPO / "workflow"
+    assert "spader.dag" in rule_imports(workflow / "rules" / "common.smk")
+    assert not forbidden_rule_imports(workflow)
+    # the check catches a framework, the package's glue and an import inside a rule's code
+    for i, (name, line) in enumerate(
+        [
+            ("rules/common.smk", "import omegaconf"),
+            ("rules/common.smk", "from spader.integrations.verl.overrides import shared_training_runs"),
+            (
+                "rules/train.smk",
+                "if True:\n    from spader.training.scorer_launch import (\n        judge_params,\n    )",
+            ),
+            ("Snakefile", "import torch, os"),
+            ("rules/evaluate.smk", "from spader.planning.plan import plan_config"),
+        ]
+    ):
+        copy = tmp_path / str(i)
+        shutil.copytree(workflow, copy)
+        (copy / name).write_text((workflow / name).read_text() + f"\n{line}\n")
+        assert len(forbidden_rule_imports(copy)) == 1, line

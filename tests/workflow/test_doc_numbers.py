@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spader.config import load_config
-from spader.training import plan
+from spader.planning import plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,15 +12,15 @@ rule download_dump:
     log:
         "logs/download_dump/{suite}.log",
     params:
-        url=config["corpus"]["url"],
-        sha256=lambda wc: dump_sha256(),
+        url=CONFIG.corpus.url,
+        sha256=lambda wc: JOBS.dump_sha256(),
     script:
         "../scripts/download_dump.py"
 
 
 rule build_bm25_index:
     input:
-        archive=get_dump,
+        archive=JOBS.dump,
     output:
         index=directory(stage("build_bm25_index", "results/{suite}/index/bm25")),
         stats=stage("build_bm25_index", "results/{suite}/index/stats.json"),

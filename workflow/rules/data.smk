@@ -8,7 +8,7 @@ rule download_dataset:
     log:
         "logs/download_dataset/{suite}/{dataset}/{file}.log",
     params:
-        source=dataset_source,
+        source=JOBS.dataset_source,
         key=lambda wc: f"datasets.{wc.dataset}.files.{wc.file}",
     script:
         "../scripts/download_dataset.py"
@@ -16,14 +16,14 @@ rule download_dataset:
 
 rule normalize_dataset:
     input:
-        raw=get_split_source,
+        raw=JOBS.split_source,
     output:
         records=stage("normalize_dataset", "results/{suite}/data/normalized/{dataset}/{split}.jsonl"),
         drops=stage("normalize_dataset", "results/{suite}/data/normalized/{dataset}/{split}.drops.json"),
     log:
         "logs/normalize_dataset/{suite}/{dataset}/{split}.log",
     params:
-        member=get_split_member,
+        member=JOBS.split_member,
         code=code_of("normalize_dataset"),
     script:
         "../scripts/normalize_dataset.py"
@@ -31,8 +31,8 @@ rule normalize_dataset:
 
 rule mix_training_set:
     input:
-        train=get_mix_files("train"),
-        test=get_mix_files("test"),
+        train=JOBS.mix_files("train"),
+        test=JOBS.mix_files("test"),
     output:
         train=stage("mix_training_set", "results/{suite}/data/mix/train.jsonl"),
         val=stage("mix_training_set", "results/{suite}/data/mix/val.jsonl"),
@@ -40,8 +40,8 @@ rule mix_training_set:
     log:
         "logs/mix_training_set/{suite}.log",
     params:
-        datasets=get_mix_datasets(),
-        mix=section_params("mix_training_set", "mix"),
+        datasets=JOBS.mix_datasets(),
+        mix=JOBS.section_params("mix_training_set", "mix"),
         code=code_of("mix_training_set"),
     script:
         "../scripts/mix_training_set.py"
@@ -57,7 +57,7 @@ rule export_rl_dataset:
     log:
         "logs/export_rl_dataset/{suite}.log",
     params:
-        prompt=PROMPT,
+        prompt=JOBS.prompt,
         code=code_of("export_rl_dataset"),
     script:
         "../scripts/export_rl_dataset.py"
@@ -71,9 +71,8 @@ rule export_eval_set:
     log:
         "logs/export_eval_set/{suite}/{dataset}.log",
     params:
-        limit=config["mix"]["eval_limit"],
         # the seed picks the questions only under a limit
-        seed=config["mix"]["seed"] if config["mix"]["eval_limit"] is not None else None,
+        **JOBS.eval_set_params(),
         code=code_of("export_eval_set"),
     script:
         "../scripts/export_eval_set.py"

@@ -8,9 +8,9 @@
 rule evaluate_policy:
     input:
         records=expand(stage("export_eval_set", "results/{suite}/data/eval/{{dataset}}.jsonl"), suite=SUITE),
-        index=get_index(),
-        model=get_policy_model,
-        reranker=get_reranker,
+        index=JOBS.index(),
+        model=JOBS.policy_model,
+        reranker=JOBS.reranker,
     output:
         records="results/{backbone}/eval/{method}/{dataset}.jsonl",
         summary="results/{backbone}/eval/{method}/{dataset}.json",
@@ -19,18 +19,18 @@ rule evaluate_policy:
         service="logs/evaluate_policy/{backbone}/{method}/{dataset}.service.log",
     benchmark:
         "results/benchmarks/evaluate_policy/{backbone}/{method}/{dataset}.tsv"
-    threads: lambda wc: get_eval_threads()
+    threads: lambda wc: gpu_job_threads() if CONFIG.evaluation.gpus > 0 else CONFIG.evaluation.cpu_threads
     resources:
-        gpu=config["evaluation"]["gpus"],
-        cpus_per_task=gpu_job_cpus(config["evaluation"]["gpus"]),
+        gpu=CONFIG.evaluation.gpus,
+        cpus_per_task=JOBS.gpu_job_cpus(CONFIG.evaluation.gpus),
         mem_mb=32000,
         runtime=720,
     params:
         method=lambda wc: wc.method,
-        evaluation=evaluation_params,
-        agent=agent_params(),
-        prompt=PROMPT,
-        retrieval=retrieval_params("evaluate_policy"),
+        evaluation=JOBS.evaluation_params,
+        agent=JOBS.agent_params(),
+        prompt=JOBS.prompt,
+        retrieval=JOBS.retrieval_params("evaluate_policy"),
         code=code_of("evaluate_policy"),
     script:
         "../scripts/evaluate_policy.py"
@@ -38,26 +38,16 @@ rule evaluate_policy:
 
 rule aggregate_results:
     input:
-        summaries=lambda wc: expand(
-            "results/{backbone}/eval/{method}/{dataset}.json",
-            backbone=wc.backbone,
-            method=methods_of(wc.backbone),
-            dataset=DATASETS,
-        ),
-        records=lambda wc: expand(
-            "results/{backbone}/eval/{method}/{dataset}.jsonl",
-            backbone=wc.backbone,
-            method=methods_of(wc.backbone),
-            dataset=DATASETS,
-        ),
+        summaries=lambda wc: JOBS.evaluations(wc.backbone, ["json"]),
+        records=lambda wc: JOBS.evaluations(wc.backbone, ["jsonl"]),
         # the training runs' final.json: their per-step metrics make the learning curves
         finals=lambda wc: expand(
             "results/{backbone}/train/{variant}/final.json",
             backbone=wc.backbone,
-            variant=trained_runs_of(wc.backbone),
+            variant=JOBS.trained_runs_of(wc.backbone),
         ),
         # which questions share a topic (evaluation.topics): the unit of the avg rows
-        topics=topics_file(),
+        topics=JOBS.topics_file(),
     output:
         f1=report(
             "results/{backbone}/f1.tsv",
@@ -146,17 +136,12 @@ rule aggregate_results:
     log:
         "logs/aggregate_results/{backbone}.log",
     params:
-        methods=lambda wc: methods_of(wc.backbone),
-        variants=table_variants(),
+        methods=lambda wc: JOBS.methods_of(wc.backbone),
+        variants=JOBS.table_variants(),
         datasets=list(DATASETS),
-        shared_runs=lambda wc: canonical(shared_runs_of(wc.backbone)),
-        uncertainty=canonical(
-            {
-                k: config["evaluation"][k]
-                for k in ("bootstrap_samples", "bootstrap_seed", "significance_level")
-            }
-        ),
-        tiny_model=lambda wc: config["backbones"][wc.backbone]["model"].startswith("tiny:"),
+        shared_runs=lambda wc: canonical(JOBS.shared_runs_of(wc.backbone)),
+        uncertainty=canonical(JOBS.uncertainty()),
+        tiny_model=lambda wc: CONFIG.backbones[wc.backbone].model.startswith("tiny:"),
         code=code_of("aggregate_results"),
     script:
         "../scripts/aggregate_results.py"
@@ -170,15 +155,9 @@ if CONFIG.run is not None:
 
     rule compare_runs:
         input:
-            default=lambda wc: default_run_evaluations(wc.backbone),
-            summaries=lambda wc: expand(
-                "results/{backbone}/eval/{method}/{dataset}.{ext}",
-                backbone=wc.backbone,
-                method=methods_of(wc.backbone),
-                dataset=DATASETS,
-                ext=["json", "jsonl"],
-            ),
-            topics=topics_file(),
+            default=lambda wc: JOBS.default_run_evaluations(wc.backbone),
+            summaries=lambda wc: JOBS.evaluations(wc.backbone),
+            topics=JOBS.topics_file(),
         output:
             table=report(
                 "results/{backbone}/versus_default.tsv",
@@ -190,14 +169,11 @@ if CONFIG.run is not None:
             "logs/compare_runs/{backbone}.log",
         params:
             run=CONFIG.run,
-            methods=lambda wc: methods_of(wc.backbone),
+            methods=lambda wc: JOBS.methods_of(wc.backbone),
             # the trained methods the authors' code does not train: the table says it assumes them
-            assumed=lambda wc: assumed_methods(CONFIG.variants, methods_of(wc.backbone)),
+            assumed=lambda wc: JOBS.assumed_methods(wc.backbone),
             datasets=list(DATASETS),
-            uncertainty={
-                k: config["evaluation"][k]
-                for k in ("bootstrap_samples", "bootstrap_seed", "significance_level")
-            },
+            uncertainty=JOBS.uncertainty(),
             code=code_of("compare_runs"),
         script:
             "../scripts/compare_runs.py"

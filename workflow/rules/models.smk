@@ -9,7 +9,7 @@ rule download_model:
         "logs/download_model/{repo}.log",
     params:
         repo_id=lambda wc: wc.repo.replace("--", "/", 1),
-        revision=lambda wc: hub_revision(wc.repo),
+        revision=lambda wc: JOBS.hub_revision(wc.repo),
     script:
         "../scripts/download_model.py"
 
@@ -37,9 +37,9 @@ rule warmstart_policy:
             suite=SUITE,
             dataset=DATASETS,
         ),
-        index=get_index(),
-        model=get_base_model,
-        reranker=get_reranker,
+        index=JOBS.index(),
+        model=JOBS.base_model,
+        reranker=JOBS.reranker,
     output:
         model=directory(stage("warmstart_policy", "results/{backbone}/warmstart/model")),
         trajectories=stage("warmstart_policy", "results/{backbone}/warmstart/trajectories.jsonl"),
@@ -54,10 +54,10 @@ rule warmstart_policy:
         mem_mb=8000,
         runtime=30,
     params:
-        warmstart=lambda wc: section_params("warmstart_policy", "backbones", wc.backbone, "warmstart"),
-        agent=agent_params(),
-        prompt=PROMPT,
-        retrieval=retrieval_params("warmstart_policy"),
+        warmstart=lambda wc: JOBS.section_params("warmstart_policy", "backbones", wc.backbone, "warmstart"),
+        agent=JOBS.agent_params(),
+        prompt=JOBS.prompt,
+        retrieval=JOBS.retrieval_params("warmstart_policy"),
         code=code_of("warmstart_policy"),
     script:
         "../scripts/warmstart_policy.py"

@@ -12,59 +12,57 @@
 # (training.time_limit.hours) capped by the SLURM profile's `max_runtime` for train_policy.
 # Nodes: variants.<name>.nodes, else training.nodes, per job (a Ray cluster across them); more
 # than one needs a cluster executor. CPUs and host memory come from the node's description
-# (hardware.cores, hardware.host_memory_gib) and the job's plan (spader plan);
-# partition, account and GPU model live in profiles/slurm, never here.
-
-
-include: "train_resources.smk"
+# (hardware.cores, hardware.host_memory_gib) and the job's plan (`spader plan`);
+# partition, account and GPU model live in profiles/slurm, never here. What a training job asks
+# for: spader.dag.TrainingResources (TRAINING, common.smk).
 
 
 rule train_policy:
     input:
         train=f"results/{SUITE}/data/verl/train.parquet",
         val=f"results/{SUITE}/data/verl/val.parquet",
-        index=get_index(),
-        model=get_backbone_model,
-        reranker=get_reranker,
-        verl_configs=get_verl_configs,
-        evidence=get_evidence,
-        judge_model=get_judge_model,
+        index=JOBS.index(),
+        model=JOBS.backbone_model,
+        reranker=JOBS.reranker,
+        verl_configs=JOBS.verl_configs,
+        evidence=JOBS.evidence,
+        judge_model=JOBS.judge_model,
     output:
         final="results/{backbone}/train/{variant}/final.json",
     log:
         "logs/train_policy/{backbone}/{variant}.log",
     benchmark:
         "results/benchmarks/train_policy/{backbone}/{variant}.tsv"
-    retries: training_retries()
-    threads: get_gpu_job_threads()
+    retries: TRAINING.retries(workflow.remote_exec)
+    threads: gpu_job_threads()
     resources:
-        gpu=training_gpus,
-        gres=training_gres,
-        nodes=training_nodes,
+        gpu=TRAINING.gpus,
+        gres=TRAINING.gres,
+        nodes=TRAINING.nodes,
         # one task per node: SLURM shrinks `--nodes=2 --ntasks=1` (what plugin 2.6.1 asks for a job
         # without GPUs) to one node; a GPU job's request carries no --ntasks (tasks_per_gpu: 0)
-        tasks=training_nodes,
-        cpus_per_task=lambda wc: training_request(wc)[0],
-        mem_mb=lambda wc: training_request(wc)[1],
-        runtime=training_runtime,
-        slurm_extra=slurm_signal_option(TRAINING.time_limit.warning_s),
+        tasks=TRAINING.nodes,
+        cpus_per_task=lambda wc: TRAINING.request(wc)[0],
+        mem_mb=lambda wc: TRAINING.request(wc)[1],
+        runtime=lambda wc: TRAINING.runtime(wc, workflow.resource_settings.overwrite_resources),
+        slurm_extra=TRAINING.signal_option(),
         train_attempt=lambda wc, attempt: attempt,
     params:
-        backbone=lambda wc: backbone_params(wc.backbone),
-        variant=lambda wc: variant_params(wc.variant),
-        training=training_params(),
-        agent=agent_params(),
-        retrieval=retrieval_params("train_policy"),
+        backbone=lambda wc: JOBS.backbone_params(wc.backbone),
+        variant=lambda wc: JOBS.variant_params(wc.variant),
+        training=JOBS.training_params(),
+        agent=JOBS.agent_params(),
+        retrieval=JOBS.retrieval_params("train_policy"),
         workdir=lambda wc: f"results/{wc.backbone}/train/{wc.variant}/work",
-        judge=lambda wc: canonical(judge_params(config["variants"][wc.variant], config["judge"])),
+        judge=lambda wc: JOBS.judge_params(wc.variant),
         code=code_of("train_policy"),
     script:
         "../scripts/train_policy.py"
 
 
 # The export of a finished training, like the training's record, is guarded: a run that would replace
-# it because something upstream changed stops before its first job (spader.infra.replace_guard, the
-# onstart hook); `spader rerun <output>` recomputes on purpose (docs/running.md).
+# it because something upstream changed stops before its first job (spader.infra.replace_guard, the onstart
+# hook); `spader rerun <output>` recomputes on purpose (docs/running.md).
 rule export_checkpoint:
     input:
         final="results/{backbone}/train/{variant}/final.json",

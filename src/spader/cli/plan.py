@@ -1,5 +1,5 @@
-"""``spader plan``: :mod:`spader.training.plan`."""
+"""``spader plan``: :mod:`spader.planning.plan`."""
 
-from spader.training.plan import HELP, add_arguments, run
+from spader.planning.plan import HELP, add_arguments, run
 
 __all__ = ["HELP", "add_arguments", "run"]

@@ -1365,7 +1365,7 @@ class CodeRerunsConfig(Section):
 
 
 #: GPU models the plan knows the peak bf16 FLOP/s and memory bandwidth of
-#: (``spader.training.costs.GPUS``, with their sources).
+#: (``spader.planning.costs.GPUS``, with their sources).
 GPU_MODELS = ("A100-40GB", "A100-80GB", "H100-80GB", "H200")
 
 
@@ -1378,7 +1378,7 @@ class HardwareConfig(Section):
     gpu: Literal[GPU_MODELS] = Field(  # type: ignore[valid-type]
         "A100-80GB",
         description="GPU model: its peak dense bf16 FLOP/s, memory and host-link bandwidth (the plan's "
-        "table, spader.training.costs.GPUS) drive the time estimates",
+        "table, spader.planning.costs.GPUS) drive the time estimates",
     )
     gpu_memory_gib: StrictFloat = Field(
         80,

@@ -1,5 +1,6 @@
 """Training stages of the DAG: ``train_policy`` (one verl run per backbone x variant) and
 ``export_checkpoint`` (the run's last checkpoint as a Hugging Face model plus lineage metadata).
+What every job needs (GPU memory, time, host memory, disk) is planned below, in :mod:`spader.planning`.
 
 Modules:
 
@@ -8,8 +9,6 @@ Modules:
   ``spader preflight``.
 * :mod:`~spader.training.node` - the node a job landed on, measured (memory, its cgroup's limit,
   disk, /dev/shm, GPUs, glibc and the wheel tag, driver, nvcc) and compared with the plan.
-* :mod:`~spader.training.plan`, :mod:`~spader.training.costs` - the plan of every GPU job (memory,
-  a time range from named inputs, the save cadence, host memory, disk, the DAG's disk).
 * :mod:`~spader.training.launch` - composes the verl command line from the workflow config
   (method overrides from :mod:`spader.integrations.verl` plus this job's paths, GPUs, logging,
   checkpoint directory and resume point) and runs it as a process group.

@@ -330,7 +330,7 @@ def _gpu_checks(node: Node, *, gpus_needed: int, peak_gib: float) -> list[Check]
 
 def node_checks(config: Any, node: Node, jobs: Sequence[Any], totals: Mapping[str, Any] | None, *,
                 gpu: bool) -> list[Check]:  # fmt: skip
-    """Every check of the node against ``config``'s plan (``jobs``, ``totals``: spader.training.plan),
+    """Every check of the node against ``config``'s plan (``jobs``, ``totals``: spader.planning.plan),
     each on its own. ``gpu`` False (a CPU configuration, or a machine that is not a GPU node): the
     GPU checks and the checks against ``hardware.*`` (which describes the GPU nodes) are skipped,
     saying so."""
@@ -363,7 +363,7 @@ def node_checks(config: Any, node: Node, jobs: Sequence[Any], totals: Mapping[st
 
 
 def check_job_node(job: Any, node: Node, *, workdir_gib: float = 0.0) -> list[Check]:
-    """A training job's plan (``job``: spader.training.plan.Job with its costs) against the node it
+    """A training job's plan (``job``: spader.planning.plan.Job with its costs) against the node it
     landed on: host memory, free disk where it writes (its checkpoints at their peak, less those
     already there), /dev/shm. Returns the checks.
 

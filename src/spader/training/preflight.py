@@ -12,7 +12,7 @@ what is wrong and where to fix it.
   ``PATH`` or ``/usr/local/cuda``; GPU runs);
 * a gated hub model (Llama-3.1) whose weights are not here yet has a hub token to fetch them;
 * the job's memory plan fits its GPUs (:func:`check_job_memory`, after the launch is composed:
-  :mod:`spader.training.plan` on the job's own verl config and model shape);
+  :mod:`spader.planning.plan` on the job's own verl config and model shape);
 * the retrieval service answers ``/health``.
 
 :func:`static_checks` runs the first eight together and reports every failure at once; the memory
@@ -425,9 +425,9 @@ def check_memory(
     capacity_gib: float | None = None,
     costs: Any = None,
 ):
-    """The job's memory plan (:mod:`spader.training.plan`) on its own composed config and model
+    """The job's memory plan (:mod:`spader.planning.plan`) on its own composed config and model
     shape, with its time, save cadence, host memory and disk when ``costs`` (a
-    :class:`spader.training.plan.JobCosts`) is given, logged line by line; the jobs it checks are
+    :class:`spader.planning.plan.JobCosts`) is given, logged line by line; the jobs it checks are
     returned.
 
     Args:
@@ -446,7 +446,7 @@ def check_memory(
     from omegaconf import OmegaConf
 
     from spader.config.model import HardwareConfig
-    from spader.training.plan import judge_job, load_shape, reranker_gib, reranker_on_gpus, training_job
+    from spader.planning.plan import judge_job, load_shape, reranker_gib, reranker_on_gpus, training_job
 
     capacity = capacity_gib or gpu_memory_gib() or HardwareConfig().gpu_memory_gib
     resolved = (
@@ -504,8 +504,8 @@ def job_costs(job: Any) -> Any:
     """What the plan's time, cadence, host memory and disk need of a
     :class:`spader.training.run.TrainJob` (None without ``job.hardware`` or a readable training
     file): its steps from the rows of its training file, as verl's loader counts them."""
-    from spader.training.costs import Search, Workload
-    from spader.training.plan import JobCosts, reranker_on_gpus
+    from spader.planning.costs import Search, Workload
+    from spader.planning.plan import JobCosts, reranker_on_gpus
 
     hardware = getattr(job, "hardware", None)
     rows = _rows(getattr(job, "train_file", None))
@@ -625,7 +625,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _planned(config: Any, root: Path) -> tuple[list, dict | None]:
     """The plan's jobs and the DAG's totals (none for a configuration without GPU jobs)."""
-    from spader.training.plan import dag_totals, load_record, plan_config
+    from spader.planning.plan import dag_totals, load_record, plan_config
 
     jobs = plan_config(config, root / "config" / "verl", calibration=load_record(config, root))
     return jobs, (dag_totals(jobs, config) if jobs else None)

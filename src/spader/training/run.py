@@ -61,6 +61,7 @@ from spader.infra.atomic import atomic_write
 from spader.infra.glue import overlay, retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated, deferring_workflow_loss
 from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
+from spader.integrations.verl.device import device_overrides
 from spader.integrations.verl.overrides import agent_overrides
 from spader.training.checkpoints import (
     Checkpoint,
@@ -77,7 +78,6 @@ from spader.training.launch import (
     build_plan,
     compose_config,
     device_env,
-    device_overrides,
     job_overrides,
     log_stream,
     ray_cpu_slots,
@@ -136,8 +136,8 @@ class TrainJob:
     ``backbone_spec``/``variant_spec``/``training``/``retrieval``/``agent``/``stepsearch``/``judge``
     are the typed config sections (``backbones.<b>``, ``variants.<v>``, ``training``, ...); plain
     dicts, as rules pass them, are validated into them. A ``retrieval`` dict may carry the
-    reranker's resolved local directory as ``reranker.path`` (``retrieval_params`` in the
-    workflow); it moves to ``reranker_path``. ``entry`` replaces ``python -m
+    reranker's resolved local directory as ``reranker.path`` (:meth:`spader.dag.Jobs.retrieval_params`
+    in the workflow); it moves to ``reranker_path``. ``entry`` replaces ``python -m
     spader.integrations.verl.main`` (tests run a fake trainer through it); ``extra_overrides`` are
     applied last (the GPU smoke test). ``attempt`` is Snakemake's attempt number (1: a first run
     or a rerun by hand; more: an automatic retry). ``ray_address`` names a running Ray cluster to

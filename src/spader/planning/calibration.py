@@ -4,7 +4,7 @@ by the memory plan (``hardware.calibration``).
 A record is a YAML file with one entry per model shape the script measured (a backbone's shape
 with fewer decoder layers; the layer count is not part of the match). Each entry holds the
 measured constants that replace the plan's estimated ones for that shape
-(:class:`Measured`, :meth:`spader.training.plan.Calibration`), the raw peaks they were derived
+(:class:`Measured`, :meth:`spader.planning.plan.Calibration`), the raw peaks they were derived
 from and the plan's estimates for the same sizes, so a reader sees what moved:
 
 * ``kept_bytes_per_token_layer``: the layer input activation checkpointing keeps, per token and
@@ -48,7 +48,7 @@ SHAPE_KEYS = (
 
 
 def shape_key(shape: Any) -> tuple:
-    """The matching key of a :class:`spader.training.plan.Shape` or of a record's ``shape`` mapping."""
+    """The matching key of a :class:`spader.planning.plan.Shape` or of a record's ``shape`` mapping."""
     get = shape.get if isinstance(shape, Mapping) else lambda k: getattr(shape, k)
     return tuple(get(k) for k in SHAPE_KEYS)
 

@@ -1,5 +1,5 @@
 """Time, host memory and disk of a training job: the second half of the plan
-(:mod:`spader.training.plan` holds the GPU memory; docs/gpu.md states the model and its
+(:mod:`spader.planning.plan` holds the GPU memory; docs/gpu.md states the model and its
 assumptions).
 
 **Time** (``step_minutes``, ``run_hours``) is first order, from counted work and a stated rate:
@@ -497,8 +497,8 @@ def step_time(
     """Seconds of one training step by phase (see the module docstring).
 
     Args:
-        shape: the backbone's :class:`spader.training.plan.Shape`.
-        memory: the job's :class:`spader.training.plan.VerlMemory` (micro-batches, offloads, tensor
+        shape: the backbone's :class:`spader.planning.plan.Shape`.
+        memory: the job's :class:`spader.planning.plan.VerlMemory` (micro-batches, offloads, tensor
             parallelism, the critic, fused log-probs).
         run: :class:`RunSettings` of the job.
         work: the job's :class:`Workload`.

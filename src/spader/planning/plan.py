@@ -1,7 +1,7 @@
 """The plan of every GPU job of the DAG, before any of them runs: its per-GPU memory peak, and for a
 training job its time, host memory per node, disk and what it asks a scheduler for.
 
-``spader plan [--configfile F ...] [--json]`` (or ``python -m spader.training.plan``) prints one
+``spader plan [--configfile F ...] [--json]`` (or ``python -m spader.planning.plan``) prints one
 entry per backbone x variant (training), per backbone (evaluation), for R3-RAG's served judge and
 for StepSearch's evidence job, each with its phases and their components in GiB, and exits 1 when a
 job's peak exceeds ``hardware.gpu_memory_gib`` or a training job needs more host memory or disk than
@@ -13,13 +13,13 @@ start when it does not fit; rule ``train_policy`` asks SLURM for the cores and h
 The plan is first order: parameter, gradient and optimizer bytes are exact for the shapes; the
 activation, logits and runtime terms are estimates whose constants are stated below, the
 activation and log-prob ones replaced by measured ones when ``hardware.calibration`` names a record
-of ``scripts/gpu_memory_calibration.py`` (:mod:`spader.training.calibration`). Time, host memory
-and disk: :mod:`spader.training.costs`. docs/gpu.md explains each term and the defaults it led to.
+of ``scripts/gpu_memory_calibration.py`` (:mod:`spader.planning.calibration`). Time, host memory
+and disk: :mod:`spader.planning.costs`. docs/gpu.md explains each term and the defaults it led to.
 
 Where the numbers come from:
 
 * the model's shape: ``config.json`` of the local model directory, or the copy of the real
-  ``config.json`` shipped in ``spader/training/shapes/`` (no weights or hub access needed);
+  ``config.json`` shipped in ``spader/planning/shapes/`` (no weights or hub access needed);
 * the composed verl config (:func:`spader.integrations.verl.compose.compose` of the variant with
   config.yaml's overrides): FSDP sharding over the training GPUs, fp32 master weights, gradients
   and Adam state, offload flags, micro-batches, prompt + response length, activation
@@ -54,7 +54,7 @@ from typing import Any
 from spader.config.command import add_config_arguments, configured, repository, run_command
 from spader.config.model import RerankerConfig
 from spader.methods import verl_yaml
-from spader.training.calibration import Calibration, Measured, load_calibration
+from spader.planning.calibration import Calibration, Measured, load_calibration
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ class VerlMemory:
 @dataclass
 class Job:
     """The plan of one GPU job: per phase, its components in GiB on its most loaded GPU; for a
-    training job also its time, host memory per node and disk (:mod:`spader.training.costs`)."""
+    training job also its time, host memory per node and disk (:mod:`spader.planning.costs`)."""
 
     name: str
     gpus: int
@@ -355,7 +355,7 @@ class Job:
     run_of: str | None = None
     #: the high end of the time range, as ``time`` (the low end)
     time_high: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    #: the save cadence and what an end of the allocation can cost (spader.training.costs.Cadence)
+    #: the save cadence and what an end of the allocation can cost (spader.planning.costs.Cadence)
     cadence: Any = None
     #: the named inputs of the time model, both ends
     assumptions: dict[str, Any] = field(default_factory=dict)
@@ -899,13 +899,13 @@ class JobCosts:
     """What a training job's time, host memory and disk need beyond its verl config."""
 
     hardware: Any  # the config's ``hardware`` section (spader.config.model.HardwareConfig)
-    workload: Any  # spader.training.costs.Workload
+    workload: Any  # spader.planning.costs.Workload
     reranker_on_gpus: bool = False
     cache_bytes: int = 0
     judge_shape: Shape | None = None
     judge: Mapping[str, Any] | None = None
     judge_gpus_on_node: int = 0
-    #: the retrieval service's reranker replicas and BM25 candidates (spader.training.costs.Search)
+    #: the retrieval service's reranker replicas and BM25 candidates (spader.planning.costs.Search)
     search: Any = None
     #: the allocation: its time limit (minutes; None: no cadence planned), the warning window
     #: (training.time_limit.warning_s) and the bound on the work an end of it may lose
@@ -926,7 +926,7 @@ def _checkpoint_bytes(shape: Shape, m: VerlMemory, run: Any) -> float:
 def _path_times(job: Job, shape: Shape, m: VerlMemory, run: Any, jc: JobCosts, *, kv_tokens: int,
                 path: str, end: str) -> tuple[dict[str, float], float]:  # fmt: skip
     """(seconds of a step by phase, seconds of one validation) on ``path`` at ``end`` of the range."""
-    from spader.training import costs
+    from spader.planning import costs
 
     work, hw = jc.workload, jc.hardware
     inputs = costs.TimeInputs.of(hw, end)
@@ -944,7 +944,7 @@ def _path_times(job: Job, shape: Shape, m: VerlMemory, run: Any, jc: JobCosts, *
 
 def _assumptions(job: Job, shape: Shape, m: VerlMemory, jc: JobCosts, kv_tokens: int) -> dict[str, Any]:
     """The named inputs of the job's time model, both ends (shown by ``spader plan --json``)."""
-    from spader.training import costs
+    from spader.planning import costs
 
     hw, work = jc.hardware, jc.workload
     spec = costs.GPUS[hw.gpu]
@@ -985,8 +985,8 @@ def _assumptions(job: Job, shape: Shape, m: VerlMemory, jc: JobCosts, kv_tokens:
 def _plan_costs(job: Job, shape: Shape, m: VerlMemory, verl_cfg: Mapping[str, Any], jc: JobCosts, *,
                 kv_tokens: int) -> None:  # fmt: skip
     """Fill ``job``'s time (both actor paths, both ends of the range), save cadence, host memory and
-    disk (:mod:`spader.training.costs`)."""
-    from spader.training import costs
+    disk (:mod:`spader.planning.costs`)."""
+    from spader.planning import costs
 
     run = costs.RunSettings.from_verl(verl_cfg)
     work, hw = jc.workload, jc.hardware
@@ -1183,7 +1183,7 @@ def job_request(job: Job, hardware: Any, gpus_per_node: int) -> tuple[int, int]:
     """(threads, MB) a training job asks a scheduler for on each node: its share of the node's
     cores (the GPUs it holds of ``hardware.gpus``), and the plan's host memory with
     ``HOST_CONSTANTS['request_headroom']``, at most its share of ``hardware.host_memory_gib``."""
-    from spader.training.costs import HOST_CONSTANTS
+    from spader.planning.costs import HOST_CONSTANTS
 
     share = min(1.0, gpus_per_node / int(hardware.gpus))
     threads = max(1, int(int(hardware.cores) * share))
@@ -1214,7 +1214,7 @@ def _job_costs(inputs: _PlanInputs, variant: str, *, nodes: int, served: bool, j
                node_gpus: int) -> JobCosts:  # fmt: skip
     """What training ``variant``'s job of ``nodes`` nodes of ``node_gpus`` GPUs (serving the judge or
     not) needs for its time, host memory and disk."""
-    from spader.training.costs import Search, Workload
+    from spader.planning.costs import Search, Workload
 
     training, agent, judge, retrieval = inputs.training, inputs.agent, inputs.judge, inputs.retrieval
     verl_nodes = nodes - 1 if served and nodes > 1 else nodes
@@ -1242,8 +1242,8 @@ def _variant_jobs(inputs: _PlanInputs, b: str, spec: Any, v: str, shape: Shape, 
                   run_of: str | None) -> list[Job]:  # fmt: skip
     """The plan of training backbone ``b`` (``spec``) with variant ``v``, and of the judge it serves;
     ``run_of``: the variant whose run it shares."""
+    from spader.integrations.verl.device import device_overrides
     from spader.integrations.verl.overrides import config_overrides
-    from spader.training.launch import device_overrides
 
     config, judge, calibration = inputs.config, inputs.judge, inputs.calibration
     nodes = config.training_nodes(v)  # variants.<v>.nodes, else training.nodes
@@ -1397,7 +1397,7 @@ def _hub_gib(model: str, models: Mapping[str, str], *, dtype_bytes: int = 2) -> 
 def _dag_keepers(train: Sequence[Job], config: Any, models: Mapping[str, str]) -> dict[str, float]:
     """What every job of the DAG keeps once it ran (GiB): downloads, index, data, the trainings'
     exports and the checkpoints the retention rule leaves."""
-    from spader.training.costs import DATA_GIB
+    from spader.planning.costs import DATA_GIB
 
     keep = bool(config.training.keep_checkpoints)
     keepers: dict[str, float] = {}
@@ -1462,7 +1462,7 @@ HELP = "the GPU memory plan of a configuration: every GPU job's per-GPU peak (ex
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``spader plan`` (``python -m spader.training.plan``): ``--configfile``, ``--root``, ``--json``."""
+    """``spader plan`` (``python -m spader.planning.plan``): ``--configfile``, ``--root``, ``--json``."""
     add_config_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -1536,9 +1536,9 @@ def run(args: argparse.Namespace, *, out: Callable[[str], Any] | None = None) ->
 
 
 def main(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] | None = None) -> int:
-    """``python -m spader.training.plan`` (an alias of ``spader plan``)."""
+    """``python -m spader.planning.plan`` (an alias of ``spader plan``)."""
     return run_command(
-        "python -m spader.training.plan",
+        "python -m spader.planning.plan",
         add_arguments,
         lambda args: run(args, out=out),
         argv,
