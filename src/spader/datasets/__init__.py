@@ -22,13 +22,14 @@ something else, fails with one line naming it; so does a name registered twice.
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import MappingProxyType
 from typing import Any
+
+from spader.core.imports import import_object
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -217,11 +218,8 @@ def resolve(ref: str | Callable[..., Any], *, what: str) -> Callable[..., Any]:
     """
     if callable(ref):
         return ref
-    module, _, name = str(ref).partition(":")
     try:
-        target: Any = importlib.import_module(module)
-        for part in name.split("."):
-            target = getattr(target, part)
+        target = import_object(str(ref))
     except Exception as exc:  # an import can fail in any way; one line names what and where
         raise DatasetRegistryError(f"{what} '{ref}' cannot be loaded ({_one_line(exc)})") from exc
     if not callable(target):

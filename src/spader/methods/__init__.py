@@ -38,6 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from spader.core.imports import import_object
+
 __all__ = [
     "ADVANTAGES",
     "AUTHORS_TRAINED",
@@ -358,16 +360,12 @@ def resolve(path: str) -> Any:
     Raises:
         MethodError: naming the path and why it cannot be imported.
     """
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise MethodError(f"{path!r} is not of the form 'module:attribute'")
     try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
+        return import_object(path)
+    except ValueError as exc:
+        raise MethodError(str(exc)) from exc
     except (ImportError, AttributeError) as exc:
         raise MethodError(f"{path!r} cannot be imported ({type(exc).__name__}: {exc})") from exc
-    return target
 
 
 _PLUGINS_LOADED: list[bool] = []
