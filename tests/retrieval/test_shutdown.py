@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from spader.retrieval.errors import RerankerUnavailableError
-from spader.retrieval.reranker import check_model_dir
+from spader.retrieval.reranker import check_reranker_dir
 
 QUERIES = [f"films river lake church album number {i}" for i in range(256)]
 
@@ -112,7 +112,7 @@ def _damaged(tiny_reranker: Path, tmp_path: Path, damage: str) -> Path:
 def test_a_damaged_reranker_directory_is_named_with_what_is_wrong(tiny_reranker, tmp_path, damage, message):
     model = _damaged(tiny_reranker, tmp_path, damage)
     with pytest.raises(RerankerUnavailableError, match=rf"^reranker model directory {model}: {message}"):
-        check_model_dir(model)
+        check_reranker_dir(model)
 
 
 def test_the_service_refuses_a_damaged_reranker_in_one_line(bm25_index, tiny_reranker, tmp_path):
@@ -128,7 +128,7 @@ def test_the_service_refuses_a_damaged_reranker_in_one_line(bm25_index, tiny_rer
 
 
 def test_an_intact_reranker_directory_passes(tiny_reranker):
-    check_model_dir(tiny_reranker)
+    check_reranker_dir(tiny_reranker)
 
 
 def _head(url: str, length: int) -> bytes:

@@ -15,8 +15,8 @@ import pytest
 from spader.training import VERL_VERSION
 from spader.training.preflight import (
     PreflightError,
+    check_base_model_dir,
     check_gpus,
-    check_model_dir,
     check_retrieval,
     check_verl_version,
     select,
@@ -52,14 +52,14 @@ def test_base_model_path_missing(tmp_path):
         PreflightError,
         match=r"base model path .*missing does not exist \(config key 'backbones.b.model' is 'Org/M'\)",
     ):
-        check_model_dir(tmp_path / "missing", backbone="b", model="Org/M")
+        check_base_model_dir(tmp_path / "missing", backbone="b", model="Org/M")
     (tmp_path / "empty").mkdir()
     with pytest.raises(PreflightError, match="not a Hugging Face model directory: no config.json"):
-        check_model_dir(tmp_path / "empty", backbone="b", model="Org/M")
+        check_base_model_dir(tmp_path / "empty", backbone="b", model="Org/M")
 
 
 def test_base_model_dir_ok(tiny_model):
-    check_model_dir(tiny_model, backbone="demo", model="tiny:qwen3")
+    check_base_model_dir(tiny_model, backbone="demo", model="tiny:qwen3")
 
 
 def test_gpus_requested_vs_available(monkeypatch):
@@ -232,25 +232,25 @@ def test_the_driver_must_run_the_cuda_13_stack(tmp_path, monkeypatch):
 
 
 def test_a_gated_model_without_weights_needs_a_hub_token(tmp_path):
-    from spader.training.preflight import check_hub_token, hub_token_configured
+    from spader.training.preflight import check_gated_access, hub_token_configured
 
     env = {"HF_HOME": str(tmp_path / "hf")}
     model = "meta-llama/Llama-3.1-8B-Instruct"
     with pytest.raises(
         PreflightError, match=r"gated model and no hub token.*huggingface.co/meta-llama.*HF_TOKEN"
     ):
-        check_hub_token(model, tmp_path / "missing", environ=env)
-    check_hub_token("Qwen/Qwen3-8B", tmp_path / "missing", environ=env)  # not gated
+        check_gated_access(model, tmp_path / "missing", environ=env)
+    check_gated_access("Qwen/Qwen3-8B", tmp_path / "missing", environ=env)  # not gated
     assert hub_token_configured({**env, "HF_TOKEN": "hf_x"})
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "token").write_text("hf_abc\n")  # what `hf auth login` writes
     assert hub_token_configured(env)
-    check_hub_token(model, tmp_path / "missing", environ=env)
+    check_gated_access(model, tmp_path / "missing", environ=env)
     weights = tmp_path / "llama"
     weights.mkdir()
     (weights / "config.json").write_text("{}")
     (weights / "model.safetensors").write_bytes(b"")
-    check_hub_token(model, weights, environ={"HF_HOME": str(tmp_path / "empty")})  # already downloaded
+    check_gated_access(model, weights, environ={"HF_HOME": str(tmp_path / "empty")})  # already downloaded
 
 
 def test_static_checks_name_the_driver_and_the_token(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ from spader.retrieval.errors import RerankerUnavailableError, ServiceClosingErro
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CrossEncoderReranker", "check_model_dir", "chunk_slices", "default_device"]
+__all__ = ["CrossEncoderReranker", "check_reranker_dir", "chunk_slices", "default_device"]
 
 # What a tokenizer is saved as: the fast tokenizer's JSON, or a slow one's vocabulary files.
 _TOKENIZER_FILES = (
@@ -68,7 +68,7 @@ def _safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def check_model_dir(model_dir: str | os.PathLike) -> None:
+def check_reranker_dir(model_dir: str | os.PathLike) -> None:
     """Check that a local cross-encoder directory can be loaded: a ``config.json``, weights whose
     safetensors files have the size their headers declare, and a tokenizer (transformers would build
     an empty one from the configuration alone, and rerank with it).
@@ -173,7 +173,7 @@ class CrossEncoderReranker:
         self.name = str(model)
         self.aborted = threading.Event()  # set when the service stops: scoring ends at the next batch
         if Path(model).is_dir():
-            check_model_dir(model)
+            check_reranker_dir(model)
         try:
             self._flag = FlagReranker(
                 str(model),

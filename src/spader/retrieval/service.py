@@ -222,11 +222,11 @@ def serve(
     from spader.retrieval.app import create_app
     from spader.retrieval.backend import Bm25RerankBackend
     from spader.retrieval.index import verify_index
-    from spader.retrieval.reranker import check_model_dir
+    from spader.retrieval.reranker import check_reranker_dir
 
     # What can be checked at once first: a damaged reranker download, the port, then the index.
     if settings.reranker is not None and Path(settings.reranker).is_dir():
-        check_model_dir(settings.reranker)
+        check_reranker_dir(settings.reranker)
     sock = _bind(host or settings.host, port)
     warn_beyond_loopback(sock)
     verify_index(index_dir)

@@ -49,13 +49,13 @@ __all__ = [
     "NVCC_MAJOR",
     "PreflightError",
     "add_arguments",
+    "check_base_model_dir",
     "check_driver",
+    "check_gated_access",
     "check_glibc",
     "check_gpus",
-    "check_hub_token",
     "check_job_memory",
     "check_memory",
-    "check_model_dir",
     "check_nvcc",
     "check_retrieval",
     "check_verl_version",
@@ -111,7 +111,7 @@ def select(config: Mapping[str, Any], backbone: str, variant: str) -> tuple[dict
     return dict(backbones[backbone]), dict(variants[variant])
 
 
-def check_model_dir(model_dir: str | os.PathLike, *, backbone: str, model: str) -> None:
+def check_base_model_dir(model_dir: str | os.PathLike, *, backbone: str, model: str) -> None:
     """The base model directory exists and holds ``config.json`` (a Hugging Face model)."""
     path = Path(model_dir)
     where = f"config key 'backbones.{backbone}.model' is {model!r}"
@@ -323,7 +323,7 @@ def check_nvcc(output: str | None = None, *, path: str | None = None, major: int
     return release
 
 
-def check_hub_token(
+def check_gated_access(
     model: str, model_dir: str | os.PathLike | None = None, *, environ: Mapping[str, str] | None = None
 ) -> None:
     """:func:`spader.models.gated.check_hub_token` (the download rule runs it too) as a preflight check.
@@ -364,8 +364,8 @@ def static_checks(
     problems: list[str] = []
     installed = ""
     checks: list = [
-        lambda: check_model_dir(model_dir, backbone=backbone, model=model),
-        lambda: check_hub_token(model, model_dir, environ=environ),
+        lambda: check_base_model_dir(model_dir, backbone=backbone, model=model),
+        lambda: check_gated_access(model, model_dir, environ=environ),
     ]
     if device != "cpu":
         # the driver first: with an older one torch sees no GPU, and its message says why
