@@ -1,5 +1,5 @@
 """A stand-in for the ``train_policy`` job in the process-hygiene tests: it launches a command the
-way :func:`spader.training.run.run_training` launches verl (``run_command``, the job's Ray
+way :func:`spader.training.run.run_training` launches verl (``run_supervised``, the job's Ray
 overrides from ``job_overrides``) and waits. Usage: ``python ray_job.py WORKDIR``.
 
 The command is ``ray_driver.py``, which starts Ray through verl's own ``run_ppo``.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from spader.training.launch import job_overrides, run_command
+from spader.training.launch import job_overrides, run_supervised
 
 HERE = Path(__file__).resolve().parent
 
@@ -32,7 +32,7 @@ def main() -> int:
     )
     (work / "job.pid").write_text(str(__import__("os").getpid()))
     with open(work / "job.log", "a") as log:
-        return run_command(
+        return run_supervised(
             [sys.executable, str(HERE / "ray_driver.py"), str(work), *overrides],
             env={"PYTHONUNBUFFERED": "1"},
             output=log,

@@ -74,9 +74,9 @@ def _kill_marked(mark: str) -> None:
 # A job whose command leaves its process group and its session, as Ray's workers and agents do.
 ESCAPING_JOB = """
 import sys
-from spader.training.launch import run_command
+from spader.training.launch import run_supervised
 script = "setsid sleep 300 & sleep 300 & (trap '' TERM; exec sleep 300) & echo started > {ready}; wait"
-sys.exit(run_command(["sh", "-c", script], env={{}}, output=None, grace_s=2))
+sys.exit(run_supervised(["sh", "-c", script], env={{}}, output=None, grace_s=2))
 """
 
 

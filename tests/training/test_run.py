@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from spader.training.launch import Terminated, run_command
+from spader.training.launch import Terminated, run_supervised
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -237,7 +237,7 @@ def test_sigterm_stops_the_whole_process_group(tmp_path):
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
     t0 = time.monotonic()
     with pytest.raises(Terminated, match="SIGTERM"):
-        run_command(["sh", "-c", script], env={}, output=None, grace_s=5)
+        run_supervised(["sh", "-c", script], env={}, output=None, grace_s=5)
     assert time.monotonic() - t0 < 10
     grandchild = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):

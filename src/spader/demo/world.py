@@ -17,7 +17,16 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["EVAL_TOPICS", "Entity", "Passage", "Topic", "World", "build_world", "name_parts", "topic_names"]
+__all__ = [
+    "EVAL_TOPICS",
+    "Entity",
+    "Topic",
+    "World",
+    "WorldPassage",
+    "build_world",
+    "name_parts",
+    "topic_names",
+]
 
 SEED = 20210101
 #: evaluation topics of the bundled demo (``build_world(n_eval=EVAL_TOPICS)``): each dataset's test
@@ -275,7 +284,7 @@ class Topic:
 
 
 @dataclass
-class Passage:
+class WorldPassage:
     page_id: int
     chunk: int
     title: str
@@ -293,12 +302,12 @@ class World:
     side, asked about only in the datasets' test splits (the corpus holds both sides)."""
 
     topics: list[Topic]
-    passages: list[Passage] = field(default_factory=list)
+    passages: list[WorldPassage] = field(default_factory=list)
     eval_topics: list[Topic] = field(default_factory=list)
-    eval_passages: list[Passage] = field(default_factory=list)
+    eval_passages: list[WorldPassage] = field(default_factory=list)
 
     @property
-    def corpus(self) -> list[Passage]:
+    def corpus(self) -> list[WorldPassage]:
         """Every passage of both sides, as the bundled dump holds them."""
         return [*self.passages, *self.eval_passages]
 
@@ -471,21 +480,21 @@ def _generated_topics(names: _Names, entity, kinds: list[str], n: int, rng: rand
     return topics
 
 
-def _topic_passages(rng: random.Random, topics: list[Topic], page: Iterator[int]) -> list[Passage]:
+def _topic_passages(rng: random.Random, topics: list[Topic], page: Iterator[int]) -> list[WorldPassage]:
     """One passage per answer entity and two per topic subject."""
     out = []
     for t in topics:
         s = t.subject.plain
         for o in t.objects:
             key = _fill(rng, _KEY[t.kind], o=o.plain, s=s, year=o.year)
-            out.append(Passage(next(page), 0, o.plain, _passage_text(rng, key, _FILLER)))
+            out.append(WorldPassage(next(page), 0, o.plain, _passage_text(rng, key, _FILLER)))
         pid = next(page)
         intro = _fill(
             rng, _SUBJECT[t.kind], s=s, year=t.subject.year, list=_listing([o.plain for o in t.objects])
         )
-        out.append(Passage(pid, 0, s, _passage_text(rng, intro, _FILLER)))
+        out.append(WorldPassage(pid, 0, s, _passage_text(rng, intro, _FILLER)))
         more = _fill(rng, "In {year2}, {s} was the subject of an exhibition in {place}.", s=s)
-        out.append(Passage(pid, 1, s, _passage_text(rng, more, _FILLER)))
+        out.append(WorldPassage(pid, 1, s, _passage_text(rng, more, _FILLER)))
     return out
 
 
@@ -519,7 +528,7 @@ def build_world(seed: int = SEED, n_generated: int = 34, n_distractors: int = 80
     for _ in range(n_distractors):
         first = _fill(rng, rng.choice(_DISTRACT), year=rng.randint(1850, 1990))
         world.passages.append(
-            Passage(next(page), 0, rng.choice(_PLACE), _passage_text(rng, first, _DISTRACT + _FILLER))
+            WorldPassage(next(page), 0, rng.choice(_PLACE), _passage_text(rng, first, _DISTRACT + _FILLER))
         )
     if n_eval:
         held = random.Random(f"{seed}:evaluation")

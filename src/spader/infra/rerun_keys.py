@@ -44,7 +44,7 @@ __all__ = [
     "for_rule",
     "list_kind",
     "main",
-    "render",
+    "render_table",
     "reruns_nothing",
     "run",
     "walked_on_demo",
@@ -585,7 +585,7 @@ def _keys(keys: tuple[str, ...]) -> str:
     return "<br>".join(f"`{k}`" for k in out)
 
 
-def render() -> str:
+def render_table() -> str:
     """The Markdown table of :data:`TABLE`, with a legend of the rule sets it names."""
     legend = "; ".join(f"*{name}*: {', '.join(f'`{r}`' for r in group)}" for name, group in GROUPS)
     lines = [
@@ -640,11 +640,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write, check or show the table (see :data:`HELP`)."""
     if args.action == "show":
-        sys.stdout.write(render() + "\n")
+        sys.stdout.write(render_table() + "\n")
         return 0
     path = Path(args.root) / DOCS
     text = path.read_text(encoding="utf-8")
-    updated = _splice(text, render())
+    updated = _splice(text, render_table())
     if args.action == "write":
         path.write_text(updated, encoding="utf-8")
         return 0

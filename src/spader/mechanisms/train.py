@@ -37,7 +37,7 @@ from spader.mechanisms.world import (
     BROAD,
     LEAD,
     STOP,
-    Question,
+    SearchQuestion,
     SearchWorld,
     WorldSpec,
     make_world,
@@ -164,7 +164,7 @@ def _random_bit(mask: np.ndarray, facets: int, rng: np.random.Generator) -> np.n
 class _Tables:
     """Per question (rows) and page (columns): gold entities and facets a page names, as bitmasks."""
 
-    def __init__(self, questions: Sequence[Question]):
+    def __init__(self, questions: Sequence[SearchQuestion]):
         self.gold = np.stack([q.gold_bits for q in questions])
         self.facets = np.stack([q.facet_bits for q in questions])
 
@@ -219,7 +219,7 @@ def _rollout(
     return out
 
 
-def _page_sets(questions: Sequence[Question]) -> list[list[frozenset[int]]]:
+def _page_sets(questions: Sequence[SearchQuestion]) -> list[list[frozenset[int]]]:
     """Per question and page, the set of gold entity indices the page shows (the step's hits)."""
     return [
         [frozenset(i for i in range(int(b).bit_length()) if int(b) >> i & 1) for b in q.gold_bits]
@@ -227,7 +227,7 @@ def _page_sets(questions: Sequence[Question]) -> list[list[frozenset[int]]]:
     ]
 
 
-def _final_f1(questions: Sequence[Question], batch: _Batch) -> list[float | None]:
+def _final_f1(questions: Sequence[SearchQuestion], batch: _Batch) -> list[float | None]:
     """Answer F1 of every episode, ``None`` for one the budget cut off (invalid format)."""
     return [
         None if cut else float(questions[q].f1_table()[seen])
@@ -239,7 +239,7 @@ def _final_f1(questions: Sequence[Question], batch: _Batch) -> list[float | None
 
 def step_rewards(
     arm: Arm,
-    questions: Sequence[Question],
+    questions: Sequence[SearchQuestion],
     page_sets: Sequence[Sequence[frozenset[int]]],
     batch: _Batch,
     f1: Sequence[float | None],
@@ -286,7 +286,7 @@ def advantages(arm: Arm, rewards: np.ndarray, batch: _Batch, group: int, gamma: 
     return adv.numpy()
 
 
-def episode_outcomes(questions: Sequence[Question], batch: _Batch) -> dict[str, np.ndarray]:
+def episode_outcomes(questions: Sequence[SearchQuestion], batch: _Batch) -> dict[str, np.ndarray]:
     """Per episode, what the user gets and what the search cost (docs/mechanisms.md, "Metrics").
 
     ``f1`` (0 for a cut-off episode), ``recall_rare`` / ``recall_head`` (share of the question's

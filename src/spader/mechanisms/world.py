@@ -40,7 +40,7 @@ __all__ = [
     "BROAD",
     "LEAD",
     "STOP",
-    "Question",
+    "SearchQuestion",
     "SearchWorld",
     "WorldSpec",
     "make_world",
@@ -99,7 +99,7 @@ class WorldSpec:
 
 
 @dataclass
-class Question:
+class SearchQuestion:
     """One question: its gold entities, facets, distractors and pages.
 
     Attributes:
@@ -171,8 +171,8 @@ class SearchWorld:
     """Questions of one seed (training and held-out evaluation questions) and the spec."""
 
     spec: WorldSpec
-    train: list[Question]
-    test: list[Question]
+    train: list[SearchQuestion]
+    test: list[SearchQuestion]
 
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr")
@@ -210,7 +210,7 @@ def _draw(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
     return int(rng.integers(bounds[0], bounds[1] + 1))
 
 
-def _question(spec: WorldSpec, rng: np.random.Generator) -> Question:
+def _question(spec: WorldSpec, rng: np.random.Generator) -> SearchQuestion:
     n_head = _draw(rng, spec.heads)
     rich = rng.random(spec.facets) < spec.rich_share
     if not rich.any():
@@ -259,7 +259,7 @@ def _question(spec: WorldSpec, rng: np.random.Generator) -> Question:
     # one matcher call per page: gold entities, then the distractors, then the facet names
     found = [_bits(find_hits(p, [[name] for name in names])) for p in pages]
     n_named = n_gold + n_dist
-    return Question(
+    return SearchQuestion(
         gold=gold,
         head=np.array([f < 0 for f in facet_of]),
         facet_of=np.array(facet_of, dtype=np.int64),

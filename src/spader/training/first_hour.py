@@ -2,7 +2,7 @@
 stopping at the first failure (``spader first-hour``, which ``scripts/gpu_first_hour.sh`` runs with
 the project's environment; docs/gpu.md, "The first hour").
 
-Each :class:`Step` is a command of the project run as its own process from the repository root,
+Each :class:`HourStep` is a command of the project run as its own process from the repository root,
 with what it prints when it passes and how long it takes. ``--cpu`` runs the steps a machine
 without GPUs can run on its CPU path (the preflight's CPU checks, the plan, the smoke test's dry
 run) and skips the GPU-only ones with a line that says so. Every step runs this interpreter
@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HELP", "STEPS", "Step", "add_arguments", "main", "run", "run_steps", "steps"]
+__all__ = ["HELP", "STEPS", "HourStep", "add_arguments", "main", "run", "run_steps", "steps"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Step:
+class HourStep:
     """One command of the first hour.
 
     Attributes:
@@ -49,7 +49,7 @@ class Step:
 
 #: The steps, in order (docs/gpu.md lists the same commands).
 STEPS = (
-    Step(
+    HourStep(
         "preflight",
         ("{python}", "-m", "spader.cli", "preflight", "{configfiles}"),
         ("{python}", "-m", "spader.cli", "preflight", "{configfiles}", "--cpu"),
@@ -58,7 +58,7 @@ STEPS = (
         "the plan and `hardware`, verl and sglang",
         "seconds",
     ),
-    Step(
+    HourStep(
         "plan",
         ("{python}", "-m", "spader.cli", "plan", "{configfiles}"),
         ("{python}", "-m", "spader.cli", "plan", "{configfiles}"),
@@ -66,7 +66,7 @@ STEPS = (
         "exit 0 when all fit",
         "under a minute",
     ),
-    Step(
+    HourStep(
         "calibration",
         ("{python}", "scripts/gpu_memory_calibration.py", "--out", "results/calibration/gpu_memory.yaml"),
         None,
@@ -74,7 +74,7 @@ STEPS = (
         "results/calibration/gpu_memory.yaml (set hardware.calibration to it and rerun the plan)",
         "5-10 minutes",
     ),
-    Step(
+    HourStep(
         "smoke",
         ("bash", "scripts/gpu_smoke.sh"),
         ("bash", "scripts/gpu_smoke.sh", "--dry-run"),
@@ -87,7 +87,7 @@ STEPS = (
 
 def steps(
     *, cpu: bool, configfiles: Sequence[str], python: str = sys.executable
-) -> list[tuple[Step, list[str] | None]]:
+) -> list[tuple[HourStep, list[str] | None]]:
     """Each step with the command it runs here (None: skipped, GPU-only)."""
     out = []
     for step in STEPS:
@@ -106,7 +106,9 @@ def steps(
     return out
 
 
-def run_steps(planned: Sequence[tuple[Step, list[str] | None]], *, root: str | Path = ".", echo=print) -> int:
+def run_steps(
+    planned: Sequence[tuple[HourStep, list[str] | None]], *, root: str | Path = ".", echo=print
+) -> int:
     """Run the steps in order from ``root``; stop at the first that fails. Returns the exit code."""
     for i, (step, argv) in enumerate(planned, 1):
         head = f"== step {i}/{len(planned)}: {step.name}"

@@ -17,7 +17,7 @@ earlier ones key by key:
 3. extra ones (the GPU smoke test shrinks the run with them).
 
 The composed command is checked in-process with Hydra before anything starts
-(:func:`compose_config`), and :func:`run_command` runs it as its own process group so that a
+(:func:`compose_config`), and :func:`run_supervised` runs it as its own process group so that a
 failure or a SIGTERM from the scheduler takes the whole Ray tree down.
 """
 
@@ -57,7 +57,7 @@ __all__ = [
     "merge_overrides",
     "override_key",
     "ray_cpu_slots",
-    "run_command",
+    "run_supervised",
     "write_plan",
 ]
 
@@ -331,7 +331,7 @@ def _stop_supervisor(proc: subprocess.Popen, grace_s: float) -> None:
         proc.wait()
 
 
-def run_command(
+def run_supervised(
     argv: Sequence[str],
     *,
     env: Mapping[str, str],
@@ -383,7 +383,7 @@ def run_command(
 
 def log_stream():
     """This process's stderr when it is a real file (``spader.infra.glue`` points it at the job's
-    log), for :func:`run_command`'s ``output``; None otherwise (pytest capture and the like)."""
+    log), for :func:`run_supervised`'s ``output``; None otherwise (pytest capture and the like)."""
     try:
         sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):

@@ -81,7 +81,7 @@ from spader.training.launch import (
     job_overrides,
     log_stream,
     ray_cpu_slots,
-    run_command,
+    run_supervised,
     write_plan,
 )
 from spader.training.lineage import (
@@ -723,7 +723,7 @@ def train(
         ):
             argv = [*plan.argv, *ray_overrides, *judge_overrides]
             log.info("launching verl: %s", " ".join(argv))
-            rc = run_command(
+            rc = run_supervised(
                 argv,
                 env={**plan.env, **judge_env, **ray_env},
                 output=log_stream(),

@@ -14,7 +14,7 @@
   (:class:`spader.training.node_search.RelayedHealth`) and any one failing stops verl.
 
 The watch runs in a thread; when something is wrong it records why and stops verl's process tree
-(SIGTERM to the process supervisor, :func:`spader.training.launch.run_command`'s ``started``).
+(SIGTERM to the process supervisor, :func:`spader.training.launch.run_supervised`'s ``started``).
 """
 
 from __future__ import annotations
