@@ -8,10 +8,12 @@ import copy
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 from snakemake.utils import validate
 
 from spader.config import (
@@ -238,6 +240,44 @@ def test_sections_round_trip_as_jobs_receive_them():
     assert AgentConfig.model_validate(config.model_dump(mode="json")["agent"]).max_turns == 3
     with pytest.raises(ValueError, match="lr"):
         TrainingConfig.model_validate({**as_param, "lr": -1})
+
+
+def _section_classes(model: type) -> dict[str, type]:
+    """Every section class reachable from ``model``'s fields, by name."""
+    out: dict[str, type] = {}
+    todo = [model]
+    while todo:
+        for field in todo.pop().model_fields.values():
+            args = [field.annotation]
+            while args:
+                arg = args.pop()
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    if arg.__name__ not in out:
+                        out[arg.__name__] = arg
+                        todo.append(arg)
+                else:
+                    args += typing.get_args(arg)
+    return out
+
+
+def test_each_section_lives_in_its_module_and_the_model_exports_it():
+    """The sections are classes of ``spader.config.sections`` (one module per top-level key or small
+    group, each named where docs/ARCHITECTURE.md says where a section lives), ``Config`` alone is in
+    ``spader.config.model``, which re-exports the sections the package imports by name."""
+    import spader.config.model as model
+    import spader.config.sections as sections
+
+    classes = _section_classes(Config)
+    assert {c.__module__.rsplit(".", 1)[0] for c in classes.values()} == {"spader.config.sections"}
+    assert Config.__module__ == "spader.config.model"
+    for name in model.__all__:
+        cls = getattr(model, name)
+        if isinstance(cls, type) and cls is not Config:
+            assert cls.__module__.startswith("spader.config.sections."), name
+    modules = {p.stem for p in Path(sections.__file__).parent.glob("*.py")} - {"__init__"}
+    assert {c.__module__.rsplit(".", 1)[1] for c in classes.values()} <= modules
+    doc = (REPO / "docs" / "ARCHITECTURE.md").read_text().split("\n## Configuration\n")[1].split("\n## ")[0]
+    assert sorted(m for m in modules if f"`{m}`" not in doc) == []
 
 
 def test_the_paper_config_is_typed():
