@@ -15,10 +15,11 @@ The policy is the demo's warm-started tiny Qwen3 (rule ``warmstart_policy``: it 
 and answers in the agent's format, ending its turns on the closing tags), copied with its output
 projection untied by :func:`build_smoke_policy`, so that FSDP2 shards it as a unit of its own as
 for Qwen3-8B and Llama-3.1-8B. After the run, :func:`check_run` reads its per-step metrics and
-checkpoint and requires, at every step: searches, turns that end at a closing tag and none that
+checkpoint and requires, at every step: searches the service answered (entities found, no search
+step with an error observation), turns that end at a closing tag and none that
 sglang ran past (sglang stops at the stop strings itself), rewards that differ and non-zero
-advantages, the seeds sglang's servers report (the training seed + each replica's rank); and
-weights that changed. With two or more GPUs visible it trains on two (FSDP2's collectives over
+advantages, the seeds sglang's servers report (the training seed + each replica's rank); the
+retrieval service's own count of failed queries at 0; and weights that changed. With two or more GPUs visible it trains on two (FSDP2's collectives over
 NCCL, two sglang replicas with their own seeds). ``scripts/gpu_smoke.sh`` runs::
 
     python -m spader.training.smoke --prepare --out results/gpu_smoke  # inputs via Snakemake, train, check
@@ -398,9 +399,11 @@ def checks(job, cfg) -> dict[str, Any]:
             else f"padded micro-batches of {actor.ppo_micro_batch_size_per_gpu} sequences (sdpa with a mask)"
         ),
         "after_the_run": [
-            f"steps 1..{SMOKE_STEPS} trained, and at each: searches, turns ending at a closing tag, none that "
+            f"steps 1..{SMOKE_STEPS} trained, and at each: searches the service answered (entities found, no "
+            "tool errors), turns ending at a closing tag, none that "
             "sglang ran past, rewards that differ, non-zero advantages, the seeds sglang reports "
             f"(training.seed + replica rank, {job.workers} replica(s))",
+            "the retrieval service failed no query (its counters at its end)",
             "the last checkpoint's weights differ from the policy's",
         ],
     }
@@ -461,8 +464,24 @@ def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int 
             f"steps logged {sorted(logged)}, expected 1..{steps}",
         ),
         *_metric_checks(logged, seed=seed, replicas=replicas),
+        service_answered(job),
         changed_weights(job, start_model),
     ]
+
+
+def service_answered(job) -> Check:
+    """The retrieval service's own counters at its end (kept next to its log): queries, none failed."""
+    from spader.retrieval.service import stats_path
+
+    path = stats_path(job.service_log)
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+        queries, failed = int(stats["queries"]), int(stats.get("failed_queries", 0))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Check("service answered", False, f"no counters of the retrieval service in {path} ({exc})")
+    return Check(
+        "service answered", queries > 0 and failed == 0, f"{queries} queries, {failed} failed ({path.name})"
+    )
 
 
 def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, replicas: int) -> list[Check]:
@@ -471,9 +490,17 @@ def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, repl
     return [
         _per_step(
             logged,
-            "searches",
-            lambda m: _value(m, "episode/searches") > 0,
-            lambda m: f"{_value(m, 'episode/searches'):.2f} per trajectory",
+            "searches answered",
+            lambda m: (
+                _value(m, "episode/searches_answered") > 0
+                and _value(m, "episode/search_errors") == 0
+                and _value(m, "episode/entities") > 0
+            ),
+            lambda m: (
+                f"{_value(m, 'episode/searches_answered'):.2f} answered of {_value(m, 'episode/searches'):.2f} "
+                f"per trajectory, {_value(m, 'episode/search_errors'):.0f} error(s), "
+                f"{_value(m, 'episode/entities'):.2f} entities found"
+            ),
         ),
         _per_step(
             logged,
