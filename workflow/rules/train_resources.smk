@@ -1,6 +1,7 @@
 # Helpers of the training rules (train.smk): the resources a training job asks a scheduler for,
 # and the check that a multi-node training has a cluster executor (docs/cluster.md).
 
+from spader.training.allocation import memory_cap_warning, time_limit_problems
 from spader.training.plan import load_record, plan_config
 from spader.training.stop import slurm_signal_option
 
@@ -94,9 +95,33 @@ def training_request(wildcards):
                 _PLANNED[job.name] = (job.threads, job.mem_mb)
                 for problem in job.problems:
                     logger.warning(f"{job.name}: {problem} (python -m spader.training.plan)")
+                check_allocation(job)
     share = min(spec.gpus, CONFIG.hardware.gpus) / CONFIG.hardware.gpus
     fallback = (gpu_job_cpus(spec.gpus), int(CONFIG.hardware.host_memory_gib * share * 1024))
     return _PLANNED.get(f"train {wildcards.backbone}/{wildcards.variant}", fallback)
+
+
+def check_allocation(job):
+    """Warn a capped memory request; under a profile that states the partition's time limit, refuse
+    a run that cannot finish within its retries' allocations (spader.training.allocation)."""
+    cap_warning = memory_cap_warning(job, job.mem_mb)
+    if cap_warning:
+        logger.warning(cap_warning)
+    cap = profile_max_runtime("train_policy")
+    if cap is None:
+        return
+    variant = job.name.split("/", 1)[1]
+    refusal, warning = time_limit_problems(
+        job.name,
+        run_hours=(job.run_hours(), job.run_hours(end="high")),
+        allocation_minutes=min(TRAINING.time_limit.estimate_minutes(variant), cap),
+        retries=TRAINING.time_limit.retries,
+        limit_source=f"training.time_limit.hours of {variant}, capped by the profile's max_runtime {cap} min",
+    )
+    if refusal:
+        raise WorkflowError(refusal)
+    if warning:
+        logger.warning(warning)
 
 
 def training_params():
