@@ -567,7 +567,11 @@ def check_before_start():
 
 # What Snakemake logs of a failed job's process (a script killed by a signal): the cause of a job
 # killed outright, which cannot write one (spader.infra.failures.JobErrors).
-JOB_ERRORS = JobErrors()
+JOB_ERRORS = JobErrors(
+    echo=logger.error,
+    # under a cluster executor a job's stderr is its cluster log: its cause is echoed as it fails
+    when=lambda: not getattr(getattr(workflow.executor_plugin, "common_settings", None), "local_exec", True),
+)
 logger.addHandler(JOB_ERRORS)
 
 
