@@ -39,9 +39,15 @@ def test_the_cause_of_a_failed_cluster_job_is_printed_as_it_fails(tmp_path):
         ]
         # a job that wrote no cause (killed at its time limit): what the executor said of it
         job_log.write_text("2026-12-05 01:00:00 INFO spader.training.run: launching verl\n")
-        slurm_log.write_text("slurmstepd: error: *** JOB 13 CANCELLED AT 2026-12-05T02:00:00 DUE TO TIME LIMIT ***\n")
-        _report(logger, 8, [str(job_log), str(slurm_log)], "SLURM-job '13' failed, SLURM status is: 'TIMEOUT'")
-        assert printed[1].startswith("train_policy (jobid 8) failed: SLURM-job '13' failed, SLURM status is: 'TIMEOUT'")
+        slurm_log.write_text(
+            "slurmstepd: error: *** JOB 13 CANCELLED AT 2026-12-05T02:00:00 DUE TO TIME LIMIT ***\n"
+        )
+        _report(
+            logger, 8, [str(job_log), str(slurm_log)], "SLURM-job '13' failed, SLURM status is: 'TIMEOUT'"
+        )
+        assert printed[1].startswith(
+            "train_policy (jobid 8) failed: SLURM-job '13' failed, SLURM status is: 'TIMEOUT'"
+        )
         # a local run: the job's stderr is this console already, nothing is printed twice
         cluster[0] = False
         _report(logger, 9, [str(job_log)], None)
