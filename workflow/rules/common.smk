@@ -20,7 +20,7 @@ from spader.config import (
 )
 from spader.core.prompt import load_template
 from spader.methods import table_rows, verl_yaml
-from spader.infra.failures import JobErrors, failure_report
+from spader.infra.failures import console_causes, failure_report
 from spader.infra.rerun import PlannedJob, guard_message, unintended_replacements
 from spader.infra.slurm_env import keep_slurm_conf_for_srun
 from spader.models.gated import HubTokenError, check_hub_token
@@ -567,12 +567,8 @@ def check_before_start():
 
 # What Snakemake logs of a failed job's process (a script killed by a signal): the cause of a job
 # killed outright, which cannot write one (spader.infra.failures.JobErrors).
-JOB_ERRORS = JobErrors(
-    echo=logger.error,
-    # under a cluster executor a job's stderr is its cluster log: its cause is echoed as it fails
-    when=lambda: not getattr(getattr(workflow.executor_plugin, "common_settings", None), "local_exec", True),
-)
-logger.addHandler(JOB_ERRORS)
+# Under a cluster executor a job's stderr is its cluster log: its cause is echoed as it fails.
+JOB_ERRORS = console_causes(logger, workflow)
 
 
 def _said_of(job):

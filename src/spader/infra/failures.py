@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAILED_MARK", "JobErrors", "cause_in_log", "failure_report", "one_line", "process_cause"]
+__all__ = [
+    "FAILED_MARK",
+    "JobErrors",
+    "cause_in_log",
+    "console_causes",
+    "failure_report",
+    "one_line",
+    "process_cause",
+]
 
 #: What precedes the cause in a failed job's marked log line (``<rule> failed: <cause>``).
 FAILED_MARK = " failed: "
@@ -137,6 +145,19 @@ class JobErrors(logging.Handler):
         if msg and NO_CAUSE in line:
             line = line.replace(NO_CAUSE, " ".join(str(msg).split())[:_MAX_CHARS], 1)
         return line.replace(f" ({label}): ", f" ({label}) failed: ", 1)
+
+
+def console_causes(logger: logging.Logger, workflow: Any) -> JobErrors:
+    """The workflow's :class:`JobErrors` on Snakemake's ``logger``, echoing a failed job's cause as
+    it fails when ``workflow`` runs its jobs through a cluster executor (not on this machine)."""
+
+    def cluster() -> bool:
+        settings = getattr(getattr(workflow, "executor_plugin", None), "common_settings", None)
+        return not getattr(settings, "local_exec", True)
+
+    handler = JobErrors(echo=logger.error, when=cluster)
+    logger.addHandler(handler)
+    return handler
 
 
 def failure_report(

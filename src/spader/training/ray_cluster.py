@@ -38,6 +38,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -55,6 +56,7 @@ __all__ = [
     "loopback_env",
     "node_address",
     "ray_for_job",
+    "ray_temp_dir",
     "route_address",
     "slurm_nodes",
     "slurm_ray_cluster",
@@ -106,6 +108,15 @@ def interface_of(address: str) -> str | None:
         if any(a.address.split("%")[0] == address for a in addrs):
             return name
     return None
+
+
+def ray_temp_dir() -> Path:
+    """A temporary directory of this job's own for Ray (its sessions, logs, sockets): Ray's default,
+    ``/tmp/ray``, is one per machine, which two jobs on one node would share (``session_latest``,
+    the address file a driver connects through). Short, under the node's temporary directory
+    (``TMPDIR``, often the allocation's own): Ray's socket paths must stay under 108 bytes."""
+    tag = os.environ.get("SLURM_JOB_ID") or "local"
+    return Path(tempfile.mkdtemp(prefix=f"spader-ray-{tag}-"))
 
 
 def _ray_executable() -> list[str]:
@@ -420,10 +431,16 @@ def slurm_ray_cluster(
     env = auth_env(token_file=token_file)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    common = ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block"]
+    # the job's own temporary directory (the same path on every node) and ports: the head's GCS
+    # and client ports free here, every node's dashboard agent on a free port (Ray's default,
+    # 52365, is one per machine), so two jobs sharing a node cannot collide
+    temp_dir = ray_temp_dir()
+    common = ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block",
+              f"--temp-dir={temp_dir}", "--dashboard-agent-listen-port=0"]  # fmt: skip
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(_start_head(head_ip, port, common, env, log_dir, grace_s))
+        head_only = [f"--ray-client-server-port={_free_port(head_ip)}"]
+        procs.append(_start_head(head_ip, port, [*common, *head_only], env, log_dir, grace_s))
         log.info("Ray head on %s at %s (log %s)", nodes[0], address, log_dir / "ray_head.log")
 
         def start_worker(node: str) -> subprocess.Popen:
@@ -439,6 +456,7 @@ def slurm_ray_cluster(
         _stop(procs, grace_s)
         with contextlib.suppress(FileNotFoundError):
             token_file.unlink()
+        shutil.rmtree(temp_dir, ignore_errors=True)
         log.info("Ray cluster at %s stopped", address)
 
 
@@ -456,11 +474,13 @@ def ray_for_job(job) -> Iterator[tuple[list[str], dict[str, str]]]:
         return
     if job.train_nodes <= 1:
         rendezvous = job.workdir / f"torch_rendezvous_{secrets.token_hex(8)}"
-        try:
-            yield [], loopback_env(rendezvous)
+        temp_dir = ray_temp_dir()
+        try:  # its ports are chosen free by Ray (a private instance asks for none of its own)
+            yield [f"++ray_kwargs.ray_init._temp_dir={temp_dir}"], loopback_env(rendezvous)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 rendezvous.unlink()
+            shutil.rmtree(temp_dir, ignore_errors=True)
         return
     from spader.training.launch import ray_cpu_slots
 
