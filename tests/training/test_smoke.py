@@ -262,3 +262,20 @@ def test_script_runs_the_smoke_module():
     assert os.access(script, os.X_OK)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert "-m spader.training.smoke --prepare" in script.read_text()
+
+
+def test_the_smoke_run_trains_the_packed_and_the_padded_path(tmp_path):
+    """By default both actor paths, each in a directory of its own; --padded or --packed-only one."""
+    from spader.training.smoke import _smoke_training, smoke_paths
+
+    assert smoke_paths(tmp_path, padded=False, packed_only=False) == [
+        (False, tmp_path),
+        (True, tmp_path / "padded"),
+    ]
+    assert smoke_paths(tmp_path, padded=True, packed_only=False) == [(True, tmp_path)]
+    assert smoke_paths(tmp_path, padded=False, packed_only=True) == [(False, tmp_path)]
+    config = load_config(DEMO, REPO)
+    padded = _smoke_training(config, REPO, gpus=1, device="cuda", padded=True)
+    packed = _smoke_training(config, REPO, gpus=1, device="cuda", padded=False)
+    assert padded["remove_padding"] is False and packed["remove_padding"] is True
+    assert packed["max_token_len_per_gpu"] and not padded.get("max_token_len_per_gpu")

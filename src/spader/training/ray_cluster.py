@@ -323,6 +323,15 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
+def _node_args(cpus: int, gpus: int, temp_dir: Path) -> list[str]:
+    """``ray start`` arguments of every node: its resources, the job's own temporary directory (the
+    same path on every node) and every node's dashboard agent on a free port (Ray's default, 52365,
+    is one per machine), so that two jobs sharing a node cannot collide (the head's GCS and client
+    ports are chosen free too)."""
+    return ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block",
+            f"--temp-dir={temp_dir}", "--dashboard-agent-listen-port=0"]  # fmt: skip
+
+
 def _write_token(token_file: Path) -> None:
     """Write a fresh random cluster token to ``token_file`` (mode 0600)."""
     token_file.parent.mkdir(parents=True, exist_ok=True)
@@ -431,16 +440,11 @@ def slurm_ray_cluster(
     env = auth_env(token_file=token_file)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    # the job's own temporary directory (the same path on every node) and ports: the head's GCS
-    # and client ports free here, every node's dashboard agent on a free port (Ray's default,
-    # 52365, is one per machine), so two jobs sharing a node cannot collide
-    temp_dir = ray_temp_dir()
-    common = ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block",
-              f"--temp-dir={temp_dir}", "--dashboard-agent-listen-port=0"]  # fmt: skip
+    common = _node_args(cpus, gpus, temp_dir := ray_temp_dir())
     procs: list[subprocess.Popen] = []
     try:
-        head_only = [f"--ray-client-server-port={_free_port(head_ip)}"]
-        procs.append(_start_head(head_ip, port, [*common, *head_only], env, log_dir, grace_s))
+        client = [f"--ray-client-server-port={_free_port(head_ip)}"]
+        procs.append(_start_head(head_ip, port, [*common, *client], env, log_dir, grace_s))
         log.info("Ray head on %s at %s (log %s)", nodes[0], address, log_dir / "ray_head.log")
 
         def start_worker(node: str) -> subprocess.Popen:

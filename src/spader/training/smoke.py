@@ -9,7 +9,8 @@ retrieval service, composed verl command, checkpoints, final.json); :data:`SMOKE
 trains on the CPU with the transformers rollout replica): ``training.device: cuda``,
 ``training.rollout_backend: sglang``, the paper config's ``training.max_response_length`` as the
 episode's budget, and the packed actor path (``training.remove_padding`` with a token cap;
-``--padded`` runs the padded one).
+then the padded one (``training.remove_padding: false``) in ``<out>/padded``; ``--padded`` or
+``--packed-only`` runs one of them).
 
 The policy is the demo's warm-started tiny Qwen3 (rule ``warmstart_policy``: it searches, reads
 and answers in the agent's format, ending its turns on the closing tags), copied with its output
@@ -315,8 +316,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="compose and check the verl command, print it, stop"
     )
     parser.add_argument(
-        "--padded", action="store_true", help="the padded actor path instead of the packed one"
+        "--padded",
+        action="store_true",
+        help="the padded actor path only (default: the packed, then the padded)",
     )
+    parser.add_argument("--packed-only", action="store_true", help="the packed actor path only")
     parser.add_argument(
         "--gpus",
         type=int,
@@ -367,6 +371,29 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(printed, indent=2))  # noqa: T201
         return 0
 
+    failed = 0
+    for padded, out in smoke_paths(args.out, padded=args.padded, packed_only=args.packed_only):
+        path_job = (
+            job if out == Path(args.out) else smoke_job(config, out, root=root, gpus=gpus, padded=padded)
+        )
+        if not (path_job.model_dir / "config.json").is_file():
+            build_smoke_policy(warm, path_job.model_dir)
+        failed += _train_and_check(path_job, gpus, "padded" if padded else "packed")
+    return 1 if failed else 0
+
+
+def smoke_paths(out: str | os.PathLike, *, padded: bool, packed_only: bool) -> list[tuple[bool, Path]]:
+    """The actor paths a smoke run trains, each with its output directory: the packed one in
+    ``out``, then the padded one in ``out/padded`` (``--padded``: the padded one alone, in ``out``;
+    ``--packed-only``: the packed one alone)."""
+    out = Path(out)
+    if padded:
+        return [(True, out)]
+    return [(False, out)] if packed_only else [(False, out), (True, out / "padded")]
+
+
+def _train_and_check(job, gpus: int, path: str) -> int:
+    """Train the smoke ``job`` and print its checks; 1 when one fails."""
     from spader.training.run import run_training
 
     final = run_training(job)
@@ -375,7 +402,7 @@ def run(args: argparse.Namespace) -> int:
     for result in results:
         print(result.line())  # noqa: T201
     failed = [r for r in results if not r.ok]
-    print(f"smoke test: {len(results) - len(failed)} of {len(results)} checks passed")  # noqa: T201
+    print(f"smoke test, {path} path: {len(results) - len(failed)} of {len(results)} checks passed")  # noqa: T201
     return 1 if failed else 0
 
 
