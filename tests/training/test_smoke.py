@@ -153,11 +153,11 @@ def test_the_smoke_policy_is_the_warm_start_with_its_head_untied(tiny_model, tmp
 
 
 def _step(searches=1.0, closed=0.5, cut=0.0, lo=-1.0, hi=0.5, std=0.7, seeds=(1.0, 1.0, 1.0), errors=0.0,
-          entities=1.0):  # fmt: skip
+          entities=1.0, calls=0.0):  # fmt: skip
     return {
         "critic/score/mean": (lo + hi) / 2, "critic/score/min": lo, "critic/score/max": hi,
         "episode/searches": searches, "episode/searches_answered": searches - errors / 2,
-        "episode/search_errors": errors, "episode/entities": entities,
+        "episode/search_errors": errors, "episode/call_errors": calls, "episode/entities": entities,
         "episode/turns_closed": closed, "episode/turns_cut": cut,
         "episode/advantage_std": std, "episode/rollout_seed_min": seeds[0], "episode/rollout_seed_max": seeds[1],
         "episode/rollout_seeds": seeds[2],
@@ -225,8 +225,8 @@ def test_the_search_checks_fail_on_a_run_whose_searches_all_fail(tmp_path):
     results = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}
     assert [results[c].ok for c in checks] == [False, False]
     assert (
-        "0.00 answered of 1.00 per trajectory, 2 error(s), 0.00 entities"
-        in results["searches answered"].detail
+        "0.00 answered of 1.00 per trajectory, 2 the service failed (0 malformed call(s) of the policy), "
+        "0.00 entities" in results["searches answered"].detail
     )
     assert results["service answered"].detail.startswith("8 queries, 8 failed")
 
@@ -235,7 +235,8 @@ def test_the_search_checks_fail_on_a_run_whose_searches_all_fail(tmp_path):
         _write_steps(job.metrics_dir, {1: _step(), 2: bad})
         assert not {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}[checks[0]].ok
 
-    _write_steps(job.metrics_dir, {1: _step(), 2: _step()})
+    # a malformed call of the policy is the policy's, not the service's: the run passes
+    _write_steps(job.metrics_dir, {1: _step(), 2: _step(searches=2.0, calls=1.0)})
     stats.write_text(json.dumps({"queries": 8, "failed_queries": 0}))
     results = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}
     assert [results[c].ok for c in checks] == [True, True]

@@ -17,7 +17,7 @@ and answers in the agent's format, ending its turns on the closing tags), copied
 projection untied by :func:`build_smoke_policy`, so that FSDP2 shards it as a unit of its own as
 for Qwen3-8B and Llama-3.1-8B. After the run, :func:`check_run` reads its per-step metrics and
 checkpoint and requires, at every step: searches the service answered (entities found, no search
-step with an error observation), turns that end at a closing tag and none that
+step the service failed; a malformed call of the policy is the policy's), turns that end at a closing tag and none that
 sglang ran past (sglang stops at the stop strings itself), rewards that differ and non-zero
 advantages, the seeds sglang's servers report (the training seed + each replica's rank); the
 retrieval service's own count of failed queries at 0; and weights that changed. With two or more GPUs visible it trains on two (FSDP2's collectives over
@@ -427,7 +427,7 @@ def checks(job, cfg) -> dict[str, Any]:
         ),
         "after_the_run": [
             f"steps 1..{SMOKE_STEPS} trained, and at each: searches the service answered (entities found, no "
-            "tool errors), turns ending at a closing tag, none that "
+            "search the service failed), turns ending at a closing tag, none that "
             "sglang ran past, rewards that differ, non-zero advantages, the seeds sglang reports "
             f"(training.seed + replica rank, {job.workers} replica(s))",
             "the retrieval service failed no query (its counters at its end)",
@@ -520,12 +520,13 @@ def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, repl
             "searches answered",
             lambda m: (
                 _value(m, "episode/searches_answered") > 0
-                and _value(m, "episode/search_errors") == 0
+                and _value(m, "episode/search_errors") == 0  # the service's; call_errors are the policy's
                 and _value(m, "episode/entities") > 0
             ),
             lambda m: (
                 f"{_value(m, 'episode/searches_answered'):.2f} answered of {_value(m, 'episode/searches'):.2f} "
-                f"per trajectory, {_value(m, 'episode/search_errors'):.0f} error(s), "
+                f"per trajectory, {_value(m, 'episode/search_errors'):.0f} the service failed "
+                f"({_value(m, 'episode/call_errors'):.0f} malformed call(s) of the policy), "
                 f"{_value(m, 'episode/entities'):.2f} entities found"
             ),
         ),
