@@ -173,4 +173,4 @@ def test_the_gpu_smoke_tests_checks_pass_on_the_cpu_path(runs, world, spader_ste
     job, _ = runs["spader"]
     results = check_run(job, start_model=world.model, replicas=1, steps=spader_steps)
     assert [r.name for r in results if not r.ok] == [], "\n".join(r.line() for r in results)
-    assert len(results) == 7
+    assert len(results) == 8

@@ -222,6 +222,63 @@ def test_r3rag_alone_takes_a_second_node_for_its_judge(judge_node_jobs, sbatch_l
         assert "nodes" not in res or res["nodes"] == 1
 
 
+def _allocation_steps(res: dict, *configfiles: str) -> dict[str, list[str]]:
+    """The steps the training job of ``res`` (a dry run's resources) starts inside its allocation,
+    as the job builds them from what its rule asked for (its threads are the CPUs SLURM gave it)."""
+    from spader.config import load_config
+    from spader.training.ray_cluster import allocation_steps
+    from spader.training.run import TrainJob
+
+    config = load_config(*(REPO / f for f in configfiles), verl_config_dir=REPO / "config" / "verl")
+    wildcards = dict(kv.split("=") for kv in res["_wildcards"].split(", "))
+    backbone, variant = wildcards["backbone"], wildcards["variant"]
+    job = TrainJob(
+        backbone=backbone, variant=variant, backbone_spec=config.backbones[backbone],
+        variant_spec=config.variants[variant], training=config.training, retrieval=config.retrieval,
+        train_file=Path("t"), val_file=Path("v"), index_dir=Path("i"), model_dir=Path("m"),
+        verl_config_dir=REPO / "config" / "verl", workdir=Path("w"), final_json=Path("f"),
+        judge=config.judge, stepsearch=config.stepsearch, evidence=Path("e"),
+        threads=res["cpus_per_task"], mem_mb=res["mem_mb"],
+    )  # fmt: skip
+    return allocation_steps(job, [f"node{i}" for i in range(res["nodes"])])
+
+
+def test_every_step_inside_a_training_allocation_asks_for_its_cpus_memory_and_gpus(two_node_jobs):
+    """A cluster that confines steps (task/cgroup) gives a step only what it asks for: each node's
+    retrieval replica, the second node's Ray worker and the judge's node ask for the job's CPUs and
+    memory on their node (what the dry run's request gives the job) and their GPUs (the judge's:
+    test_a_judge_node_step_asks_for_the_judges_gpus)."""
+    jobs, overlay = two_node_jobs
+    cases = [(res, ("config/config.yaml", str(overlay))) for res in jobs["train_policy"]]
+    seen = set()
+    for res, files in cases:
+        steps = _allocation_steps(res, *files)
+        for name, argv in steps.items():
+            seen.add(name.split(" on ")[0])
+            cpus, mem = f"--cpus-per-task={res['cpus_per_task']}", f"--mem={res['mem_mb']}M"
+            assert argv[0] == "srun" and "--overlap" in argv and cpus in argv and mem in argv, (name, argv)
+        if "Ray worker on node1" in steps:  # not r3rag's: its second node serves the judge
+            assert [a for a in steps["Ray worker on node1"] if a.startswith("--gres")] == ["--gres=gpu:8"]
+        assert not any(a.startswith("--gres") for a in steps["retrieval replica on node0"])
+    assert seen == {"retrieval replica", "Ray worker", "judge"}
+
+
+def test_a_judge_node_step_asks_for_the_judges_gpus(judge_node_jobs, tmp_path):
+    """R3-RAG on two nodes: verl trains on the first, the judge is served on the second by a step
+    asking for the job's CPUs and memory there and the judge's GPUs."""
+    from spader.config import resolved_config
+
+    r3rag = next(r for r in judge_node_jobs["train_policy"] if "variant=r3rag" in r["_wildcards"])
+    overlay = tmp_path / "judge.yaml"
+    overlay.write_text("variants:\n  r3rag:\n    nodes: 2\n")
+    steps = _allocation_steps(r3rag, "config/config.yaml", str(overlay))
+    assert set(steps) == {"retrieval replica on node0", "judge on node1"}  # verl trains on node0 alone
+    judge = steps["judge on node1"]
+    assert f"--cpus-per-task={r3rag['cpus_per_task']}" in judge and f"--mem={r3rag['mem_mb']}M" in judge
+    gpus = resolved_config(REPO / "config" / "config.yaml")["judge"]["gpus"]
+    assert [a for a in judge if a.startswith("--gres")] == [f"--gres=gpu:{gpus}"], judge
+
+
 def test_a_smaller_node_described_in_the_config_changes_the_requests(two_node_jobs, sbatch_line):
     """hardware.cores and hardware.host_memory_gib describe the node: the training jobs ask for its
     cores and, per node, the plan's host memory (the reference model and optimizer shards split
@@ -301,3 +358,31 @@ def test_two_nodes_without_a_cluster_executor_are_refused_before_any_job(tmp_pat
     assert proc.returncode != 0
     assert "config key 'training.nodes' is 2, but this run executes jobs on this machine" in out, out[-3000:]
     assert not (tmp_path / "results").exists()  # no job ran
+
+
+def test_a_training_longer_than_its_retries_allocations_is_refused_naming_both(tmp_path):
+    """Under the profile's partition limit (max_runtime), a training whose planned run exceeds its
+    retries' allocations even at the low end of its time range stops the dry run, naming its run
+    time and the allocations; the high end beyond them is warned (R3-RAG under the paper config)."""
+    proc = subprocess.run(
+        [*SNAKEMAKE, "-n", "--profile", "slurm", "results/qwen3_8b/f1.tsv"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"train qwen3_8b/r3rag: the high end of its planned run \(\d+ h\) exceeds what 6 allocations "
+                     r"of 48\.0 h .*max_runtime 2880 min", proc.stdout + proc.stderr)  # fmt: skip
+    overlay = tmp_path / "retries.yaml"
+    overlay.write_text("training:\n  time_limit:\n    retries: 1\n")
+    proc = subprocess.run(
+        [*SNAKEMAKE, "-n", "--profile", "slurm", "results/qwen3_8b/f1.tsv", "--configfile", "config/config.yaml",
+         str(overlay)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert re.search(
+        r"train qwen3_8b/r3rag: its planned run takes \d+-\d+ h but 2 allocations of 48\.0 h \(training\.time_limit"
+        r"\.hours of r3rag, capped by the profile's max_runtime 2880 min; training\.time_limit\.retries 1 \+ 1\) "
+        r"give it 96 h: raise training\.time_limit\.retries to at least \d",
+        out,
+    ), out[-3000:]

@@ -69,7 +69,17 @@ def _copy_workflow(dest: Path) -> Path:
     """The workflow, config, profile and demo files in a fresh directory (own results/, logs/)."""
     for name in ("workflow", "config", "profiles"):
         shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "resources" / "demo", dest / "resources" / "demo")
+    # the demo's release files only: a checkout that has run the demo also holds what its jobs
+    # extracted there (without the integrity records of results/, which are not copied)
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "resources/demo"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if tracked.returncode == 0 and tracked.stdout:
+        for name in filter(None, tracked.stdout.split("\0")):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    else:  # not a git checkout: the release files are all there is
+        shutil.copytree(REPO / "resources" / "demo", dest / "resources" / "demo")
     os.symlink("profiles/slurm", dest / "slurm")
     return dest
 
@@ -174,6 +184,39 @@ def test_gpu_training_request_gets_one_task(slurm_cluster, tmp_path):
     assert int(alloc["SNAKEMAKE_THREADS"]) == min(64, os.cpu_count()), alloc
     starts = (work / "results" / "starts.txt").read_text().splitlines()
     assert len(starts) == 1, starts
+
+
+def test_a_failed_jobs_cause_reaches_the_console_as_it_fails(slurm_cluster, tmp_path):
+    """Under the SLURM executor a job's stderr goes to its SLURM log; the workflow prints the cause
+    from the job's log when SLURM reports the job failed, while the run goes on with its other jobs
+    (keep-going), not only in the summary at its end."""
+    work = tmp_path / "failing"
+    work.mkdir()
+    shutil.copy(HERE / "failing_workflow" / "Snakefile", work / "Snakefile")
+    os.symlink(REPO / "profiles" / "slurm", work / "slurm")
+    log = work / "snakemake.out"
+    cause = "fails (jobid 1) failed: ValueError: the input is broken [log: logs/fails.log"
+    seen_while_running = None
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*SNAKEMAKE, "--profile", "slurm", *NO_ACCOUNTING], cwd=work, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 240
+            while proc.poll() is None and time.monotonic() < deadline:
+                text = log.read_text()
+                if re.search(r"fails \(jobid \d+\) failed: ValueError: the input is broken", text):
+                    seen_while_running = not (work / "results" / "slow.txt").exists()
+                    break
+                time.sleep(0.5)
+            proc.wait(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+    text = log.read_text()
+    assert seen_while_running is True, text[-4000:]
+    assert proc.returncode != 0 and (work / "results" / "slow.txt").exists(), text[-4000:]
+    assert re.search(re.escape(cause).replace("jobid 1", r"jobid \d+"), text), text[-4000:]
 
 
 def test_plugin_default_gpu_request_is_unschedulable(slurm_cluster, sbatch_line):
@@ -350,16 +393,17 @@ out = Path(sys.argv[1])
 node = slurm_nodes()[0]
 # a one-node cluster: the allocation's node twice (the head here, a worker node through srun)
 with slurm_ray_cluster(nodes=[node, node], cpus=1, gpus=0, token_file=out / "token", log_dir=out / "ray",
-                       start_timeout_s=240, grace_s=5) as (address, env):
+                       start_timeout_s=240, grace_s=5, step={"cpus": 2, "mem_mb": 3000, "gpus": 0}) as (address, env):
     job = os.environ["SLURM_JOB_ID"]
     steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True)
+    step = subprocess.run(["scontrol", "show", "step", f"{job}.0"], capture_output=True, text=True).stdout
     ray = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={address}"],
                          capture_output=True, text=True, env={**os.environ, **env})
     stranger = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     anonymous = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={address}"],
                                capture_output=True, text=True, env={**stranger, "RAY_AUTH_MODE": "token",
                                "RAY_AUTH_TOKEN": "0" * 64}, timeout=120)
-    result = {"address": address, "steps": steps.stdout.split(), "status": ray.stdout,
+    result = {"address": address, "steps": steps.stdout.split(), "step": step, "status": ray.stdout,
               "anonymous_rc": anonymous.returncode, "anonymous": anonymous.stdout + anonymous.stderr,
               "token_mode": oct(os.stat(out / "token").st_mode & 0o777)}
 (out / "result.json").write_text(json.dumps({**result, "token_left": (out / "token").exists()}))
@@ -368,7 +412,8 @@ with slurm_ray_cluster(nodes=[node, node], cpus=1, gpus=0, token_file=out / "tok
 
 def test_a_job_starts_its_ray_cluster_over_its_nodes_with_srun(slurm_cluster, tmp_path):
     """The multi-node path inside a real allocation: the head in the batch step, a worker node as
-    an `srun --overlap` step (on this single-node cluster, on the same node), both in `ray status`,
+    an `srun --overlap` step asking for its CPUs and memory (on this single-node cluster, on the
+    same node, which the job's own Ray temporary directory and ports let two nodes share), both in `ray status`,
     a client with another token refused, and everything gone when the block ends."""
     script = tmp_path / "ray_job.py"
     script.write_text(RAY_JOB)
@@ -386,6 +431,8 @@ def test_a_job_starts_its_ray_cluster_over_its_nodes_with_srun(slurm_cluster, tm
     assert (tmp_path / "result.json").exists(), job_out[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert f"{job_id}.0" in result["steps"], result["steps"]  # the worker node's srun step
+    # the step asked for its CPUs and memory (what a cluster that confines steps gives it)
+    assert "cpu=2" in result["step"] and "mem=3000M" in result["step"], result["step"]
     assert result["status"].count("1 node_") == 2, result["status"]
     assert result["anonymous_rc"] != 0, result["anonymous"]  # Ray's token authentication is on
     assert "auth" in result["anonymous"].lower() or "token" in result["anonymous"].lower(), result[

@@ -40,6 +40,11 @@ def netns_problem() -> str:
     for tool in ("unshare", "nsenter", "ip", "slurmctld", "slurmd", "munged", "sinfo", "sbatch", "srun"):
         if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
             return f"{tool} is not installed (Debian: apt-get install slurmctld slurmd slurm-client munge iproute2)"
+    if not Path("/run/munge").is_dir():  # each node's namespace mounts the cluster's munge socket there
+        return (
+            "/run/munge does not exist: the nodes mount their munge socket's directory over it "
+            "(create it with `install -d -o munge -g munge -m 0755 /run/munge`, as .ci/slurm-up.sh does)"
+        )
     probe = subprocess.run(
         ["unshare", "--net", "--uts", "--mount", "--propagation", "private", "true"],
         capture_output=True,

@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
             print(f"fake verl: crash at step {step}", flush=True)
             return 3
         time.sleep(step_s)
-        tracking.log(data={"actor/pg_loss": 1.0 / step, "search/hits": float(len(hits))}, step=step)
+        timing = {"timing_s/step": 0.5 + step, "timing_s/gen": 0.25 + step, "timing_s/update_actor": 0.125}
+        tracking.log(data={"actor/pg_loss": 1.0 / step, "search/hits": float(len(hits)), **timing}, step=step)
         stop = stop_requested()
         if step % save_freq == 0 or step == total or stop:
             folder = ckpt_dir / f"global_step_{step}"

@@ -47,7 +47,7 @@ def test_it_runs_the_projects_environment_whatever_python_the_path_finds(tmp_pat
 def test_the_steps_are_the_documented_ones_in_order():
     from spader.training.first_hour import STEPS, steps
 
-    assert [s.name for s in STEPS] == ["preflight", "plan", "calibration", "smoke"]
+    assert [s.name for s in STEPS] == ["preflight", "plan", "calibration", "smoke", "paper step"]
     planned = dict(
         (s.name, argv) for s, argv in steps(cpu=True, configfiles=["a.yaml", "b.yaml"], python="py")
     )
@@ -63,6 +63,7 @@ def test_the_steps_are_the_documented_ones_in_order():
         "b.yaml",
     ]
     assert planned["smoke"][-1] == "--dry-run" and planned["preflight"][-1] == "--cpu"
+    assert planned["paper step"][-1] == "--dry-run"
     gpu = dict((s.name, argv) for s, argv in steps(cpu=False, configfiles=["c.yaml"], python="py"))
     assert gpu["smoke"] == ["bash", "scripts/gpu_smoke.sh"] and "--cpu" not in gpu["preflight"]
     docs = (REPO / "docs" / "gpu.md").read_text()
@@ -78,10 +79,11 @@ def test_cpu_mode_runs_what_the_cpu_path_has_and_skips_the_gpu_steps():
     proc = _run("--cpu")
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    assert "== step 1/4: preflight passed" in out and "ok    verl: 0.9.1" in out
-    assert "== step 2/4: plan passed" in out and "the plan fits: every job and the DAG's disk" in out
-    assert "== step 3/4: calibration: skipped (GPU-only; run on a GPU node without --cpu)" in out
-    assert "== step 4/4: smoke passed" in out and '"trainer.device": "cuda"' in out
+    assert "== step 1/5: preflight passed" in out and "ok    verl: 0.9.1" in out
+    assert "== step 2/5: plan passed" in out and "the plan fits: every job and the DAG's disk" in out
+    assert "== step 3/5: calibration: skipped (GPU-only; run on a GPU node without --cpu)" in out
+    assert "== step 4/5: smoke passed" in out and '"trainer.device": "cuda"' in out
+    assert "== step 5/5: paper step passed" in out
     assert out.rstrip().endswith("== first hour: every step passed")
 
 
@@ -97,5 +99,8 @@ def test_it_stops_at_the_first_failing_step():
         "FAIL  sglang: sglang is not installed" in out
         and "FAIL  gpus: GPUs visible: 0 GPU(s), short of" in out
     )
-    assert "== FAILED at step 1/4: preflight (exit 1" in out and "not run: plan, calibration, smoke" in out
-    assert "== step 2/4" not in out
+    assert (
+        "== FAILED at step 1/5: preflight (exit 1" in out
+        and "not run: plan, calibration, smoke, paper step" in out
+    )
+    assert "== step 2/5" not in out

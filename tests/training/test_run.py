@@ -155,6 +155,7 @@ def _attempt(smk, fsdp_actor):
 def test_failed_attempt_then_resumed_rerun(workflow_job, fsdp_actor, monkeypatch, tmp_path):
     import mlflow
 
+    from spader.training.node import tree_gib
     from spader.training.run import TrainingError
 
     smk, commit = workflow_job
@@ -224,6 +225,22 @@ def test_failed_attempt_then_resumed_rerun(workflow_job, fsdp_actor, monkeypatch
         ("end", 2),
     ]
     assert history[1]["status"] == "failed" and history[3]["status"] == "finished"
+
+    # it measured itself: the median step after the first (steps 2-4 take 2.5, 3.5, 4.5 s), each
+    # phase, the checkpoint, the host; the plan of this job (a tiny model, no node description)
+    # has its GPU peak, and says why it has no time
+    measured, planned = final["measured"], final["planned"]
+    assert measured["step_seconds"] == 3.5 and measured["run_hours"] == 3.5 * 4 / 3600
+    assert measured["phase_seconds"] == {"generation": 3.25, "update_actor": 0.125}
+    assert measured["checkpoint_gib"] == pytest.approx(tree_gib(final["checkpoint"]), abs=1e-6)
+    assert measured["checkpoint_gib"] > 0
+    assert measured["peak_host_gib"] > 0.05 and measured["peak_gpu_gib"] is None
+    assert set(measured) - {"steps_measured"} <= set(planned), planned
+    assert planned["step_seconds"] is None and "step_seconds" in planned["reason"], planned
+    assert planned["peak_gpu_gib"] > 0 and planned["gpu_capacity_gib"] == 80, planned
+    steps = [json.loads(line) for line in (work / "measured.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "step" in r] == [1, 2, 3, 4]  # once each, across the attempts
+    assert [m.value for m in client.get_metric_history(run_id, "measured/step_seconds")] == [3.5]
 
     # what export_checkpoint merges (tests/training/test_export.py runs the merge)
     assert (Path(final["actor_dir"]) / "fsdp_config.json").is_file()

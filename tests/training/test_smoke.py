@@ -154,10 +154,13 @@ def test_the_smoke_policy_is_the_warm_start_with_its_head_untied(tiny_model, tmp
     assert torch.allclose(policy(ids).logits, warm(ids).logits, atol=1e-6)
 
 
-def _step(searches=1.0, closed=0.5, cut=0.0, lo=-1.0, hi=0.5, std=0.7, seeds=(1.0, 1.0, 1.0)):
+def _step(searches=1.0, closed=0.5, cut=0.0, lo=-1.0, hi=0.5, std=0.7, seeds=(1.0, 1.0, 1.0), errors=0.0,
+          entities=1.0, calls=0.0):  # fmt: skip
     return {
         "critic/score/mean": (lo + hi) / 2, "critic/score/min": lo, "critic/score/max": hi,
-        "episode/searches": searches, "episode/turns_closed": closed, "episode/turns_cut": cut,
+        "episode/searches": searches, "episode/searches_answered": searches - errors / 2,
+        "episode/search_errors": errors, "episode/call_errors": calls, "episode/entities": entities,
+        "episode/turns_closed": closed, "episode/turns_cut": cut,
         "episode/advantage_std": std, "episode/rollout_seed_min": seeds[0], "episode/rollout_seed_max": seeds[1],
         "episode/rollout_seeds": seeds[2],
     }  # fmt: skip
@@ -177,21 +180,68 @@ def test_the_checks_fail_on_a_run_that_does_not_search_or_stop(tmp_path):
         for step, data in bad.items():
             f.write(json.dumps({"step": step, "data": data}) + "\n")
     job = SimpleNamespace(
-        metrics_dir=metrics, training=SimpleNamespace(seed=1), final_json=tmp_path / "final.json"
-    )
+        metrics_dir=metrics, training=SimpleNamespace(seed=1), final_json=tmp_path / "final.json",
+        service_log=tmp_path / "retrieval_service.log",
+    )  # fmt: skip
     results = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}
     assert results["steps"].ok
     failed = {name for name, r in results.items() if not r.ok}
     assert failed == {
-        "searches", "turns end at a closing tag", "rewards differ", "advantages", "rollout seeds", "weights changed",
+        "searches answered", "turns end at a closing tag", "rewards differ", "advantages", "rollout seeds",
+        "service answered", "weights changed",
     }  # fmt: skip
-    assert "step 2: 0.00 per trajectory" in results["searches"].detail
+    assert "step 2: 0.00 answered of 0.00 per trajectory" in results["searches answered"].detail
+    assert "no counters of the retrieval service" in results["service answered"].detail
     assert "25% run past the tag" in results["turns end at a closing tag"].detail
     assert "2 seed(s) 1..2 (expected 1: 1..1)" in results["rollout seeds"].detail
     assert results["rollout seeds"].line().startswith("FAIL")
     # two replicas: seeds 1 and 2 are what is expected
     two = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=2)}
     assert not two["rollout seeds"].ok  # step 1 reported one seed only
+
+
+def _write_steps(metrics, steps):
+    metrics.mkdir(exist_ok=True)
+    with open(metrics / "attempt_001.jsonl", "w") as f:
+        for step, data in steps.items():
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+
+
+def test_the_search_checks_fail_on_a_run_whose_searches_all_fail(tmp_path):
+    """Every search of the run returned an error observation (a service down, parse errors): step
+    records exist, so ``episode/searches`` is 1 per trajectory, but none was answered, no entity
+    found, and the service counted failed queries. The search checks pass on a healthy run."""
+    from types import SimpleNamespace
+
+    from spader.training.smoke import check_run
+
+    job = SimpleNamespace(
+        metrics_dir=tmp_path / "metrics", training=SimpleNamespace(seed=1), final_json=tmp_path / "final.json",
+        service_log=tmp_path / "retrieval_service.log",
+    )  # fmt: skip
+    checks = ("searches answered", "service answered")
+    stats = tmp_path / "retrieval_service_stats.json"
+
+    _write_steps(job.metrics_dir, {1: _step(errors=2.0, entities=0.0), 2: _step(errors=2.0, entities=0.0)})
+    stats.write_text(json.dumps({"queries": 8, "failed_queries": 8}))
+    results = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}
+    assert [results[c].ok for c in checks] == [False, False]
+    assert (
+        "0.00 answered of 1.00 per trajectory, 2 the service failed (0 malformed call(s) of the policy), "
+        "0.00 entities" in results["searches answered"].detail
+    )
+    assert results["service answered"].detail.startswith("8 queries, 8 failed")
+
+    # answered searches that found nothing, or one failed step in a batch, fail too
+    for bad in (_step(entities=0.0), _step(searches=2.0, errors=1.0)):
+        _write_steps(job.metrics_dir, {1: _step(), 2: bad})
+        assert not {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}[checks[0]].ok
+
+    # a malformed call of the policy is the policy's, not the service's: the run passes
+    _write_steps(job.metrics_dir, {1: _step(), 2: _step(searches=2.0, calls=1.0)})
+    stats.write_text(json.dumps({"queries": 8, "failed_queries": 0}))
+    results = {r.name: r for r in check_run(job, start_model=tmp_path, replicas=1)}
+    assert [results[c].ok for c in checks] == [True, True]
 
 
 def test_two_gpus_are_used_when_visible():
@@ -215,3 +265,20 @@ def test_script_runs_the_smoke_module():
     assert os.access(script, os.X_OK)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert "-m spader.training.smoke --prepare" in script.read_text()
+
+
+def test_the_smoke_run_trains_the_packed_and_the_padded_path(tmp_path):
+    """By default both actor paths, each in a directory of its own; --padded or --packed-only one."""
+    from spader.training.smoke import _smoke_training, smoke_paths
+
+    assert smoke_paths(tmp_path, padded=False, packed_only=False) == [
+        (False, tmp_path),
+        (True, tmp_path / "padded"),
+    ]
+    assert smoke_paths(tmp_path, padded=True, packed_only=False) == [(True, tmp_path)]
+    assert smoke_paths(tmp_path, padded=False, packed_only=True) == [(False, tmp_path)]
+    config = resolved_config(*DEMO, verl_config_dir=REPO / "config" / "verl")
+    padded = _smoke_training(config, REPO, gpus=1, device="cuda", padded=True)
+    packed = _smoke_training(config, REPO, gpus=1, device="cuda", padded=False)
+    assert padded["remove_padding"] is False and packed["remove_padding"] is True
+    assert packed["max_token_len_per_gpu"] and not padded.get("max_token_len_per_gpu")

@@ -65,3 +65,24 @@ def test_entities_per_trajectory_count_distinct_hits_over_steps():
     assert metrics["episode/entities"] == pytest.approx(3 / 3)  # 3 + 0 + 0 over three trajectories
     assert metrics["episode/searches"] == pytest.approx(3 / 3)
     assert math.isnan(metrics["episode/format_valid"])  # no reward verdict in these rows
+
+
+def test_searches_the_service_failed_are_counted_apart_from_the_policys_malformed_calls():
+    """``episode/searches`` counts every step record; ``episode/searches_answered`` only those the
+    service answered, ``search_errors`` those it failed, ``call_errors`` the policy's malformed calls."""
+    from spader.integrations.verl.search_tool import SERVICE_ERROR
+
+    extra = [
+        {
+            STEPS_KEY: [
+                {"turn": 1, "queries": 1, "hits": [0]},
+                {"turn": 2, "queries": 0, "error": "no queries"},
+            ]
+        },
+        {STEPS_KEY: [{"turn": 1, "queries": 2, "hits": [], "error": f"{SERVICE_ERROR} (ConnectError)"}]},
+    ]
+    batch = SimpleNamespace(keys=list("ab"), partition_id="train", tags=[{}, {}])
+    metrics = episode_metrics(batch, FakeTransferQueue(extra))
+    assert metrics["episode/searches"] == pytest.approx(3 / 2)
+    assert metrics["episode/searches_answered"] == pytest.approx(1 / 2)
+    assert (metrics["episode/search_errors"], metrics["episode/call_errors"]) == (1.0, 1.0)

@@ -69,6 +69,22 @@ def test_demo_writes_the_tables(demo):
     assert (demo["work"] / "results/demo/data/verl/train.parquet").exists()
 
 
+def test_every_demo_training_measured_itself_beside_its_plan(demo):
+    """Each training's final.json has a measured and a planned section with the same keys: the
+    measured step seconds and checkpoint size of the CPU run, and, the plan modelling GPU jobs only,
+    a planned section of nulls that says why (docs/gpu.md, "A training measures itself")."""
+    import json
+
+    finals = sorted((demo["work"] / "results/demo/train").glob("*/final.json"))
+    assert finals
+    for path in finals:
+        final = json.loads(path.read_text())
+        measured, planned = final["measured"], final["planned"]
+        assert {"step_seconds", "checkpoint_gib", "peak_host_gib"} <= set(measured) & set(planned), path
+        assert measured["step_seconds"] > 0 and measured["checkpoint_gib"] > 0, (path, measured)
+        assert planned["step_seconds"] is None and "CPU run has no plan" in planned["reason"], (path, planned)
+
+
 def test_demo_sets_the_authors_run_beside_the_default_run(demo):
     """The README's second command: the prompting baselines evaluated with config/authors.yaml in
     results/runs/authors/, on the default run's index and data and a warm start of its own (the

@@ -13,7 +13,7 @@ from spader.config import (
     verl_config_dir,
 )
 from spader.dag import Jobs, TrainingResources, start
-from spader.infra.failures import JobErrors
+from spader.infra.failures import console_causes
 from spader.infra.named_runs import summary
 from spader.infra.replace_guard import guard_message, unintended_replacements
 from spader.infra.rerun_keys import canonical
@@ -82,7 +82,9 @@ if SHARED:
 # The jobs of the DAG: their inputs, params (what reruns them, spader.infra.rerun_keys), models,
 # shared training runs and table rows (spader.dag), and what a training job asks for.
 JOBS = Jobs(CONFIG, REPO, VERL_CONFIG_DIR, own_stages=OWN_STAGES, shared=SHARED)
-TRAINING = TrainingResources(JOBS)
+TRAINING = TrainingResources(
+    JOBS, TrainingResources.profile_max_runtime(workflow.resource_settings.overwrite_resources)
+)
 SUITE = CONFIG.suite
 stage = JOBS.stage
 
@@ -152,8 +154,8 @@ def check_before_start():
 
 # What Snakemake logs of a failed job's process (a script killed by a signal): the cause of a job
 # killed outright, which cannot write one (spader.infra.failures.JobErrors).
-JOB_ERRORS = JobErrors()
-logger.addHandler(JOB_ERRORS)
+# Under a cluster executor a job's stderr is its cluster log: its cause is echoed as it fails.
+JOB_ERRORS = console_causes(logger, workflow)
 
 
 def _said_of(job):

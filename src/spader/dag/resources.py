@@ -11,6 +11,7 @@ from typing import Any
 
 from spader.config import Config
 from spader.planning.plan import load_record, plan_config
+from spader.training.allocation import memory_cap_warning, time_limit_problems
 from spader.training.stop import slurm_signal_option
 
 from .jobs import Jobs
@@ -18,14 +19,29 @@ from .jobs import Jobs
 log = logging.getLogger(__name__)
 
 
+class AllocationError(ValueError):
+    """A training cannot finish within its retries' allocations under the partition's limit."""
+
+
 class TrainingResources:
     """The resources of the training jobs of ``dag``; the jobs are planned together, once, when
     the first job's request is asked for."""
 
-    def __init__(self, dag: Jobs) -> None:
+    def __init__(self, dag: Jobs, max_runtime: int | None = None) -> None:
+        """``max_runtime``: the partition's time limit in minutes that the profile states for rule
+        ``train_policy`` (:meth:`profile_max_runtime`), None without one."""
         self.dag = dag
         self.config: Config = dag.config
+        self.max_runtime = max_runtime
         self._planned: dict[str, tuple[int | None, int]] | None = None
+
+    @staticmethod
+    def profile_max_runtime(overwrite_resources: Mapping[str, Any]) -> int | None:
+        """The ``max_runtime`` (minutes) the profile's set-resources gives rule ``train_policy``
+        (``overwrite_resources``: Snakemake's resource settings), None without one."""
+        limit = (overwrite_resources.get("train_policy") or {}).get("max_runtime")
+        cap = getattr(limit, "value", limit)
+        return None if cap is None or callable(cap) else int(cap)
 
     def nodes(self, wildcards) -> int:
         """Nodes of the variant's training job: variants.<name>.nodes, else training.nodes."""
@@ -47,9 +63,8 @@ class TrainingResources:
         (``overwrite_resources``: Snakemake's resource settings; a profile cannot set config values
         without taking ``--config`` away from the command line)."""
         estimate = self.config.training.time_limit.estimate_minutes(wildcards.variant)
-        limit = (overwrite_resources.get("train_policy") or {}).get("max_runtime")
-        cap = getattr(limit, "value", limit)
-        return estimate if cap is None or callable(cap) else min(estimate, int(cap))
+        cap = self.profile_max_runtime(overwrite_resources)
+        return estimate if cap is None else min(estimate, cap)
 
     def retries(self, remote_exec: bool) -> int:
         """training.time_limit.retries for the Snakemake process that schedules jobs; none inside a
@@ -100,7 +115,36 @@ class TrainingResources:
                 planned[job.name] = (job.threads, job.mem_mb)
                 for problem in job.problems:
                     log.warning(f"{job.name}: {problem} (spader plan)")
+                self._check_allocation(job)
         return planned
+
+    def _check_allocation(self, job: Any) -> None:
+        """Warn a capped memory request; under a profile that states the partition's time limit,
+        refuse a run that cannot finish within its retries' allocations
+        (:mod:`spader.training.allocation`).
+
+        Raises:
+            AllocationError: naming the run's planned hours and the allocations it would get.
+        """
+        cap_warning = memory_cap_warning(job, job.mem_mb)
+        if cap_warning:
+            log.warning(cap_warning)
+        if self.max_runtime is None:
+            return
+        variant = job.name.split("/", 1)[1]
+        time_limit = self.config.training.time_limit
+        refusal, warning = time_limit_problems(
+            job.name,
+            run_hours=(job.run_hours(), job.run_hours(end="high")),
+            allocation_minutes=min(time_limit.estimate_minutes(variant), self.max_runtime),
+            retries=time_limit.retries,
+            limit_source=f"training.time_limit.hours of {variant}, capped by the profile's max_runtime "
+            f"{self.max_runtime} min",
+        )
+        if refusal:
+            raise AllocationError(refusal)
+        if warning:
+            log.warning(warning)
 
     def executor_error(self, jobs: Any, local_exec: bool) -> str | None:
         """Why a multi-node training job among ``jobs`` (those a run would execute) cannot run when

@@ -7,6 +7,8 @@ cluster the job's own stderr goes to a SLURM log. So:
 * the job glue ends a failed job's log with one marked line, ``<rule> failed: <cause>``
   (:func:`one_line` of the exception), and writes the same line to the job's original stderr,
   which is the console of a local run;
+* under a cluster executor, where a job's stderr goes to its cluster log, the workflow prints that
+  line from the job's log when Snakemake reports the job failed (:class:`JobErrors` with ``echo``);
 * at the end of a failed run, the workflow's ``onerror`` hook prints, for every job that failed
   for good, that line from its log (:func:`failure_report`). A job killed outright writes nothing
   (SIGKILL, as the kernel's out-of-memory killer sends it, cannot be caught): its cause is what
@@ -22,10 +24,19 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["FAILED_MARK", "JobErrors", "cause_in_log", "failure_report", "one_line", "process_cause"]
+__all__ = [
+    "FAILED_MARK",
+    "JobErrors",
+    "cause_in_log",
+    "console_causes",
+    "failure_report",
+    "one_line",
+    "process_cause",
+]
 
 #: What precedes the cause in a failed job's marked log line (``<rule> failed: <cause>``).
 FAILED_MARK = " failed: "
@@ -33,6 +44,7 @@ _MARKED = re.compile(r"\bERROR spader\.failure: (\S+) failed: (.+)$")
 # the last line of a Python traceback: "package.module.SomeError: message"
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Fatal|Exit|Interrupt|Terminated)\w*): (.+)$")
 _MAX_CHARS = 400
+NO_CAUSE = "no cause recorded in its log"
 
 
 def one_line(exc: BaseException) -> str:
@@ -94,12 +106,20 @@ def process_cause(said: str | None) -> str | None:
 class JobErrors(logging.Handler):
     """A handler for Snakemake's logger that keeps, per failed job (by its id), the error Snakemake
     logged just before reporting the job: for a script job, how its process ended. Snakemake logs
-    both from the thread that saw the job end, the error first."""
+    both from the thread that saw the job end, the error first.
 
-    def __init__(self) -> None:
+    With ``echo`` (and ``when()`` true: a cluster executor, whose jobs' stderr goes to their
+    cluster logs, not to this console), it also gives each failed job's cause to ``echo`` the moment
+    Snakemake reports the job (:meth:`cause_line`), not only in the summary at the end of a run
+    that goes on with its other jobs (``keep-going``) for days."""
+
+    def __init__(
+        self, echo: Callable[[str], Any] | None = None, when: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__(level=logging.ERROR)
         self._last: dict[int, str] = {}
         self.said: dict[int, str] = {}
+        self.echo, self.when = echo, when
 
     def emit(self, record: logging.LogRecord) -> None:
         event = getattr(getattr(record, "event", None), "name", None)
@@ -108,8 +128,36 @@ class JobErrors(logging.Handler):
             text = self._last.pop(thread, None)
             if text is not None and getattr(record, "jobid", None) is not None:
                 self.said[record.jobid] = text
+            if self.echo is not None and (self.when is None or self.when()):
+                self.echo(self.cause_line(record, text))
         elif event == "ERROR":
             self._last[thread] = record.getMessage()
+
+    @staticmethod
+    def cause_line(record: logging.LogRecord, said: str | None = None) -> str:
+        """``<rule> (jobid <n>) failed: <cause> [log: ...]`` of Snakemake's report of a failed job:
+        the cause from its logs (the job's log and the cluster's, which Snakemake names with it),
+        else what Snakemake or the executor said of it (a SLURM state such as TIMEOUT)."""
+        logs = [str(f).split(" (", 1)[0] for f in (getattr(record, "log", None) or [])]
+        label = f"jobid {getattr(record, 'jobid', '?')}"
+        (line,) = failure_report([(str(getattr(record, "rule_name", "?")), label, logs, said)])
+        msg = getattr(record, "rule_msg", None)
+        if msg and NO_CAUSE in line:
+            line = line.replace(NO_CAUSE, " ".join(str(msg).split())[:_MAX_CHARS], 1)
+        return line.replace(f" ({label}): ", f" ({label}) failed: ", 1)
+
+
+def console_causes(logger: logging.Logger, workflow: Any) -> JobErrors:
+    """The workflow's :class:`JobErrors` on Snakemake's ``logger``, echoing a failed job's cause as
+    it fails when ``workflow`` runs its jobs through a cluster executor (not on this machine)."""
+
+    def cluster() -> bool:
+        settings = getattr(getattr(workflow, "executor_plugin", None), "common_settings", None)
+        return not getattr(settings, "local_exec", True)
+
+    handler = JobErrors(echo=logger.error, when=cluster)
+    logger.addHandler(handler)
+    return handler
 
 
 def failure_report(
@@ -130,5 +178,5 @@ def failure_report(
         )
         where = f" [log: {', '.join(map(str, logs))}]" if logs else ""
         label = f"{rule} ({wildcards})" if wildcards else rule
-        lines.append(f"{label}: {cause or 'no cause recorded in its log'}{where}")
+        lines.append(f"{label}: {cause or NO_CAUSE}{where}")
     return lines

@@ -384,13 +384,16 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _log_stats(url: str) -> None:
+def _log_stats(url: str, stats_file: Path | None = None) -> None:
     """Log the service's counters before it stops: how many of the job's queries repeated an
-    earlier one (served from the cache or shared while in flight) is measured here, per job."""
+    earlier one (served from the cache or shared while in flight) is measured here, per job; and
+    keep them in ``stats_file`` (its failed queries are what the GPU smoke test reads)."""
     import httpx
 
     try:
         stats = httpx.get(f"{url}/stats", timeout=5.0, trust_env=False).json()
+        if stats_file is not None:
+            stats_file.write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         queries = max(1, int(stats["queries"]))
         reused = int(stats["cache"]["hits"]) + int(stats["coalesced"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
@@ -489,9 +492,14 @@ def running_service(
             yield url
         finally:
             if url is not None:
-                _log_stats(url)
+                _log_stats(url, stats_path(log_path) if log_path else None)
             _stop(proc)
             log.info("retrieval service for %s stopped", index_dir)
+
+
+def stats_path(log_path: str | os.PathLike) -> Path:
+    """Where :func:`running_service` keeps the service's final counters, next to its log."""
+    return Path(log_path).with_name(Path(log_path).stem + "_stats.json")
 
 
 @contextlib.contextmanager

@@ -1,11 +1,11 @@
-"""The first hour on a GPU node, as one command: preflight, plan, calibration, smoke test, in order,
-stopping at the first failure (``spader first-hour``, which ``scripts/gpu_first_hour.sh`` runs with
-the project's environment; docs/gpu.md, "The first hour").
+"""The first hour on a GPU node, as one command: preflight, plan, calibration, smoke test, one step at
+the paper's shape, in order, stopping at the first failure (``spader first-hour``, which
+``scripts/gpu_first_hour.sh`` runs with the project's environment; docs/gpu.md, "The first hour").
 
 Each :class:`HourStep` is a command of the project run as its own process from the repository root,
 with what it prints when it passes and how long it takes. ``--cpu`` runs the steps a machine
 without GPUs can run on its CPU path (the preflight's CPU checks, the plan, the smoke test's dry
-run) and skips the GPU-only ones with a line that says so. Every step runs this interpreter
+run, the paper step's dry run) and skips the GPU-only ones with a line that says so. Every step runs this interpreter
 (``scripts/gpu_first_hour.sh`` starts it with the project's ``.venv/bin/python``).
 """
 
@@ -81,6 +81,15 @@ STEPS = (
         "the inputs built by the CPU rules, two training steps with sglang, then `ok` for steps, searches, "
         "turns ending at a closing tag, rewards that differ, advantages, rollout seeds and changed weights",
         "15-25 minutes (the warm start on the CPU about 3, the training a few)",
+    ),
+    HourStep(
+        "paper step",
+        ("{python}", "-m", "spader.training.paper_step", "{configfiles}"),
+        ("{python}", "-m", "spader.training.paper_step", "{configfiles}", "--dry-run"),
+        "one SPADER step on Qwen3-8B at the paper's shape (every visible GPU, rollout TP 2): its measured "
+        "step seconds, phases, GPU and host peaks and checkpoint beside the plan's, exit 1 when over the plan "
+        "by training.over_plan_factor; skipped with one line where the weights, data or index are not there yet",
+        "15-30 minutes (loading Qwen3-8B, one step of the paper's batch, its checkpoint)",
     ),
 )
 

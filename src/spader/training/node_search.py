@@ -42,7 +42,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,12 +310,14 @@ class NodeReplicas:
         ]
 
 
-def _start_replica(replicas: NodeReplicas, node: str, spec: Path) -> subprocess.Popen:
-    """The ``node_search`` step of ``node`` (``srun``) serving ``spec``; returns its process."""
+def _start_replica(replicas: NodeReplicas, node: str, spec: Path, step: Mapping[str, int] | None = None
+                   ) -> subprocess.Popen:  # fmt: skip
+    """The ``node_search`` step of ``node`` (``srun``, asking for ``step``) serving ``spec``; returns
+    its process."""
     from spader.training.ray_cluster import srun_on
 
     argv = [
-        *srun_on(node),
+        *srun_on(node, **(step or {})),
         sys.executable,
         "-m",
         "spader.training.node_search",
@@ -347,6 +349,7 @@ def node_replicas(
     directory: str | os.PathLike,
     check_s: float | None = None,
     grace_s: float = 30.0,
+    step: Mapping[str, int] | None = None,
 ) -> Iterator[NodeReplicas]:
     """Start a retrieval replica on each of ``nodes`` (steps of this allocation); stop them on exit.
 
@@ -365,6 +368,8 @@ def node_replicas(
             :data:`spader.training.watch.SERVICE_CHECK_S`).
         grace_s: seconds the replicas get to stop after the stop file, and between SIGTERM and
             SIGKILL after that.
+        step: what each replica's step asks SLURM for (CPUs, memory:
+            :func:`spader.training.ray_cluster.step_request`; None: SLURM's default).
     """
     from spader.training.watch import SERVICE_CHECK_S
 
@@ -385,7 +390,7 @@ def node_replicas(
     )
     try:
         for node in nodes:
-            replicas.procs.append(_start_replica(replicas, node, spec))
+            replicas.procs.append(_start_replica(replicas, node, spec, step))
             log.info("retrieval replica on %s starting (log %s)", node, replicas.log_path(node))
         yield replicas
     finally:

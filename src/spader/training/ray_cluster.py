@@ -38,8 +38,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from spader.infra.procs import supervised_argv
@@ -48,16 +49,19 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "LOOPBACK_ENV",
+    "allocation_steps",
     "auth_env",
     "interface_of",
     "judge_node",
     "loopback_env",
     "node_address",
     "ray_for_job",
+    "ray_temp_dir",
     "route_address",
     "slurm_nodes",
     "slurm_ray_cluster",
     "srun_on",
+    "step_request",
     "training_nodes",
     "wait_for_nodes",
 ]
@@ -106,6 +110,15 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def ray_temp_dir() -> Path:
+    """A temporary directory of this job's own for Ray (its sessions, logs, sockets): Ray's default,
+    ``/tmp/ray``, is one per machine, which two jobs on one node would share (``session_latest``,
+    the address file a driver connects through). Short, under the node's temporary directory
+    (``TMPDIR``, often the allocation's own): Ray's socket paths must stay under 108 bytes."""
+    tag = os.environ.get("SLURM_JOB_ID") or "local"
+    return Path(tempfile.mkdtemp(prefix=f"spader-ray-{tag}-"))
+
+
 def _ray_executable() -> list[str]:
     cli = Path(sys.executable).with_name("ray")
     return [str(cli)] if cli.exists() else [shutil.which("ray") or "ray"]
@@ -139,9 +152,14 @@ def slurm_nodes(environ=None) -> list[str]:
     return out.stdout.split()
 
 
-def srun_on(node: str, *, gpus: int = 0) -> list[str]:
+def srun_on(node: str, *, gpus: int = 0, cpus: int | None = None, mem_mb: int | None = None) -> list[str]:
     """The prefix that runs a command as a step of this allocation on ``node`` alone (sharing the
-    node's resources with the job's other steps; the step ends when the job does)."""
+    node's resources with the job's other steps, ``--overlap``; the step ends when the job does).
+
+    A cluster that confines steps (``TaskPlugin=task/cgroup``, ``task/affinity``) gives a step only
+    what it asks for: one CPU and, with ``DefMemPerCPU``, that CPU's memory by default. So a step
+    asks for ``cpus`` CPUs and ``mem_mb`` of memory (``--mem=0``: all of the job's memory on the
+    node) and its GPUs (:func:`allocation_steps`)."""
     return [
         "srun",
         "--nodes=1",
@@ -149,8 +167,34 @@ def srun_on(node: str, *, gpus: int = 0) -> list[str]:
         f"--nodelist={node}",
         "--overlap",
         "--kill-on-bad-exit=1",
+        *([f"--cpus-per-task={int(cpus)}"] if cpus else []),
+        *([f"--mem={int(mem_mb)}M"] if mem_mb is not None else []),
         *([f"--gres=gpu:{gpus}"] if gpus > 0 else []),
     ]
+
+
+def step_request(job, *, gpus: int = 0) -> dict[str, int]:
+    """What a step the training ``job`` starts inside its allocation asks SLURM for: the job's CPUs
+    and memory per node (its ``threads`` and ``mem_mb``, as the rule asked for them: the steps
+    overlap, so each may use what the job holds on its node, and the job's own limit bounds them
+    together; ``mem_mb`` unknown: ``--mem=0``, all of the job's memory there) and ``gpus``."""
+    mem = getattr(job, "mem_mb", None)
+    return {"cpus": int(job.threads), "mem_mb": int(mem) if mem else 0, "gpus": int(gpus)}
+
+
+def allocation_steps(job, nodes: Sequence[str]) -> dict[str, list[str]]:
+    """Every step a multi-node training ``job`` starts inside its allocation over ``nodes`` (first
+    node first), by name, with the ``srun`` prefix that starts it: each training node's retrieval
+    replica, each other training node's Ray worker (the node's GPUs), the judge's node (the
+    judge's GPUs)."""
+    train = list(nodes[: job.train_nodes])
+    steps = {f"retrieval replica on {n}": srun_on(n, **step_request(job)) for n in train}
+    for n in train[1:]:
+        steps[f"Ray worker on {n}"] = srun_on(n, **step_request(job, gpus=job.workers))
+    if job.judge_node and len(nodes) > job.train_nodes:
+        judge = nodes[job.train_nodes]
+        steps[f"judge on {judge}"] = srun_on(judge, **step_request(job, gpus=job.scorer.judge_gpus))
+    return steps
 
 
 def node_address(node: str) -> str:
@@ -185,7 +229,7 @@ def judge_node(job):
     return JudgeNode(
         name=name,
         address=node_address(name),
-        launcher=tuple(srun_on(name, gpus=gpus)),
+        launcher=tuple(srun_on(name, **step_request(job, gpus=gpus))),
         gpus=tuple(str(i) for i in range(gpus)),
     )
 
@@ -279,6 +323,15 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
+def _node_args(cpus: int, gpus: int, temp_dir: Path) -> list[str]:
+    """``ray start`` arguments of every node: its resources, the job's own temporary directory (the
+    same path on every node) and every node's dashboard agent on a free port (Ray's default, 52365,
+    is one per machine), so that two jobs sharing a node cannot collide (the head's GCS and client
+    ports are chosen free too)."""
+    return ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block",
+            f"--temp-dir={temp_dir}", "--dashboard-agent-listen-port=0"]  # fmt: skip
+
+
 def _write_token(token_file: Path) -> None:
     """Write a fresh random cluster token to ``token_file`` (mode 0600)."""
     token_file.parent.mkdir(parents=True, exist_ok=True)
@@ -310,12 +363,13 @@ def _start_head(head_ip: str, port: int, common: list[str], env: dict[str, str],
 
 
 def _start_worker(node: str, address: str, common: list[str], env: dict[str, str], log_dir: Path,
-                  grace_s: float) -> subprocess.Popen:  # fmt: skip
-    """A worker node's ``ray start`` on ``node`` (``srun``), under the process supervisor; returns its process."""
+                  grace_s: float, step: Mapping[str, int] | None = None) -> subprocess.Popen:  # fmt: skip
+    """A worker node's ``ray start`` on ``node`` (``srun``, asking for ``step``: :func:`step_request`),
+    under the process supervisor; returns its process."""
     worker = [*_ray_executable(), "start", f"--address={address}", *common]
     with open(log_dir / f"ray_{node}.log", "ab") as out:
         proc = subprocess.Popen(
-            [*srun_on(node), sys.executable, "-m", "spader.infra.procs", "--grace", str(grace_s),
+            [*srun_on(node, **(step or {})), sys.executable, "-m", "spader.infra.procs", "--grace", str(grace_s),
              "--", *worker],
             env={**os.environ, **env},
             stdout=out,
@@ -358,6 +412,7 @@ def slurm_ray_cluster(
     start_timeout_s: float = 600.0,
     grace_s: float = 30.0,
     worker_starts: int = 3,
+    step: Mapping[str, int] | None = None,
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """A Ray cluster over the allocation's ``nodes``: the head here (``nodes[0]``), a worker node on
     each other one (``srun``), all stopped on exit.
@@ -371,6 +426,7 @@ def slurm_ray_cluster(
         start_timeout_s: how long the nodes may take to join.
         grace_s: seconds between SIGTERM and SIGKILL when the cluster stops.
         worker_starts: how often a worker node's ``ray start`` is tried.
+        step: what a worker node's step asks SLURM for (:func:`step_request`; None: SLURM's default).
     Yields:
         ``(address, env)``: the head's ``host:port`` and the environment a driver needs.
     """
@@ -384,14 +440,15 @@ def slurm_ray_cluster(
     env = auth_env(token_file=token_file)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    common = ["--num-cpus", str(int(cpus)), "--num-gpus", str(int(gpus)), "--disable-usage-stats", "--block"]
+    common = _node_args(cpus, gpus, temp_dir := ray_temp_dir())
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(_start_head(head_ip, port, common, env, log_dir, grace_s))
+        client = [f"--ray-client-server-port={_free_port(head_ip)}"]
+        procs.append(_start_head(head_ip, port, [*common, *client], env, log_dir, grace_s))
         log.info("Ray head on %s at %s (log %s)", nodes[0], address, log_dir / "ray_head.log")
 
         def start_worker(node: str) -> subprocess.Popen:
-            return _start_worker(node, address, common, env, log_dir, grace_s)
+            return _start_worker(node, address, common, env, log_dir, grace_s, step)
 
         for node in nodes[1:]:
             procs.append(start_worker(node))
@@ -403,6 +460,7 @@ def slurm_ray_cluster(
         _stop(procs, grace_s)
         with contextlib.suppress(FileNotFoundError):
             token_file.unlink()
+        shutil.rmtree(temp_dir, ignore_errors=True)
         log.info("Ray cluster at %s stopped", address)
 
 
@@ -420,11 +478,13 @@ def ray_for_job(job) -> Iterator[tuple[list[str], dict[str, str]]]:
         return
     if job.train_nodes <= 1:
         rendezvous = job.workdir / f"torch_rendezvous_{secrets.token_hex(8)}"
-        try:
-            yield [], loopback_env(rendezvous)
+        temp_dir = ray_temp_dir()
+        try:  # its ports are chosen free by Ray (a private instance asks for none of its own)
+            yield [f"++ray_kwargs.ray_init._temp_dir={temp_dir}"], loopback_env(rendezvous)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 rendezvous.unlink()
+            shutil.rmtree(temp_dir, ignore_errors=True)
         return
     from spader.training.launch import ray_cpu_slots
 
@@ -439,6 +499,7 @@ def ray_for_job(job) -> Iterator[tuple[list[str], dict[str, str]]]:
         gpus=gpus,
         token_file=job.workdir / "ray_auth_token",
         log_dir=job.workdir / "ray",
+        step=step_request(job, gpus=gpus),
     ) as (address, env):
         # gloo and NCCL talk over the interface the nodes share, not over every interface
         iface = interface_of(address.rsplit(":", 1)[0])

@@ -60,7 +60,7 @@ from spader.config.model import (
 from spader.infra.atomic import atomic_write
 from spader.infra.glue import overlay, retrieval_settings
 from spader.infra.procs import STOP_REQUEST_ENV, Terminated, deferring_workflow_loss
-from spader.infra.tracking import MlflowSettings, config_hash, fingerprint
+from spader.infra.tracking import MlflowSettings, config_hash, fingerprint, log_metrics
 from spader.integrations.verl.device import device_overrides
 from spader.integrations.verl.overrides import agent_overrides
 from spader.training.checkpoints import (
@@ -91,6 +91,15 @@ from spader.training.lineage import (
     record_attempt,
     retry_refusal,
     verl_tracking_env,
+)
+from spader.training.measure import (
+    SelfMeasure,
+    flat_metrics,
+    measured_section,
+    planned_section,
+    read_planned,
+    recorded_host_peak,
+    write_planned,
 )
 from spader.training.preflight import PreflightError, check_job_memory, check_retrieval, static_checks
 from spader.training.scorer_launch import ScorerLaunch, judge_endpoint, judge_settings, scorer_launch
@@ -179,6 +188,9 @@ class TrainJob:
     # config.yaml `hardware` (operational, no param): the node a GPU job is planned for; with it the
     # job plans its time, save cadence, host memory and disk and checks the node it landed on
     hardware: HardwareConfig | None = None
+    # memory (MB) the job asked for on each node (the rule's mem_mb): what the steps it starts
+    # inside its allocation ask SLURM for (spader.training.ray_cluster.step_request)
+    mem_mb: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.retrieval, Mapping):
@@ -224,6 +236,7 @@ class TrainJob:
             workdir=Path(params.workdir),
             final_json=Path(smk.output.final),
             threads=int(smk.threads),
+            mem_mb=_mem_mb(smk),
             log_path=Path(smk.log[0]) if len(smk.log) else None,
             params_hash=config_hash(dict(params.items())),
             tracking_uri=settings.tracking_uri if settings else None,
@@ -311,6 +324,11 @@ class TrainJob:
     def train_nodes(self) -> int:
         """Nodes verl trains on (``trainer.nnodes``): the job's, less the judge's own."""
         return self.training.nodes - (1 if self.judge_node else 0)
+
+
+def _mem_mb(smk) -> int | None:
+    value = getattr(getattr(smk, "resources", None), "mem_mb", None)
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def _optional(inputs, name: str) -> Path | None:
@@ -544,6 +562,7 @@ def prepare_launch(
         if resized.overrides != plan.overrides:
             plan, cfg = resized, compose_config(resized)
     planned = check_job_memory(job, cfg)  # the plan of this launch; refuses one that does not fit
+    write_planned(job.workdir, planned_section(planned[0] if planned else None, device=job.device))
     every = planned_save_every(planned, cfg)
     if every is not None:
         log.info("%s: saving every %d steps (its plan; training.save_freq is %s)", job.run_name, every,
@@ -723,13 +742,19 @@ def train(
         ):
             argv = [*plan.argv, *ray_overrides, *judge_overrides]
             log.info("launching verl: %s", " ".join(argv))
-            rc = run_supervised(
-                argv,
-                env={**plan.env, **judge_env, **ray_env},
-                output=log_stream(),
-                signals=(signal.SIGINT, signal.SIGHUP),
-                started=watch.attach,
-            )
+            with SelfMeasure(
+                job.workdir,
+                factor=job.training.over_plan_factor,
+                stop=stop.request if job.training.stop_when_over_plan else None,
+                name=job.run_name,
+            ):
+                rc = run_supervised(
+                    argv,
+                    env={**plan.env, **judge_env, **ray_env},
+                    output=log_stream(),
+                    signals=(signal.SIGINT, signal.SIGHUP),
+                    started=watch.attach,
+                )
     return TrainResult(rc, watch.kind, watch.reason, stop.reason)
 
 
@@ -765,6 +790,7 @@ def search_services(job: TrainJob, service: Callable | None = None) -> Iterator[
     from spader.retrieval.backend import SearchSettings
     from spader.retrieval.service import reranker_on_job_gpus
     from spader.training.node_search import SEARCH_DIR, node_replicas
+    from spader.training.ray_cluster import step_request
     from spader.training.watch import ServiceHealth
 
     gpus = job.backbone_spec.gpus if job.device == "cuda" else 0
@@ -780,6 +806,7 @@ def search_services(job: TrainJob, service: Callable | None = None) -> Iterator[
             threads=threads,
             max_error_rate=max_error_rate,
             directory=job.workdir / SEARCH_DIR,
+            step=step_request(job),
         ) as replicas:
             urls = replicas.wait_ready()
             log.info("retrieval replicas: %s", ", ".join(f"{h} {u}" for h, u in sorted(urls.items())))
@@ -926,6 +953,15 @@ def _status(exc: BaseException) -> str:
     return "failed"
 
 
+def measured_and_planned(job: TrainJob, steps: Mapping[int, dict], ckpt: Checkpoint) -> dict[str, dict]:
+    """``final.json``'s ``measured`` and ``planned`` sections (:mod:`spader.training.measure`)."""
+    planned = read_planned(job.workdir) or planned_section(None, device=job.device)
+    measured = measured_section(
+        steps, checkpoint=ckpt.path, host_gib=recorded_host_peak(job.workdir), total_steps=ckpt.step
+    )
+    return {"measured": measured, "planned": planned}
+
+
 def finalize(job: TrainJob, link: RunLink, attempt: Attempt) -> dict:
     """Write ``final.json`` of a finished training and log it with the attempt's files."""
     ckpt = latest_checkpoint(job.ckpt_dir)
@@ -959,8 +995,10 @@ def finalize(job: TrainJob, link: RunLink, attempt: Attempt) -> dict:
         "resumed_from_step": attempt.resume_step,
         "metrics": metrics,
         "val_metrics": val_metrics,
+        **measured_and_planned(job, steps, ckpt),
     }
     _write_json(job.final_json, final)
+    log_metrics(flat_metrics(final))
     link.log_artifacts(
         [
             job.final_json,

@@ -9,16 +9,18 @@ retrieval service, composed verl command, checkpoints, final.json); :data:`SMOKE
 trains on the CPU with the transformers rollout replica): ``training.device: cuda``,
 ``training.rollout_backend: sglang``, the paper config's ``training.max_response_length`` as the
 episode's budget, and the packed actor path (``training.remove_padding`` with a token cap;
-``--padded`` runs the padded one).
+then the padded one (``training.remove_padding: false``) in ``<out>/padded``; ``--padded`` or
+``--packed-only`` runs one of them).
 
 The policy is the demo's warm-started tiny Qwen3 (rule ``warmstart_policy``: it searches, reads
 and answers in the agent's format, ending its turns on the closing tags), copied with its output
 projection untied by :func:`build_smoke_policy`, so that FSDP2 shards it as a unit of its own as
 for Qwen3-8B and Llama-3.1-8B. After the run, :func:`check_run` reads its per-step metrics and
-checkpoint and requires, at every step: searches, turns that end at a closing tag and none that
+checkpoint and requires, at every step: searches the service answered (entities found, no search
+step the service failed; a malformed call of the policy is the policy's), turns that end at a closing tag and none that
 sglang ran past (sglang stops at the stop strings itself), rewards that differ and non-zero
-advantages, the seeds sglang's servers report (the training seed + each replica's rank); and
-weights that changed. With two or more GPUs visible it trains on two (FSDP2's collectives over
+advantages, the seeds sglang's servers report (the training seed + each replica's rank); the
+retrieval service's own count of failed queries at 0; and weights that changed. With two or more GPUs visible it trains on two (FSDP2's collectives over
 NCCL, two sglang replicas with their own seeds). ``scripts/gpu_smoke.sh`` runs::
 
     python -m spader.training.smoke --prepare --out results/gpu_smoke  # inputs via Snakemake, train, check
@@ -298,8 +300,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="compose and check the verl command, print it, stop"
     )
     parser.add_argument(
-        "--padded", action="store_true", help="the padded actor path instead of the packed one"
+        "--padded",
+        action="store_true",
+        help="the padded actor path only (default: the packed, then the padded)",
     )
+    parser.add_argument("--packed-only", action="store_true", help="the packed actor path only")
     parser.add_argument(
         "--gpus",
         type=int,
@@ -352,6 +357,29 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(printed, indent=2))  # noqa: T201
         return 0
 
+    failed = 0
+    for padded, out in smoke_paths(args.out, padded=args.padded, packed_only=args.packed_only):
+        path_job = (
+            job if out == Path(args.out) else smoke_job(config, out, root=root, gpus=gpus, padded=padded)
+        )
+        if not (path_job.model_dir / "config.json").is_file():
+            build_smoke_policy(warm, path_job.model_dir)
+        failed += _train_and_check(path_job, gpus, "padded" if padded else "packed")
+    return 1 if failed else 0
+
+
+def smoke_paths(out: str | os.PathLike, *, padded: bool, packed_only: bool) -> list[tuple[bool, Path]]:
+    """The actor paths a smoke run trains, each with its output directory: the packed one in
+    ``out``, then the padded one in ``out/padded`` (``--padded``: the padded one alone, in ``out``;
+    ``--packed-only``: the packed one alone)."""
+    out = Path(out)
+    if padded:
+        return [(True, out)]
+    return [(False, out)] if packed_only else [(False, out), (True, out / "padded")]
+
+
+def _train_and_check(job, gpus: int, path: str) -> int:
+    """Train the smoke ``job`` and print its checks; 1 when one fails."""
     from spader.training.run import run_training
 
     final = run_training(job)
@@ -360,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
     for result in results:
         print(result.line())  # noqa: T201
     failed = [r for r in results if not r.ok]
-    print(f"smoke test: {len(results) - len(failed)} of {len(results)} checks passed")  # noqa: T201
+    print(f"smoke test, {path} path: {len(results) - len(failed)} of {len(results)} checks passed")  # noqa: T201
     return 1 if failed else 0
 
 
@@ -384,9 +412,11 @@ def checks(job, cfg) -> dict[str, Any]:
             else f"padded micro-batches of {actor.ppo_micro_batch_size_per_gpu} sequences (sdpa with a mask)"
         ),
         "after_the_run": [
-            f"steps 1..{SMOKE_STEPS} trained, and at each: searches, turns ending at a closing tag, none that "
+            f"steps 1..{SMOKE_STEPS} trained, and at each: searches the service answered (entities found, no "
+            "search the service failed), turns ending at a closing tag, none that "
             "sglang ran past, rewards that differ, non-zero advantages, the seeds sglang reports "
             f"(training.seed + replica rank, {job.workers} replica(s))",
+            "the retrieval service failed no query (its counters at its end)",
             "the last checkpoint's weights differ from the policy's",
         ],
     }
@@ -447,8 +477,24 @@ def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int 
             f"steps logged {sorted(logged)}, expected 1..{steps}",
         ),
         *_metric_checks(logged, seed=seed, replicas=replicas),
+        service_answered(job),
         changed_weights(job, start_model),
     ]
+
+
+def service_answered(job) -> Check:
+    """The retrieval service's own counters at its end (kept next to its log): queries, none failed."""
+    from spader.retrieval.service import stats_path
+
+    path = stats_path(job.service_log)
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+        queries, failed = int(stats["queries"]), int(stats.get("failed_queries", 0))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Check("service answered", False, f"no counters of the retrieval service in {path} ({exc})")
+    return Check(
+        "service answered", queries > 0 and failed == 0, f"{queries} queries, {failed} failed ({path.name})"
+    )
 
 
 def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, replicas: int) -> list[Check]:
@@ -457,9 +503,18 @@ def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, repl
     return [
         _per_step(
             logged,
-            "searches",
-            lambda m: _value(m, "episode/searches") > 0,
-            lambda m: f"{_value(m, 'episode/searches'):.2f} per trajectory",
+            "searches answered",
+            lambda m: (
+                _value(m, "episode/searches_answered") > 0
+                and _value(m, "episode/search_errors") == 0  # the service's; call_errors are the policy's
+                and _value(m, "episode/entities") > 0
+            ),
+            lambda m: (
+                f"{_value(m, 'episode/searches_answered'):.2f} answered of {_value(m, 'episode/searches'):.2f} "
+                f"per trajectory, {_value(m, 'episode/search_errors'):.0f} the service failed "
+                f"({_value(m, 'episode/call_errors'):.0f} malformed call(s) of the policy), "
+                f"{_value(m, 'episode/entities'):.2f} entities found"
+            ),
         ),
         _per_step(
             logged,

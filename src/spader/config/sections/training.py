@@ -251,6 +251,18 @@ class TrainingConfig(Section):
         description="a training job stops with an error when more than this share of the search queries "
         "of a check interval (30 s, at least 50 queries) failed in the retrieval service",
     )
+    over_plan_factor: StrictFloat = Field(
+        1.5,
+        ge=1,
+        le=100,
+        description="a training job names on the console, in one line, a measured step time (so its run time), GPU "
+        "peak or host peak above its plan's by more than this factor (after its first step; docs/gpu.md)",
+    )
+    stop_when_over_plan: bool = Field(
+        False,
+        description="a training job over its plan by training.over_plan_factor stops at its next step boundary, "
+        "after a checkpoint (a rerun resumes), instead of training on",
+    )
 
     @model_validator(mode="after")
     def _device_runs_backend(self) -> TrainingConfig:

@@ -7,7 +7,11 @@ reads what the rollouts left in TransferQueue and adds, under ``episode/``:
 * ``format_valid`` - share of trajectories whose final turn is a well-formed answer (the reward
   function's own verdict, ``reward_extra_info.format_valid``);
 * ``f1`` - mean answer F1 of the batch (0 for invalid answers);
-* ``searches`` - search steps per trajectory (the search tool's step records);
+* ``searches`` - search steps per trajectory (the search tool's step records, failed ones included);
+* ``searches_answered`` - search steps per trajectory the service answered (no error observation:
+  not a malformed call, not a service that failed or could not be reached); ``search_errors`` - the
+  batch's search steps the service failed ("search service unavailable"), and ``call_errors`` -
+  those whose call the tool refused (the policy's malformed or empty call);
 * ``entities`` - distinct gold entities the search steps of a trajectory surfaced;
 * ``failed`` - trajectories whose episode failed for an infrastructure reason (scored 0, no peer
   in any group: the estimators leave them out of their groups' statistics);
@@ -57,6 +61,23 @@ def _entities(steps) -> int:
     return len({h for step in steps or [] for h in (step or {}).get("hits") or []})
 
 
+def _steps(extra) -> list:
+    from spader.methods.steps import STEPS_KEY
+
+    return list((extra or {}).get(STEPS_KEY) or [])
+
+
+def _error(step, service: bool | None = None) -> bool:
+    """A step record whose search returned an error observation (``service``: one the service
+    failed, or, False, one whose call the tool refused; None: either)."""
+    from spader.integrations.verl.search_tool import SERVICE_ERROR
+
+    error = str((step or {}).get("error") or "")
+    if not error or service is None:
+        return bool(error)
+    return error.startswith(SERVICE_ERROR) == service
+
+
 def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[str, float]:
     """Episode-level metrics of one training batch read from TransferQueue.
 
@@ -85,6 +106,9 @@ def episode_metrics(batch, kv_batch_get, *, prefix: str = "episode/") -> dict[st
         "format_valid": _mean([float(i["format_valid"]) for i in info if "format_valid" in i]),
         "f1": _mean([float(i["f1"]) for i in info if "f1" in i]),
         "searches": _mean([float(len((e or {}).get(STEPS_KEY) or [])) for e in extra]),
+        "searches_answered": _mean([float(sum(not _error(st) for st in _steps(e))) for e in extra]),
+        "search_errors": float(sum(_error(st, service=True) for e in extra for st in _steps(e))),
+        "call_errors": float(sum(_error(st, service=False) for e in extra for st in _steps(e))),
         "failed": float(sum(bool((e or {}).get(FAILURE_KEY)) for e in extra)),
         "entities": _mean([float(_entities((e or {}).get(STEPS_KEY))) for e in extra]),
     }

@@ -56,6 +56,10 @@ from spader.methods.steps import FINAL_TURN_KEY, N_GOLD_KEY, STEPS_KEY, StepReco
 
 __all__ = ["SearchTool", "as_alias_lists", "service_url"]
 
+#: How a step record's ``error`` begins when the search service failed or could not be reached
+#: (not the policy's malformed call): what ``episode/search_errors`` counts.
+SERVICE_ERROR = "search service unavailable"
+
 log = logging.getLogger(__name__)
 
 
@@ -251,7 +255,7 @@ class SearchTool(BaseTool):
                     hits = passage_hits(shown, entities)
             except Exception as exc:  # noqa: BLE001 (the step becomes an error observation, counted)
                 log.warning("search failed for %d queries: %s: %s", len(queries), type(exc).__name__, exc)
-                error = f"search service unavailable ({type(exc).__name__})"
+                error = f"{SERVICE_ERROR} ({type(exc).__name__})"
         if error is not None:  # the authors' training shows some malformed calls its own way
             shown_as = parameters.get("observation") if isinstance(parameters, dict) else None
             text = error_observation(error, self.observation_format, self.max_chars, shown_as)
