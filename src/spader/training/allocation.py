@@ -2,7 +2,7 @@
 allocations its retries allow, and whether its memory request was capped below what the plan needs.
 
 The workflow asks these of every planned training job when it sizes the jobs' requests
-(``workflow/rules/train_resources.smk``): a run that cannot finish even at the low end of its
+(``spader.dag.TrainingResources``): a run that cannot finish even at the low end of its
 planned time is refused before any job starts, naming the run time and the allocations; the high
 end beyond them, and every capped memory request, is warned.
 """

@@ -112,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from spader.training.smoke import visible_gpus
+    from spader.training.preflight import gpu_count
 
     root = repository(args)
     config = configured(args).model_dump(mode="json")
-    gpus = args.gpus or (int(config["backbones"][PAPER_BACKBONE]["gpus"]) if args.dry_run else visible_gpus())
+    gpus = args.gpus or (int(config["backbones"][PAPER_BACKBONE]["gpus"]) if args.dry_run else gpu_count())
     job = paper_step_job(config, args.out, root=root, gpus=gpus)
     if args.dry_run:
         print(json.dumps(dry_run(job), indent=2))  # noqa: T201

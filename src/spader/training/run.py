@@ -695,6 +695,23 @@ class TrainResult:
     stop_reason: str | None = None
 
 
+def _write_tool_config(job: TrainJob, service_url: str) -> None:
+    """The search tool's YAML of the job (its service, turn settings and what it records)."""
+    from spader.integrations.verl.tool_config import write_tool_config
+
+    write_tool_config(
+        job.tool_config,
+        service_url=service_url,
+        retrieval=job.retrieval_settings,
+        max_chars=int(job.agent.max_tool_response_chars),
+        max_queries_per_call=job.agent.max_queries_per_call,
+        record_turns=job.scorer.record_turns,
+        observation_format=job.agent.observation_format,
+        discovery=job.training.divergences.discovery,
+        denominator=job.training.divergences.denominator,
+    )
+
+
 def train(
     job: TrainJob, plan: LaunchPlan, stop: StopControl, lock: WorkdirLock, service: Callable | None = None
 ) -> TrainResult:
@@ -703,22 +720,11 @@ def train(
     SIGTERM and the scheduler's warning (SIGURG) ask verl to stop after its current step
     (:class:`~spader.training.stop.StopControl`); SIGINT and SIGHUP stop it at once.
     """
-    from spader.integrations.verl.tool_config import write_tool_config
     from spader.training.ray_cluster import judge_node, ray_for_job
     from spader.training.watch import JobWatch, workflow_process
 
     with search_services(job, service) as (service_url, services):
-        write_tool_config(
-            job.tool_config,
-            service_url=service_url,
-            retrieval=job.retrieval_settings,
-            max_chars=int(job.agent.max_tool_response_chars),
-            max_queries_per_call=job.agent.max_queries_per_call,
-            record_turns=job.scorer.record_turns,
-            observation_format=job.agent.observation_format,
-            discovery=job.training.divergences.discovery,
-            denominator=job.training.divergences.denominator,
-        )
+        _write_tool_config(job, service_url)
         with (
             judge_endpoint(
                 job.scorer,
