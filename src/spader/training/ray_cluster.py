@@ -112,7 +112,7 @@ def interface_of(address: str) -> str | None:
 
 def ray_temp_dir() -> Path:
     """A temporary directory of this job's own for Ray (its sessions, logs, sockets): Ray's default,
-    ``/tmp/ray``, is one per machine, which two jobs on one node would share (``session_latest``,
+    ``ray`` under the system's temporary directory, is one per machine, which two jobs on one node would share (``session_latest``,
     the address file a driver connects through). Short, under the node's temporary directory
     (``TMPDIR``, often the allocation's own): Ray's socket paths must stay under 108 bytes."""
     tag = os.environ.get("SLURM_JOB_ID") or "local"
