@@ -57,7 +57,7 @@ from spader.config.sections.retrieval import Bm25Config, RerankerConfig, Retriev
 from spader.config.sections.training import CostWarmup, DivergencesConfig, TimeLimitConfig, TrainingConfig
 from spader.config.sections.variants import VariantConfig
 from spader.datasets import registry
-from spader.methods import REWARDS, pairing_rule, verl_yaml
+from spader.methods import REWARDS, needs, pairing_rule, verl_yaml
 
 __all__ = [
     "CROSS_KEY_RULES",
@@ -239,7 +239,7 @@ class Config(Section):
                 path = Path(verl_config_dir) / f"{verl_yaml(spec.model_dump())}.yaml"
                 if not path.exists():
                     errors.append(f"config key 'variants.{v}.verl_config': {path} does not exist")
-            if spec.reward == "r3rag" and spec.judge == "reranker" and not self.retrieval.reranker.enabled:
+            if needs(spec.reward, "judge") and spec.judge == "reranker" and not self.retrieval.reranker.enabled:
                 errors.append(
                     f"config key 'variants.{v}.judge': the reranker judge needs retrieval.reranker.model"
                 )

@@ -22,7 +22,7 @@ from spader.core.prompt import load_template
 from spader.infra.rerun_keys import canonical, for_rule
 from spader.infra.sources import digest_cache_dir, planned_sha256, source_sha256
 from spader.integrations.verl.overrides import shared_training_runs
-from spader.methods import assumed_methods, table_rows, verl_yaml
+from spader.methods import assumed_methods, needs, table_rows, verl_yaml
 from spader.training.scorer_launch import judge_params
 
 #: Where the suite's dump is downloaded to.
@@ -355,7 +355,7 @@ class Jobs:
 
     def evidence(self, wildcards) -> Any:
         """StepSearch's evidence for a variant that needs it, else nothing."""
-        if self.config.variants[wildcards.variant].reward != "stepsearch":
+        if not needs(self.config.variants[wildcards.variant].reward, "evidence"):
             return []
         return self.stage("build_evidence", f"results/{self.suite}/data/evidence/train.jsonl")
 

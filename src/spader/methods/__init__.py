@@ -45,6 +45,7 @@ __all__ = [
     "AUTHORS_TRAINED",
     "BUNDLED",
     "ENTRY_POINT_GROUP",
+    "INPUTS",
     "METHODS",
     "REWARDS",
     "TABLES",
@@ -59,6 +60,7 @@ __all__ = [
     "bundled_keys",
     "load_plugins",
     "method_of",
+    "needs",
     "pairing_errors",
     "pairing_rule",
     "register",
@@ -74,6 +76,8 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "spader.methods"
 #: The methods that ship with the project, in the order of the paper's tables.
 BUNDLED = ("spader", "grpo", "ppo", "stepsearch", "r3rag")
+#: What a reward's training job can need beyond the data, the index and the policy (:attr:`Reward.inputs`).
+INPUTS = ("evidence", "judge")
 #: The tables a variant can be a row of besides the per-method tables every method has
 #: (``results/{backbone}/<table>.tsv``).
 TABLES = ("ablation", "beta_sweep")
@@ -141,6 +145,11 @@ class Reward:
             a composed config of a variant of this reward.
         record_turns: its step rewards read the turns' passages and text
             (:class:`spader.methods.steps.TurnDetails`): the search tool records them.
+        inputs: what its training job needs beyond the data, the index and the policy, each a
+            service the workflow provides by name (:data:`INPUTS`): ``evidence`` (rule
+            build_evidence's gold evidence, StepSearch's) or ``judge`` (the judge model, served
+            on the job's node or at ``judge.url``, for the variants whose ``judge`` is ``llm``;
+            scored by the reranker when it is ``reranker``).
     """
 
     name: str
@@ -152,6 +161,12 @@ class Reward:
     verl_blocks: tuple[str, ...] = ()
     checks: str | None = None
     record_turns: bool = False
+    inputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [i for i in self.inputs if i not in INPUTS]
+        if unknown:
+            raise MethodError(f"reward {self.name!r}: inputs {unknown} are not among {INPUTS}")
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -307,6 +322,11 @@ def verl_yaml(variant: Mapping[str, Any]) -> str:
     'spader'
     """
     return str(variant.get("verl_config") or method_of(variant["advantage"], variant["reward"]).verl_config)
+
+
+def needs(reward: str, what: str) -> bool:
+    """Whether the training job of a variant of ``reward`` needs ``what`` (:data:`INPUTS`)."""
+    return what in reward_spec(reward).inputs
 
 
 def table_rows(variants: Mapping[str, Mapping[str, Any]]) -> list[list[Any]]:

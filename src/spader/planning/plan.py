@@ -53,7 +53,7 @@ from typing import Any
 
 from spader.config.command import add_config_arguments, configured, repository, run_command
 from spader.config.model import RerankerConfig
-from spader.methods import verl_yaml
+from spader.methods import needs, verl_yaml
 from spader.planning.calibration import Calibration, Measured, load_calibration
 
 log = logging.getLogger(__name__)
@@ -1346,7 +1346,7 @@ def plan_config(
             own = config.evaluation_params(b)  # the backbone's context budget
             jobs.append(evaluation_job(f"evaluate {b}/*", shape, own, capacity=capacity, reranker=replica))
     trains_stepsearch = any(
-        config.variants[v].reward == "stepsearch" for s in config.backbones.values() for v in s.variants
+        needs(config.variants[v].reward, "evidence") for s in config.backbones.values() for v in s.variants
     )
     if trains_stepsearch and config.stepsearch.evidence.gpus > 0 and only is None:
         jobs.append(evidence_job("build_evidence", capacity=capacity, reranker=replica))

@@ -22,7 +22,7 @@ from typing import Any
 
 from spader.config.model import JUDGE_CLIENT_KEYS, JudgeConfig, StepSearchConfig, VariantConfig
 from spader.integrations.verl.hydra import hydra_value
-from spader.methods import reward_spec
+from spader.methods import needs, reward_spec
 
 __all__ = [
     "OPERATIONAL_JUDGE_KEYS",
@@ -82,7 +82,7 @@ def scorer_launch(
         ValueError: a needed input is missing (the message names it).
     """
     reward = _variant(variant).reward
-    if reward == "stepsearch":
+    if needs(reward, "evidence"):
         if evidence is None:
             raise ValueError(
                 "a stepsearch variant trains with the evidence of rule build_evidence (input 'evidence')"
@@ -102,7 +102,7 @@ def scorer_launch(
                 f"++algorithm.stepsearch.workers={workers}",
             ],
         )
-    if reward != "r3rag":  # the turns' details where the reward reads them (a plug-in's too)
+    if not needs(reward, "judge"):  # the turns' details where the reward reads them (a plug-in's too)
         return ScorerLaunch(record_turns=reward_spec(reward).record_turns)
     if not _variant(variant).serves_judge:
         return ScorerLaunch(record_turns=True)

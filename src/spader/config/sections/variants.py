@@ -16,6 +16,7 @@ from spader.methods import (
     bundled_keys,
     load_plugins,
     method_of,
+    needs,
     pairing_errors,
     pairing_rule,
     reward_spec,
@@ -147,7 +148,7 @@ class _Variant(Section):
     @property
     def serves_judge(self) -> bool:
         """An R3-RAG variant scored by the LLM judge."""
-        return self.reward == "r3rag" and self.judge == "llm"
+        return needs(self.reward, "judge") and self.judge == "llm"
 
 
 VariantConfig = create_model(

@@ -51,6 +51,7 @@ METHOD = register(
                 verl_blocks=("algorithm.r3rag.",),
                 checks="spader.integrations.verl.scorer_rewards:check_r3rag_config",
                 record_turns=True,
+                inputs=("judge",),
             ),
         ),
         advantages=(

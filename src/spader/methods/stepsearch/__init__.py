@@ -50,6 +50,7 @@ METHOD = register(
                 verl_blocks=("algorithm.stepsearch.",),
                 checks="spader.integrations.verl.scorer_rewards:check_stepsearch_config",
                 record_turns=True,
+                inputs=("evidence",),
             ),
         ),
         verl_config="stepsearch",
