@@ -99,3 +99,16 @@ def test_a_method_path_that_cannot_be_imported_is_named():
         methods.resolve("spader.nowhere:thing")
     with pytest.raises(MethodError, match="not of the form"):
         methods.resolve("spader.methods")
+
+
+def test_what_a_training_needs_is_asked_for_by_name_not_by_method(registry):
+    from spader.training.scorer_launch import scorer_launch
+
+    assert methods.needs("stepsearch", "evidence") and not methods.needs("step", "evidence")
+    assert methods.needs("r3rag", "judge") and not methods.needs("terminal", "judge")
+    with pytest.raises(MethodError, match="inputs \\['oracle'\\] are not among"):
+        Reward(name="x", description="x", inputs=("oracle",))
+    # a plug-in reward that reads StepSearch's evidence gets it as StepSearch does
+    register(_method(record_turns=True, inputs=("evidence",)))
+    with pytest.raises(ValueError, match="evidence of rule build_evidence"):
+        scorer_launch({"advantage": "extra_a", "reward": "extra_r"})

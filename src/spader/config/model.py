@@ -239,7 +239,11 @@ class Config(Section):
                 path = Path(verl_config_dir) / f"{verl_yaml(spec.model_dump())}.yaml"
                 if not path.exists():
                     errors.append(f"config key 'variants.{v}.verl_config': {path} does not exist")
-            if needs(spec.reward, "judge") and spec.judge == "reranker" and not self.retrieval.reranker.enabled:
+            if (
+                needs(spec.reward, "judge")
+                and spec.judge == "reranker"
+                and not self.retrieval.reranker.enabled
+            ):
                 errors.append(
                     f"config key 'variants.{v}.judge': the reranker judge needs retrieval.reranker.model"
                 )

@@ -85,10 +85,10 @@ def scorer_launch(
     if needs(reward, "evidence"):
         if evidence is None:
             raise ValueError(
-                "a stepsearch variant trains with the evidence of rule build_evidence (input 'evidence')"
+                f"a variant of reward {reward!r} trains with the evidence of rule build_evidence (input 'evidence')"
             )
         if stepsearch is None:
-            raise ValueError("a stepsearch variant trains with the 'stepsearch' config section")
+            raise ValueError(f"a variant of reward {reward!r} trains with the 'stepsearch' config section")
         section = (
             stepsearch
             if isinstance(stepsearch, StepSearchConfig)
