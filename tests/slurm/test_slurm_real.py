@@ -259,7 +259,7 @@ rule train_policy:
     resources:
         runtime=10,
         mem_mb=6000,
-        slurm_extra="--signal=URG@540",
+        slurm_extra="--signal=URG@570",
         train_attempt=lambda wc, attempt: attempt,
     params:
         backbone=config["backbone"],
@@ -300,8 +300,12 @@ def cpu_hog():
 
 
 def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cpu_world, cpu_hog, tmp_path):
-    """A CPU training job of 2 steps under a 10-minute limit, warned 9 minutes before it (so within
-    its first minute: SLURM checks the warning times about once a minute), beside a CPU hog: each
+    """A CPU training job of 2 steps under a 10-minute limit, warned 9.5 minutes before it (so within
+    its first minute: SLURM checks the warning times about once a minute; and a job that has
+    started, which takes verl more than 30 s, reads that its allocation has less than the warning's
+    time left at its first step boundary, however fast the machine: with 9 minutes a quiet machine
+    finished its first step, before SLURM's check, with 551 s left and trained both steps in one
+    allocation), beside a CPU hog: each
     allocation trains until the next step boundary after the warning (or after the job read that
     its allocation has less than the warning's time left), saves, exits with the resumable status,
     and the rule's retries resume it in a new allocation, until the configured step count. Every
@@ -318,7 +322,7 @@ def test_a_training_outlives_its_time_limit_across_allocations(slurm_cluster, cp
         world=str(cpu_world.root),
         backbone={"model": "tiny:qwen3", "gpus": 0},
         training={**cpu_training(max_steps=steps, train_batch_size=2, ppo_mini_batch_size=2, rollout_n=2),
-                  "time_limit": {"warning_s": 540}},  # as the rule's --signal=URG@540
+                  "time_limit": {"warning_s": 570}},  # as the rule's --signal=URG@570
         agent=cpu_world.agent,
         retrieval=cpu_world.retrieval,
         mlflow={"enabled": True, "tracking_uri": "sqlite:///results/mlflow/mlflow.db", "experiment": "spader",

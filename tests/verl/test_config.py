@@ -138,6 +138,8 @@ def test_every_training_key_reaches_verl():
     by_launcher |= {"max_work_lost_minutes", "keep_checkpoints"}
     # the policy loss of the importance ratio (tests/verl/test_policy_ratio.py)
     by_launcher |= {"policy_ratio"}
+    # the job's measurements against its plan (spader.training.measure)
+    by_launcher |= {"over_plan_factor", "stop_when_over_plan"}
     assert set(TRAINING) - by_method - by_launcher == set(TRAINING_KEYS)
 
 

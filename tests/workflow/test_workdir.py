@@ -46,14 +46,15 @@ def test_paper_training_inputs_resolve_against_the_workflow(smk, tmp_path):
     (train,) = [j for j in jobs if j.rule == "train_policy"]
     inputs = train.fields["input"].split(", ")
     verl = [p for p in inputs if p.endswith(".yaml")]
-    assert verl == [str(smk.repo / "config" / "verl" / f"{n}.yaml") for n in ("no_np", "spader_base", "base")]
+    # no_np composes its method's YAML, SPADER's
+    assert verl == [str(smk.repo / "config" / "verl" / f"{n}.yaml") for n in ("spader", "base")]
     assert "results/paper/data/verl/train.parquet" in inputs  # outputs stay relative to the workdir
 
 
 def test_from_the_repository_the_inputs_stay_relative(smk):
     jobs = smk.dry_run_jobs("results/qwen3_8b/train/no_np/final.json")
     (train,) = [j for j in jobs if j.rule == "train_policy"]
-    assert "config/verl/no_np.yaml" in train.fields["input"].split(", ")
+    assert "config/verl/spader.yaml" in train.fields["input"].split(", ")  # no_np's: SPADER's
 
 
 def test_dry_run_warns_at_once_about_the_webqsp_url(smk, tmp_path):

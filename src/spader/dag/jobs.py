@@ -223,7 +223,13 @@ class Jobs:
         """The evaluation questions' topics file (``evaluation.topics``, relative to the
         repository, as the demo's bundled files are) as the tables' input, or none."""
         topics = self.config.evaluation.topics
-        return [workflow_file(self.repo / topics)] if topics else []
+        if not topics:
+            return []
+        path = (self.repo / topics).resolve()
+        try:  # a named run reaches it through the default run's directory, never by an absolute path
+            return [self.shared_prefix + str(path.relative_to((Path.cwd() / self.shared_prefix).resolve()))]
+        except ValueError:  # the repository outside the working directory (`-d` elsewhere)
+            return [workflow_file(path)]
 
     # -- params ----------------------------------------------------------------------------------
     def section_params(self, rule: str, *path: str) -> Any:
