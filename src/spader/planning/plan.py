@@ -1170,7 +1170,7 @@ def load_record(config: Any, root: str | os.PathLike = ".") -> Calibration | Non
     return load_calibration(Path(root) / path if not Path(path).is_absolute() else Path(path))
 
 
-def training_steps(config: Any) -> int:
+def planned_steps(config: Any) -> int:
     """Optimizer steps of a training run: ``training.max_steps``, else the epochs over the mix at
     ``train_batch_size`` prompts per step (verl's training loader drops the last partial batch)."""
     if config.training.max_steps:
@@ -1335,7 +1335,7 @@ def plan_config(
     )
     inputs = _PlanInputs(
         config, verl_config_dir, models, calibration, capacity, retrieval, training, agent, judge, replica,
-        training_steps(config), val_prompts,
+        planned_steps(config), val_prompts,
     )  # fmt: skip
     jobs: list[Job] = []
     for b, spec in config.backbones.items():

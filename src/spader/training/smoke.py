@@ -57,7 +57,7 @@ __all__ = [
     "SMOKE_OVERRIDES",
     "SMOKE_STEPS",
     "SMOKE_TRAINING",
-    "Check",
+    "SmokeCheck",
     "build_smoke_policy",
     "changed_weights",
     "check_run",
@@ -433,7 +433,7 @@ def checks(job, cfg) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Check:
+class SmokeCheck:
     """One check of a finished smoke run."""
 
     name: str
@@ -444,10 +444,10 @@ class Check:
         return f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
 
 
-def _per_step(steps: Mapping[int, Mapping[str, float]], name: str, what, describe) -> Check:
+def _per_step(steps: Mapping[int, Mapping[str, float]], name: str, what, describe) -> SmokeCheck:
     bad = {s: m for s, m in steps.items() if not what(m)}
     detail = "; ".join(f"step {s}: {describe(m)}" for s, m in sorted(steps.items()))
-    return Check(name, bool(steps) and not bad, detail or "no step logged")
+    return SmokeCheck(name, bool(steps) and not bad, detail or "no step logged")
 
 
 def _value(m: Mapping[str, float], key: str) -> float:
@@ -455,7 +455,9 @@ def _value(m: Mapping[str, float], key: str) -> float:
     return math.nan if value is None else float(value)
 
 
-def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int = SMOKE_STEPS) -> list[Check]:
+def check_run(
+    job, *, start_model: str | os.PathLike, replicas: int, steps: int = SMOKE_STEPS
+) -> list[SmokeCheck]:
     """The smoke run's checks on its per-step metrics and its last checkpoint.
 
     Args:
@@ -464,14 +466,14 @@ def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int 
         replicas: rollout replicas (one per GPU): the seeds expected are ``training.seed`` + rank.
         steps: training steps the run took.
     Returns:
-        One :class:`Check` per property (see the module docstring).
+        One :class:`SmokeCheck` per property (see the module docstring).
     """
     from spader.training.checkpoints import read_step_metrics
 
     logged = {s: m for s, m in read_step_metrics(job.metrics_dir).items() if "critic/score/mean" in m}
     seed = int(job.training.seed)
     return [
-        Check(
+        SmokeCheck(
             "steps",
             sorted(logged) == list(range(1, steps + 1)),
             f"steps logged {sorted(logged)}, expected 1..{steps}",
@@ -482,7 +484,7 @@ def check_run(job, *, start_model: str | os.PathLike, replicas: int, steps: int 
     ]
 
 
-def service_answered(job) -> Check:
+def service_answered(job) -> SmokeCheck:
     """The retrieval service's own counters at its end (kept next to its log): queries, none failed."""
     from spader.retrieval.service import stats_path
 
@@ -491,13 +493,17 @@ def service_answered(job) -> Check:
         stats = json.loads(path.read_text(encoding="utf-8"))
         queries, failed = int(stats["queries"]), int(stats.get("failed_queries", 0))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return Check("service answered", False, f"no counters of the retrieval service in {path} ({exc})")
-    return Check(
+        return SmokeCheck(
+            "service answered", False, f"no counters of the retrieval service in {path} ({exc})"
+        )
+    return SmokeCheck(
         "service answered", queries > 0 and failed == 0, f"{queries} queries, {failed} failed ({path.name})"
     )
 
 
-def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, replicas: int) -> list[Check]:
+def _metric_checks(
+    logged: Mapping[int, Mapping[str, float]], *, seed: int, replicas: int
+) -> list[SmokeCheck]:
     """The checks of :func:`check_run` on each logged step's metrics."""
     expected = (float(seed), float(seed + replicas - 1), float(replicas))
     return [
@@ -557,7 +563,7 @@ def _metric_checks(logged: Mapping[int, Mapping[str, float]], *, seed: int, repl
     ]
 
 
-def changed_weights(job, start_model: str | os.PathLike) -> Check:
+def changed_weights(job, start_model: str | os.PathLike) -> SmokeCheck:
     """The last checkpoint, merged by verl's model merger, against the starting policy: finite,
     and most tensors changed."""
     import tempfile
@@ -568,7 +574,7 @@ def changed_weights(job, start_model: str | os.PathLike) -> Check:
     from spader.training.hf_export import export_checkpoint
 
     if not Path(job.final_json).is_file():
-        return Check("weights changed", False, f"no {job.final_json}")
+        return SmokeCheck("weights changed", False, f"no {job.final_json}")
     with tempfile.TemporaryDirectory(dir=Path(job.final_json).parent) as tmp:
         export_checkpoint(
             job.final_json, Path(tmp) / "model", Path(tmp) / "model.json", keep_checkpoints=True
@@ -579,7 +585,7 @@ def changed_weights(job, start_model: str | os.PathLike) -> Check:
         int(not torch.equal(value, start[name])) for name, value in trained.items() if name in start
     )
     finite = all(torch.isfinite(value).all() for value in trained.values())
-    return Check(
+    return SmokeCheck(
         "weights changed",
         finite and changed > len(trained) // 2,
         f"{changed} of {len(trained)} tensors differ from the policy's, {'all' if finite else 'not all'} finite",
