@@ -54,7 +54,8 @@ from typing import Any
 from spader.config.command import add_config_arguments, configured, repository, run_command
 from spader.config.model import RerankerConfig
 from spader.methods import needs, verl_yaml
-from spader.planning.calibration import Calibration, Measured, load_calibration
+from spader.planning.calibration import Calibration, Measured
+from spader.planning.measured import MeasuredRun, Records, load_records
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +362,15 @@ class Job:
     assumptions: dict[str, Any] = field(default_factory=dict)
     #: GiB of one checkpoint (actor and critic with their optimizer states)
     final_checkpoint_gib: float | None = None
+    #: what the job runs on, as a measured record must say to apply (spader.planning.measured)
+    ran_on: dict[str, Any] | None = None
+    planned_steps: int | None = None
+    #: where the step time comes from: ``measured (<record>, N steps)``, ``scaled from measured
+    #: <b>/<v> (xF)`` or ``estimated``; the measured/estimated factors (low, high end)
+    time_source: str | None = None
+    time_factor: tuple[float, float] | None = None
+    #: the plan's estimates that measured figures replaced (step seconds, host and checkpoint GiB)
+    estimated: dict[str, Any] = field(default_factory=dict)
 
     def total(self, phase: str) -> float:
         return sum(self.phases[phase].values())
@@ -496,7 +506,8 @@ class Job:
 
         out = [
             f"    time ({self.path})    {span()} min per step (low end: {parts}); run {hours()} h"
-            + "".join(f"; {p}: {span(p)} min per step, {hours(p)} h" for p in other)
+            + "".join(f"; {p}: {span(p)} min per step, {hours(p)} h" for p in other),
+            f"    time from          {self.time_source or 'estimated'}",
         ]
         if self.cadence is not None:
             c = self.cadence
@@ -515,9 +526,12 @@ class Job:
     def _time_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "path": self.path,
+            "time_source": self.time_source,
             "step_minutes": round(self.step_minutes(), 2),
             "run_hours": round(self.run_hours(), 1),
         }
+        if self.estimated:
+            out["estimated"] = dict(self.estimated)
         if self.time_high:
             out["step_minutes_range"] = [
                 round(self.step_minutes(), 2),
@@ -912,6 +926,11 @@ class JobCosts:
     allocation_minutes: float | None = None
     warning_s: float = 1800.0
     max_work_lost_minutes: float = 60.0
+    #: earlier trainings' measured records of this job (spader.planning.measured; applied when they
+    #: ran on the same hardware), and ``(<b>/<v>, low, high)``: the measured/estimated factors of
+    #: another variant of the backbone, for a job that has no record of its own
+    records: tuple[MeasuredRun, ...] = ()
+    scale_from: tuple[str, float, float] | None = None
 
 
 def _checkpoint_bytes(shape: Shape, m: VerlMemory, run: Any) -> float:
@@ -991,9 +1010,16 @@ def _plan_costs(job: Job, shape: Shape, m: VerlMemory, verl_cfg: Mapping[str, An
     run = costs.RunSettings.from_verl(verl_cfg)
     work, hw = jc.workload, jc.hardware
     job.path = "packed" if m.remove_padding else "padded"
+    job.ran_on = {"gpu": hw.gpu, "gpus": job.gpus, "gpus_per_node": job.gpus // max(1, work.nodes),
+                  "nodes": work.nodes, "path": job.path}  # fmt: skip
+    job.planned_steps = work.steps
     checkpoint = _checkpoint_bytes(shape, m, run)
     ends = {(path, end): _path_times(job, shape, m, run, jc, kv_tokens=kv_tokens, path=path, end=end)
             for path in ("padded", "packed") for end in ("low", "high")}  # fmt: skip
+    record = _measured_times(job, ends, jc)
+    if record is not None and record.checkpoint_gib:
+        job.estimated["checkpoint_gib"] = round(checkpoint / GIB, 2)
+        checkpoint = record.checkpoint_gib * GIB
     if jc.allocation_minutes is not None:
         job.cadence = costs.save_cadence(
             step_minutes=sum(ends[(job.path, "high")][0].values()) / 60, save_minutes=costs.save_minutes(checkpoint),
@@ -1018,6 +1044,86 @@ def _plan_costs(job: Job, shape: Shape, m: VerlMemory, verl_cfg: Mapping[str, An
     job.disk_capacity = float(hw.disk_gib)
     job.kept_gib = costs.kept_after(shape, m, run, work)
     job.final_checkpoint_gib = checkpoint / GIB
+    if record is not None:
+        _measured_host_and_disk(job, record, estimated_checkpoint=_checkpoint_bytes(shape, m, run) / GIB)
+
+
+#: verl's phases of a measured step (spader.training.measure.PHASES) under the plan's names; the
+#: search wait is part of generation, the save is counted apart (run hours, cadence)
+MEASURED_PHASES = {
+    "generation": "rollout", "reward": "reward", "old_log_prob": "old log-probs",
+    "reference": "reference log-probs", "values": "critic values", "advantage": "advantage",
+    "update_critic": "critic update", "update_actor": "actor update", "update_weights": "weight sync",
+}  # fmt: skip
+
+
+def _measured_step(record: MeasuredRun, seconds: float) -> dict[str, float]:
+    """A step of ``seconds`` by phase, from a record's median phases (``other``: the rest of the
+    step; phases that sum to more are scaled down to it)."""
+    phases = {MEASURED_PHASES[k]: v for k, v in record.phase_seconds.items() if k in MEASURED_PHASES}
+    total = sum(phases.values())
+    if not phases:
+        return {"step (measured)": seconds}
+    if total > seconds:
+        return {k: v * seconds / total for k, v in phases.items()}
+    return {**phases, "other (measured)": seconds - total}
+
+
+def _measured_times(job: Job, ends: dict, jc: JobCosts) -> MeasuredRun | None:
+    """Replace the estimated step times of ``ends`` (``(path, end) -> (step by phase, validation)``)
+    by a record of the job that ran on its hardware (its path measured; the other path scaled by the
+    same factor), or scale them by another variant's factors (``jc.scale_from``); notes say which,
+    and why a record does not apply. Returns the record applied."""
+    record = None
+    for r in jc.records:
+        why = r.mismatch(job.ran_on or {})
+        if why:
+            job.notes.append(why)
+        elif record is None:
+            record = r
+    estimate = {end: sum(ends[(job.path, end)][0].values()) for end in ("low", "high")}
+    if record is not None:
+        factor = (record.step_seconds[0] / estimate["low"], record.step_seconds[1] / estimate["high"])
+        job.estimated["step_seconds"] = [round(estimate["low"], 1), round(estimate["high"], 1)]
+        job.time_source = f"measured ({record.path}, {record.steps} steps)"
+        if record.planned_steps is not None and record.planned_steps != job.planned_steps:
+            job.notes.append(f"{record.path} measured a run of {record.planned_steps} planned steps; this plan "
+                             f"has {job.planned_steps}: its run hours count {job.planned_steps} steps")  # fmt: skip
+    elif jc.scale_from is not None:
+        source, *factor = jc.scale_from
+        job.time_source = f"scaled from measured {source} (x{factor[0]:.2f})"
+        job.notes.append(f"step times scaled from measured {source}: x{factor[0]:.2f} (low end), "
+                         f"x{factor[1]:.2f} (high end) of the plan's estimates")  # fmt: skip
+    else:
+        job.time_source = "estimated"
+        return None
+    job.time_factor = (factor[0], factor[1])
+    for (path, end), (step, validation) in list(ends.items()):
+        f = factor[0] if end == "low" else factor[1]
+        ends[(path, end)] = ({k: v * f for k, v in step.items()}, validation)
+    if record is not None:
+        for end, seconds in zip(("low", "high"), record.step_seconds, strict=True):
+            ends[(job.path, end)] = (_measured_step(record, seconds), ends[(job.path, end)][1])
+    return record
+
+
+def _measured_host_and_disk(job: Job, record: MeasuredRun, *, estimated_checkpoint: float) -> None:
+    """A record's host peak and checkpoint size in place of the estimates (kept in ``job.estimated``)."""
+    if record.host_gib:
+        job.estimated["host_gib"] = round(job.host_gib or 0.0, 1)
+        job.host = {"measured": {"peak host memory (measured)": float(record.host_gib)}}
+    if record.checkpoint_gib and estimated_checkpoint:
+        ratio = record.checkpoint_gib / estimated_checkpoint
+        export = job.disk.get("export (bf16)", 0.0)
+        job.disk = {(k if k == "export (bf16)" else f"{k} x {ratio:.2f} measured"): (v if k == "export (bf16)" else v * ratio)
+                    for k, v in job.disk.items()}  # fmt: skip
+        job.kept_gib = ((job.kept_gib or 0.0) - export) * ratio + export
+    job.notes.append(
+        f"measured by {record.path}: step {record.step_seconds[0]:.0f}-{record.step_seconds[1]:.0f} s"
+        + (f", host peak {record.host_gib:.1f} GiB (estimated {job.estimated['host_gib']:.1f})" if record.host_gib else "")
+        + (f", checkpoint {record.checkpoint_gib:.1f} GiB (estimated {estimated_checkpoint:.1f})"
+           if record.checkpoint_gib else "")
+    )  # fmt: skip
 
 
 def judge_job(name: str, shape: Shape, judge: Mapping[str, Any], *, capacity: float, reranker: float) -> Job:
@@ -1162,12 +1268,19 @@ def _compose_resolved(
     return cache[key]
 
 
-def load_record(config: Any, root: str | os.PathLike = ".") -> Calibration | None:
-    """The calibration record ``hardware.calibration`` names (relative paths: under ``root``)."""
-    path = config.hardware.calibration
-    if not path:
+def load_record(config: Any, root: str | os.PathLike = ".") -> Records | None:
+    """The records ``hardware.calibration`` names (relative paths: under ``root``): a GPU memory
+    calibration record and earlier trainings' measured records (:mod:`spader.planning.measured`)."""
+    paths = config.hardware.calibration
+    if not paths:
         return None
-    return load_calibration(Path(root) / path if not Path(path).is_absolute() else Path(path))
+    return load_records(paths, root)
+
+
+def _records(calibration: Calibration | Records | None) -> Records:
+    if isinstance(calibration, Records):
+        return calibration
+    return Records(memory=calibration)
 
 
 def planned_steps(config: Any) -> int:
@@ -1199,7 +1312,7 @@ class _PlanInputs:
     config: Any
     verl_config_dir: str | os.PathLike
     models: dict[str, str]
-    calibration: Calibration | None
+    calibration: Records
     capacity: float
     retrieval: dict[str, Any]
     training: dict[str, Any]
@@ -1211,9 +1324,10 @@ class _PlanInputs:
 
 
 def _job_costs(inputs: _PlanInputs, variant: str, *, nodes: int, served: bool, judge_shape: Shape | None,
-               node_gpus: int) -> JobCosts:  # fmt: skip
+               node_gpus: int, records: tuple = (), scale_from: tuple | None = None) -> JobCosts:  # fmt: skip
     """What training ``variant``'s job of ``nodes`` nodes of ``node_gpus`` GPUs (serving the judge or
-    not) needs for its time, host memory and disk."""
+    not) needs for its time, host memory and disk; its measured ``records`` or the factors of another
+    variant (``scale_from``)."""
     from spader.planning.costs import Search, Workload
 
     training, agent, judge, retrieval = inputs.training, inputs.agent, inputs.judge, inputs.retrieval
@@ -1235,13 +1349,14 @@ def _job_costs(inputs: _PlanInputs, variant: str, *, nodes: int, served: bool, j
         judge_shape=judge_shape,
         judge=judge if served else None,
         judge_gpus_on_node=int(judge["gpus"]) if served and nodes == 1 else 0,
+        records=records, scale_from=scale_from,
     )  # fmt: skip
 
 
 def _variant_jobs(inputs: _PlanInputs, b: str, spec: Any, v: str, shape: Shape, measured: Measured | None,
-                  run_of: str | None) -> list[Job]:  # fmt: skip
+                  run_of: str | None, scale_from: tuple | None = None) -> list[Job]:  # fmt: skip
     """The plan of training backbone ``b`` (``spec``) with variant ``v``, and of the judge it serves;
-    ``run_of``: the variant whose run it shares."""
+    ``run_of``: the variant whose run it shares; ``scale_from``: another variant's measured factors."""
     from spader.integrations.verl.device import device_overrides
     from spader.integrations.verl.overrides import config_overrides
 
@@ -1264,8 +1379,10 @@ def _variant_jobs(inputs: _PlanInputs, b: str, spec: Any, v: str, shape: Shape, 
     judge_shape = load_shape(judge["model"], inputs.models.get(judge["model"])) if served else None
     job = training_job(
         f"train {b}/{v}", shape, cfg, gpus=gpus, capacity=inputs.capacity, reranker=on_gpus,
-        measured=measured, calibration_path=calibration.path if calibration else None,
-        costs=_job_costs(inputs, v, nodes=nodes, served=served, judge_shape=judge_shape, node_gpus=spec.gpus),
+        measured=measured, calibration_path=calibration.path,
+        costs=_job_costs(inputs, v, nodes=nodes, served=served, judge_shape=judge_shape, node_gpus=spec.gpus,
+                         records=calibration.for_job(f"train {b}/{v}", run_of and f"train {b}/{run_of}"),
+                         scale_from=scale_from),
     )  # fmt: skip
     job.host_capacity = float(config.hardware.host_memory_gib) * min(
         1.0, spec.gpus / int(config.hardware.gpus)
@@ -1291,17 +1408,24 @@ def _backbone_training_jobs(inputs: _PlanInputs, b: str, spec: Any, only: Callab
 
     config, models = inputs.config, inputs.models
     shape = load_shape(spec.model, models.get(b) or models.get(spec.model))
-    measured = inputs.calibration.for_shape(shape) if inputs.calibration is not None else None
+    measured = inputs.calibration.for_shape(shape)
     runs = shared_training_runs(
         spec.variants, {k: x.model_dump(mode="json") for k, x in config.variants.items()}, inputs.training,
         inputs.verl_config_dir,
     )  # fmt: skip
-    jobs: list[Job] = []
-    for v in spec.variants:
-        if only is not None and not only(b, v):
-            continue
-        jobs.extend(_variant_jobs(inputs, b, spec, v, shape, measured, runs.get(v)))
-    return jobs
+    names = [v for v in spec.variants if only is None or only(b, v)]
+    # the variants with measured records first: the others are scaled by the first one measured
+    planned: dict[str, list[Job]] = {}
+    scale = None
+    for v in sorted(names, key=lambda v: not inputs.calibration.for_job(f"train {b}/{v}", f"train {b}/{runs.get(v)}")):
+        planned[v] = _variant_jobs(inputs, b, spec, v, shape, measured, runs.get(v), scale_from=scale)
+        factor = planned[v][0].time_factor
+        if scale is None and factor is not None and planned[v][0].time_source.startswith("measured"):
+            scale = (f"{b}/{v}", *factor)
+            # a variant planned before the factor was known (its own record did not apply)
+            for w in [w for w in planned if planned[w][0].time_source == "estimated"]:
+                planned[w] = _variant_jobs(inputs, b, spec, w, shape, measured, runs.get(w), scale_from=scale)
+    return [j for v in names for j in planned[v]]
 
 
 def plan_config(
@@ -1309,7 +1433,7 @@ def plan_config(
     verl_config_dir: str | os.PathLike,
     *,
     models: Mapping[str, str] | None = None,
-    calibration: Calibration | None = None,
+    calibration: Calibration | Records | None = None,
     only: Callable[[str, str], bool] | None = None,
 ) -> list[Job]:
     """Every GPU job of ``config`` (a :class:`spader.config.Config`).
@@ -1319,7 +1443,8 @@ def plan_config(
         verl_config_dir: the project's verl YAML directory.
         models: local model directories by hub id or backbone name, when at hand (their
             ``config.json`` is read instead of the shipped shape).
-        calibration: the record ``hardware.calibration`` names (:func:`load_record`), or None.
+        calibration: the records ``hardware.calibration`` names (:func:`load_record`; or a GPU
+            memory calibration record alone), or None.
         only: ``(backbone, variant) -> bool``: plan only these training jobs (and no other job).
     """
     models = dict(models or {})
@@ -1334,7 +1459,7 @@ def plan_config(
         1 for n in config.mix.counts.model_dump().values() if n > 0
     )
     inputs = _PlanInputs(
-        config, verl_config_dir, models, calibration, capacity, retrieval, training, agent, judge, replica,
+        config, verl_config_dir, models, _records(calibration), capacity, retrieval, training, agent, judge, replica,
         planned_steps(config), val_prompts,
     )  # fmt: skip
     jobs: list[Job] = []
@@ -1523,7 +1648,7 @@ def run(args: argparse.Namespace, *, out: Callable[[str], Any] | None = None) ->
         f"{hw.host_memory_gib:g} GiB host memory, {hw.disk_gib:g} GiB disk (hardware.*); time from "
         f"{hw.mfu:g} to {hw.mfu_low:g} MFU, trajectories {hw.length_share:g} to {hw.length_share_high:g} of the "
         f"maximum length ({hw.generated_share:g} generated), {hw.bandwidth_efficiency:g} of the memory bandwidth; "
-        + (f"calibration {calibration.path}" if calibration else "no calibration record (estimates)")
+        + (calibration.describe() if calibration else "no calibration record (estimates)")
         + ":"
     )
     for job in jobs:

@@ -12,7 +12,11 @@ plan's, by more than ``training.over_plan_factor`` is named on the console in on
 ``training.stop_when_over_plan`` the job asks verl to stop at its next step boundary, after a
 checkpoint, before the run wastes its allocation.
 
-``final.json`` gains a ``measured`` and a ``planned`` section with the same keys (:data:`KEYS`).
+``final.json`` gains a ``measured`` and a ``planned`` section with the same keys (:data:`KEYS`),
+and ``step_seconds_range``: the step less its save, low and high end (measured: the median and a
+high quantile, :func:`spader.planning.measured.step_range`). ``planned`` also says what the job
+runs on (``job``, ``ran_on``: ``hardware.gpu``, the GPUs in all and per node, the nodes, the actor
+path) and ``planned_steps``, so a later plan can read the run back (``hardware.calibration``).
 A CPU run has no plan (the plan models GPU jobs: its sglang pool, FSDP shards, MFU): its
 ``planned`` section holds the keys, each null, and ``reason`` says why.
 """
@@ -28,6 +32,8 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from spader.planning.measured import WARMUP_STEPS, step_range
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +51,6 @@ __all__ = [
 ]
 
 GIB = float(1 << 30)
-#: Steps not counted in the measured step time (the first compiles, warms caches and loads).
-WARMUP_STEPS = 1
 #: A phase of a step and the metric that times it: verl's ``timing_s/*``, and the search wait, which
 #: is part of generation (the agent loop waits for the service inside ``gen``): the seconds the
 #: batch's episodes waited for the search tool, summed over the episodes (they run concurrently).
@@ -109,8 +113,10 @@ def measured_section(
     }
     gpu = [float(d[k]) for d in steps.values() for k in GPU_METRICS[:1] if k in d]
     ckpt = tree_gib(checkpoint) if checkpoint and Path(checkpoint).is_dir() else None
+    low_high = step_range([step_record(s, timed[s], None) for s in counted])
     return {
         "step_seconds": step_s,
+        "step_seconds_range": list(low_high) if low_high else None,
         "run_hours": step_s * total_steps / 3600 if step_s is not None and total_steps else None,
         "checkpoint_gib": round(ckpt, 6) if ckpt is not None else None,
         "peak_host_gib": round(host_gib, 3) if host_gib is not None else None,
@@ -120,20 +126,26 @@ def measured_section(
     }
 
 
-def planned_section(planned: Any, *, device: str) -> dict[str, Any]:
-    """The plan of a job (:class:`spader.planning.plan.Job`, or None) under the keys of
-    :func:`measured_section`: the step and run time at both ends of the plan's range, one
-    checkpoint, the host memory of the most loaded node, the GPU peak and capacity."""
+def planned_section(planned: Any, *, device: str, name: str | None = None) -> dict[str, Any]:
+    """The plan of a job (:class:`spader.planning.plan.Job`, or None; ``name``: the plan's name of
+    the job when there is none) under the keys of :func:`measured_section`: the step and run time
+    at both ends of the plan's range, one checkpoint, the host memory of the most loaded node, the
+    GPU peak and capacity; what the job runs on and its planned steps."""
     if planned is None:
         reason = (
             "a CPU run has no plan: the plan models GPU jobs (training.device is cpu)"
             if device == "cpu"
             else "no plan for this launch (no node description to plan from)"
         )
-        return {**dict.fromkeys(KEYS), "phase_seconds": {}, "reason": reason}
+        return {**dict.fromkeys(KEYS), "phase_seconds": {}, "step_seconds_range": None, "job": name,
+                "ran_on": None, "planned_steps": None, "reason": reason}  # fmt: skip
     low, high = planned.step_minutes(), planned.step_minutes(end="high")
     times = planned.time.get(planned.path or "") or {}
     section = {
+        "job": planned.name,
+        "ran_on": dict(planned.ran_on) if planned.ran_on else None,
+        "planned_steps": planned.planned_steps,
+        "step_seconds_range": [low * 60, high * 60] if low is not None and high is not None else None,
         "step_seconds": low * 60 if low is not None else None,
         "step_seconds_high": high * 60 if high is not None else None,
         "run_hours": planned.run_hours(),

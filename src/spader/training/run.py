@@ -562,7 +562,8 @@ def prepare_launch(
         if resized.overrides != plan.overrides:
             plan, cfg = resized, compose_config(resized)
     planned = check_job_memory(job, cfg)  # the plan of this launch; refuses one that does not fit
-    write_planned(job.workdir, planned_section(planned[0] if planned else None, device=job.device))
+    name = f"train {job.backbone}/{job.variant}"  # the plan's name of the job (a later plan reads it back)
+    write_planned(job.workdir, planned_section(planned[0] if planned else None, device=job.device, name=name))
     every = planned_save_every(planned, cfg)
     if every is not None:
         log.info("%s: saving every %d steps (its plan; training.save_freq is %s)", job.run_name, every,
@@ -961,7 +962,9 @@ def _status(exc: BaseException) -> str:
 
 def measured_and_planned(job: TrainJob, steps: Mapping[int, dict], ckpt: Checkpoint) -> dict[str, dict]:
     """``final.json``'s ``measured`` and ``planned`` sections (:mod:`spader.training.measure`)."""
-    planned = read_planned(job.workdir) or planned_section(None, device=job.device)
+    planned = read_planned(job.workdir) or planned_section(
+        None, device=job.device, name=f"train {job.backbone}/{job.variant}"
+    )
     measured = measured_section(
         steps, checkpoint=ckpt.path, host_gib=recorded_host_peak(job.workdir), total_steps=ckpt.step
     )
