@@ -127,7 +127,9 @@ def _get(mapping: Any, dotted: str, where: str, prefix: str = "") -> Any:
     return node
 
 
-def _ran_on(planned: Mapping[str, Any], where: str, prefix: str) -> tuple[dict | None, str | None, int | None]:
+def _ran_on(
+    planned: Mapping[str, Any], where: str, prefix: str
+) -> tuple[dict | None, str | None, int | None]:
     """(ran_on, reason, planned_steps) of a ``planned`` section: a run without a plan says why."""
     if planned.get("ran_on") is None and planned.get("step_seconds") is None and planned.get("reason"):
         return None, str(planned["reason"]), None
@@ -257,7 +259,9 @@ def _kind(p: Path) -> tuple[str, Any]:
     )
 
 
-def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike], root: str | os.PathLike = ".") -> Records:
+def load_records(
+    paths: str | os.PathLike | Sequence[str | os.PathLike], root: str | os.PathLike = "."
+) -> Records:
     """Read what ``hardware.calibration`` names (relative paths: under ``root``).
 
     Raises:
@@ -272,7 +276,9 @@ def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike], root: s
         kind, document = _kind(p)
         if kind == "memory":
             if memory is not None:
-                raise ValueError(f"hardware.calibration names two GPU memory calibration records ({memory.path}, {p})")
+                raise ValueError(
+                    f"hardware.calibration names two GPU memory calibration records ({memory.path}, {p})"
+                )
             memory = load_calibration(p)
         elif kind == "final":
             runs.append(_from_final(p, document))

@@ -1417,7 +1417,9 @@ def _backbone_training_jobs(inputs: _PlanInputs, b: str, spec: Any, only: Callab
     # the variants with measured records first: the others are scaled by the first one measured
     planned: dict[str, list[Job]] = {}
     scale = None
-    for v in sorted(names, key=lambda v: not inputs.calibration.for_job(f"train {b}/{v}", f"train {b}/{runs.get(v)}")):
+    for v in sorted(
+        names, key=lambda v: not inputs.calibration.for_job(f"train {b}/{v}", f"train {b}/{runs.get(v)}")
+    ):
         planned[v] = _variant_jobs(inputs, b, spec, v, shape, measured, runs.get(v), scale_from=scale)
         factor = planned[v][0].time_factor
         if scale is None and factor is not None and planned[v][0].time_source.startswith("measured"):

@@ -133,13 +133,15 @@ class HardwareConfig(Section):
         description="time model: share of a trajectory's tokens the policy generates (decoded one by one); "
         "the rest (prompt, tool observations) is prefilled",
     )
-    calibration: Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None = Field(
-        None,
-        description="records the plan reads back (one path or a list; told apart by content): a GPU memory "
-        "calibration record written by scripts/gpu_memory_calibration.py (YAML), whose measured activation and "
-        "log-prob constants replace the plan's estimates for the shapes it measured; and earlier trainings' "
-        "measured records (a training's final.json, or the work directory / measured.jsonl of a run stopped "
-        "after some steps), whose step time, host peak and checkpoint size replace the estimates of the same "
-        "backbone x variant on the same hardware (its other variants scaled by measured/planned; docs/gpu.md); "
-        "null: estimates",
+    calibration: Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None = (
+        Field(
+            None,
+            description="records the plan reads back (one path or a list; told apart by content): a GPU memory "
+            "calibration record written by scripts/gpu_memory_calibration.py (YAML), whose measured activation and "
+            "log-prob constants replace the plan's estimates for the shapes it measured; and earlier trainings' "
+            "measured records (a training's final.json, or the work directory / measured.jsonl of a run stopped "
+            "after some steps), whose step time, host peak and checkpoint size replace the estimates of the same "
+            "backbone x variant on the same hardware (its other variants scaled by measured/planned; docs/gpu.md); "
+            "null: estimates",
+        )
     )
