@@ -28,6 +28,35 @@ def paper_config() -> dict:
 
 
 @pytest.fixture(scope="session")
+def gpu_training_job():
+    """``(paper_config, tmp_path, device=...) -> TrainJob``: qwen3_8b/spader as the paper's node runs it."""
+    return _training_job
+
+
+def _training_job(paper_config: dict, tmp_path: Path, *, device: str = "cuda"):
+    """A TrainJob of qwen3_8b/spader on the paper's node (its training file of 64 rows, no model)."""
+    import polars as pl
+
+    from spader.training.run import TrainJob
+
+    data = tmp_path / "data"
+    data.mkdir(parents=True)
+    for split, rows in (("train", 64), ("val", 8)):
+        pl.DataFrame({"data_source": ["qampari"] * rows}).write_parquet(data / f"{split}.parquet")
+    training = {**paper_config["training"], "device": device}
+    if device == "cpu":
+        training["rollout_backend"] = "transformers"
+    return TrainJob(
+        backbone="qwen3_8b", variant="spader", backbone_spec=paper_config["backbones"]["qwen3_8b"],
+        variant_spec=paper_config["variants"]["spader"], training=training, retrieval=paper_config["retrieval"],
+        train_file=data / "train.parquet", val_file=data / "val.parquet", index_dir=tmp_path / "index",
+        model_dir=tmp_path / "model",  # none here: the plan takes Qwen3-8B's shipped shape
+        verl_config_dir=REPO / "config" / "verl", workdir=tmp_path / "work", final_json=tmp_path / "final.json",
+        threads=64, hardware=paper_config["hardware"],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def fsdp_actor(tmp_path_factory, tiny_model) -> Path:
     """``global_step_1/actor`` of a real 2-rank FSDP2 checkpoint of ``tiny_model``."""
     out = tmp_path_factory.mktemp("fsdp") / "global_step_1" / "actor"

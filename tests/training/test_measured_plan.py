@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,57 @@ def test_a_malformed_record_is_one_line_naming_the_file_and_the_field(first_run,
     assert plan.main(["--root", str(REPO), "--configfile", str(tmp_path / "overlay.yaml")], out=print) == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and "\n" not in err and "Traceback" not in err
+
+
+def test_the_second_runs_launch_plans_itself_from_the_first(first_run, paper_config, tmp_path):
+    """A training's own launch plan (its cadence, its checks) reads hardware.calibration as spader
+    plan does: a launch of another variant of the measured backbone is scaled by the first run's
+    measured/estimated factor (taken from the first run's own plan), and a launch of the measured
+    variant takes the measured step; an unreadable record stops the launch in one line."""
+    from types import SimpleNamespace
+
+    from spader.config.model import HardwareConfig
+    from spader.training.preflight import PreflightError, job_costs, launch_records
+
+    _, job, final = first_run
+    hardware = HardwareConfig.model_validate({**paper_config["hardware"], "calibration": [str(final)]})
+    grpo = SimpleNamespace(backbone="qwen3_8b", variant="grpo")
+    own, scale = launch_records(grpo, hardware)
+    assert own == () and scale is not None and scale[0] == "qwen3_8b/spader"
+    estimate = (sum(job.time[job.path]["step"].values()), sum(job.time_high[job.path]["step"].values()))
+    low = statistics.median(2.0 * estimate[0] * s for s in SPREAD)
+    assert scale[1] == pytest.approx(low / estimate[0], rel=1e-6)  # measured over the run's own estimate
+    spader = SimpleNamespace(backbone="qwen3_8b", variant="spader")
+    own, scale = launch_records(spader, hardware)
+    assert [r.path for r in own] == [str(final)] and scale is None
+    assert launch_records(grpo, HardwareConfig.model_validate(paper_config["hardware"])) == ((), None)
+    broken = tmp_path / "final.json"
+    broken.write_text(
+        json.dumps({"backbone": "qwen3_8b", "variant": "spader", "measured": {}, "planned": {}})
+    )
+    with pytest.raises(PreflightError, match=f"hardware.calibration: {broken}: .*lacks") as err:
+        launch_records(spader, hardware.model_copy(update={"calibration": [str(broken)]}))
+    assert "\n" not in str(err.value)
+    assert job_costs is not None
+
+
+def test_a_launch_with_the_record_saves_at_the_measured_cadence(
+    first_run, paper_config, gpu_training_job, tmp_path
+):
+    """The launch of qwen3_8b/spader on the paper's node, with and without the first run's record:
+    with it, its plan's step is the measured one and its time source says so."""
+    from spader.training.launch import compose_config
+    from spader.training.preflight import check_job_memory
+    from spader.training.run import RunLink, plan_launch
+
+    _, _, final = first_run
+    plain = gpu_training_job(paper_config, tmp_path / "plain")
+    cfg = compose_config(plan_launch(plain, resume_from=None, metrics_file=tmp_path / "m.jsonl",
+                                     link=RunLink(None, None)))  # fmt: skip
+    (estimated,) = check_job_memory(plain, cfg)
+    config = {**paper_config, "hardware": {**paper_config["hardware"], "calibration": [str(final)]}}
+    (measured,) = check_job_memory(gpu_training_job(config, tmp_path / "measured"), cfg)
+    assert estimated.time_source == "estimated"
+    assert measured.time_source.startswith(f"measured ({final}")
+    assert measured.step_minutes() > 1.9 * estimated.step_minutes()
+    assert measured.cadence.save_every_steps <= estimated.cadence.save_every_steps

@@ -193,36 +193,14 @@ def test_a_bound_below_one_step_refuses_the_run_naming_both(tmp_path):
     )
 
 
-def _gpu_job(paper_config: dict, tmp_path: Path, *, device: str = "cuda"):
-    import polars as pl
-
-    from spader.training.run import TrainJob
-
-    data = tmp_path / "data"
-    data.mkdir(parents=True)
-    for split, rows in (("train", 64), ("val", 8)):
-        pl.DataFrame({"data_source": ["qampari"] * rows}).write_parquet(data / f"{split}.parquet")
-    training = {**paper_config["training"], "device": device}
-    if device == "cpu":
-        training["rollout_backend"] = "transformers"
-    return TrainJob(
-        backbone="qwen3_8b", variant="spader", backbone_spec=paper_config["backbones"]["qwen3_8b"],
-        variant_spec=paper_config["variants"]["spader"], training=training, retrieval=paper_config["retrieval"],
-        train_file=data / "train.parquet", val_file=data / "val.parquet", index_dir=tmp_path / "index",
-        model_dir=tmp_path / "model",  # none here: the plan takes Qwen3-8B's shipped shape
-        verl_config_dir=REPO / "config" / "verl", workdir=tmp_path / "work", final_json=tmp_path / "final.json",
-        threads=64, hardware=paper_config["hardware"],
-    )  # fmt: skip
-
-
-def test_the_launch_saves_at_the_planned_cadence(paper_config, tmp_path):
+def test_the_launch_saves_at_the_planned_cadence(paper_config, gpu_training_job, tmp_path):
     """A GPU training plans itself on its composed launch and verl gets its cadence as
     trainer.save_freq; a CPU training (no plan) keeps training.save_freq."""
     from spader.training.launch import compose_config
     from spader.training.preflight import check_job_memory
     from spader.training.run import RunLink, plan_launch, planned_save_every
 
-    job = _gpu_job(paper_config, tmp_path)
+    job = gpu_training_job(paper_config, tmp_path)
     plan_ = plan_launch(job, resume_from=None, metrics_file=tmp_path / "m.jsonl", link=RunLink(None, None))
     cfg = compose_config(plan_)
     assert cfg.trainer.save_freq == 100
@@ -238,7 +216,7 @@ def test_the_launch_saves_at_the_planned_cadence(paper_config, tmp_path):
         f"trainer.save_freq={every}"
     ]
 
-    cpu = _gpu_job(paper_config, tmp_path / "cpu", device="cpu")
+    cpu = gpu_training_job(paper_config, tmp_path / "cpu", device="cpu")
     assert check_job_memory(cpu, cfg) == [] and planned_save_every([], cfg) is None
     assert math.isfinite(planned.cadence.stop_before_minutes)
 

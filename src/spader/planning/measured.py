@@ -81,6 +81,21 @@ class MeasuredRun:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     checkpoint_gib: float | None = None
     host_gib: float | None = None
+    #: the step (low, high end, less the save) its own plan estimated, when its plan gave one
+    planned_seconds: tuple[float, float] | None = None
+
+    @property
+    def backbone(self) -> str:
+        return self.job.removeprefix("train ").split("/", 1)[0]
+
+    def factor(self) -> tuple[float, float] | None:
+        """Measured over its own plan's estimate (low, high end), when the run had a plan."""
+        if not self.planned_seconds or not all(self.planned_seconds):
+            return None
+        return (
+            self.step_seconds[0] / self.planned_seconds[0],
+            self.step_seconds[1] / self.planned_seconds[1],
+        )
 
     def mismatch(self, ran_on: Mapping[str, Any]) -> str | None:
         """Why this record does not apply to a job that runs on ``ran_on`` (None: it applies)."""
@@ -111,6 +126,17 @@ class Records:
     def for_job(self, *names: str | None) -> tuple[MeasuredRun, ...]:
         return tuple(r for r in self.runs if r.job in {n for n in names if n})
 
+    def scale_for(self, job: str, gpu: str) -> tuple[str, float, float] | None:
+        """``(<b>/<v>, low, high)``: the measured/estimated factors of the first record of another
+        variant of ``job``'s backbone that ran on ``gpu`` with a plan (its own plan's estimate: no
+        need to plan that variant again), for a job without a record of its own; None without one."""
+        backbone = job.removeprefix("train ").split("/", 1)[0]
+        for r in self.runs:
+            factor = r.factor()
+            if r.job != job and r.backbone == backbone and r.ran_on and r.ran_on["gpu"] == gpu and factor:
+                return (r.job.removeprefix("train "), *factor)
+        return None
+
     def describe(self) -> str:
         parts = [f"calibration {self.memory.path}"] if self.memory else ["no calibration record (estimates)"]
         parts += [f"measured {r.path} ({r.job})" for r in self.runs]
@@ -138,6 +164,18 @@ def _ran_on(
     return ran_on, None, int(steps) if steps is not None else None
 
 
+def _planned_seconds(planned: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The step its plan's time model estimated (low, high end), before measured records replaced it."""
+    estimate = planned.get("estimated_step_seconds")
+    low, high = (
+        estimate
+        if isinstance(estimate, Sequence) and len(estimate) == 2
+        else (planned.get("step_seconds"), planned.get("step_seconds_high"))
+    )
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (low, high))
+    return (float(low), float(high)) if ok else None
+
+
 def _number(value: Any, where: str, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: '{key}' is missing or not a number")
@@ -160,6 +198,7 @@ def _from_final(path: Path, final: Mapping[str, Any]) -> MeasuredRun:
                       _number(low_high[1], where, "measured.step_seconds_range")),
         phase_seconds={k: float(x) for k, x in phases.items() if x is not None},
         checkpoint_gib=measured.get("checkpoint_gib"), host_gib=measured.get("peak_host_gib"),
+        planned_seconds=_planned_seconds(final.get("planned") or {}),
     )  # fmt: skip
 
 
@@ -223,7 +262,7 @@ def _from_steps(path: Path) -> MeasuredRun:
     return MeasuredRun(
         path=str(path), job=str(_get(planned, "job", str(planned_file))), ran_on=ran_on, reason=reason,
         planned_steps=planned_steps, steps=len(counted), step_seconds=low_high, phase_seconds=phases,
-        checkpoint_gib=_checkpoint_gib(path.parent), host_gib=host,
+        checkpoint_gib=_checkpoint_gib(path.parent), host_gib=host, planned_seconds=_planned_seconds(planned),
     )  # fmt: skip
 
 

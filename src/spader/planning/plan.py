@@ -1091,6 +1091,7 @@ def _measured_times(job: Job, ends: dict, jc: JobCosts) -> MeasuredRun | None:
                              f"has {job.planned_steps}: its run hours count {job.planned_steps} steps")  # fmt: skip
     elif jc.scale_from is not None:
         source, *factor = jc.scale_from
+        job.estimated["step_seconds"] = [round(estimate["low"], 1), round(estimate["high"], 1)]
         job.time_source = f"scaled from measured {source} (x{factor[0]:.2f})"
         job.notes.append(f"step times scaled from measured {source}: x{factor[0]:.2f} (low end), "
                          f"x{factor[1]:.2f} (high end) of the plan's estimates")  # fmt: skip

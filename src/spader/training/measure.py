@@ -148,6 +148,12 @@ def planned_section(planned: Any, *, device: str, name: str | None = None) -> di
         "step_seconds_range": [low * 60, high * 60] if low is not None and high is not None else None,
         "step_seconds": low * 60 if low is not None else None,
         "step_seconds_high": high * 60 if high is not None else None,
+        # the time model's own estimate of the step (low, high end), also where measured records
+        # replaced or scaled it: what a later plan scales the backbone's other variants by
+        "estimated_step_seconds": (
+            planned.estimated.get("step_seconds")
+            or ([low * 60, high * 60] if low is not None and high is not None else None)
+        ),
         "run_hours": planned.run_hours(),
         "run_hours_high": planned.run_hours(end="high"),
         "checkpoint_gib": planned.final_checkpoint_gib,

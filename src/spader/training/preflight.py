@@ -64,6 +64,7 @@ __all__ = [
     "gpu_memory_gib",
     "hub_token_configured",
     "job_costs",
+    "launch_records",
     "main",
     "nvcc_version",
     "run",
@@ -522,13 +523,34 @@ def job_costs(job: Any) -> Any:
         steps=int(steps), prompts=training.train_batch_size, rollouts=training.rollout_n,
         val_prompts=_rows(job.val_file) or 0, max_turns=job.agent.max_turns, nodes=job.train_nodes,
     )  # fmt: skip
+    records, scale_from = launch_records(job, hardware)
     return JobCosts(
         hardware=hardware, workload=work, reranker_on_gpus=on_gpus,
         cache_bytes=int(retrieval["service"]["cache_bytes"]) if retrieval else 0,
         judge_gpus_on_node=0 if job.judge_node else judge_gpus, search=search,
         allocation_minutes=float(training.time_limit.estimate_minutes(job.variant)),
         warning_s=float(training.time_limit.warning_s), max_work_lost_minutes=float(training.max_work_lost_minutes),
+        records=records, scale_from=scale_from,
     )  # fmt: skip
+
+
+def launch_records(job: Any, hardware: Any) -> tuple[tuple, tuple | None]:
+    """The measured records ``hardware.calibration`` names that plan this launch, as ``spader plan``
+    reads them (paths relative to the workflow's directory, where the job runs): the job's own, and
+    the factors of another variant of its backbone measured on the same GPU model (from that run's
+    own estimate) for a job without one. A record that cannot be read stops the launch in one line."""
+    from spader.planning.measured import load_records
+
+    paths = getattr(hardware, "calibration", None)
+    if not paths:
+        return (), None
+    try:
+        records = load_records(paths)
+    except ValueError as exc:
+        raise PreflightError(f"hardware.calibration: {exc}") from None
+    name = f"train {job.backbone}/{job.variant}"
+    own = records.for_job(name)
+    return own, None if own else records.scale_for(name, str(hardware.gpu))
 
 
 def check_job_memory(job: Any, verl_config: Any, *, capacity_gib: float | None = None):
