@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from spader.config.model import AgentConfig, EvaluationConfig
 from spader.core.prompt import PromptTemplate, load_template
 from spader.evaluation.engines import build_engine
 from spader.evaluation.episodes import episode_record, load_eval_set, summarize, write_jsonl
+from spader.infra.node import Needs, Node, check_here
 from spader.models.local import is_tiny
 from spader.retrieval.backend import SearchSettings
 from spader.retrieval.service import connected_client
@@ -223,8 +224,11 @@ def evaluate_policy(
     threads: int | None = None,
     service_log: str | os.PathLike | None = None,
     job_log: str | os.PathLike | None = None,
+    needs: Needs | None = None,
+    measure: Callable[..., Node] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``method`` with the policy in ``model_dir`` on one evaluation set.
+    """Evaluate ``method`` with the policy in ``model_dir`` on one evaluation set, once the node
+    holds what the job needs (before any model loads).
 
     Args:
         records_path: the evaluation set JSONL.
@@ -241,12 +245,18 @@ def evaluate_policy(
         threads: CPU threads of the job (shared by the service).
         service_log: where the retrieval service writes its log.
         job_log: the job's log (named in the error of a failed evaluation).
+        needs: what the job needs of its node (:func:`spader.planning.needs.evaluation_needs`;
+            default: ``evaluation.gpus`` GPUs); measure: how the node is measured
+            (:func:`spader.infra.node.measure_node`).
     Returns:
         The summary.
     Raises:
+        PreflightError: the node lacks what the job needs (one line; nothing loaded).
         EvaluationFailed: the engine died or failed on more than ``evaluation.max_error_share`` of
             the episodes (nothing is written).
     """
+    needs = needs or Needs(f"evaluate {method}", gpus=evaluation.gpus)
+    check_here(needs, Path(out_records).parent, measure=measure, logger=log)
     agent = agent or AgentConfig()
     # queries are cut to what the service accepts, as training's search tool does
     settings = loop_settings(evaluation, agent, retrieval, model_dir)

@@ -36,6 +36,7 @@ __all__ = [
     "Node",
     "PreflightError",
     "check_driver",
+    "check_here",
     "check_node",
     "check_nvcc",
     "driver_version",
@@ -539,3 +540,21 @@ def check_node(needs: Needs, node: Node, *, logger: logging.Logger | None = None
             + " (the plan: spader plan; the node: spader preflight)"
         )
     return checks
+
+
+def check_here(
+    needs: Needs,
+    path: str | os.PathLike,
+    *,
+    measure: Callable[..., Node] | None = None,
+    logger: logging.Logger | None = None,
+) -> list[Check]:
+    """Measure this node (``measure``: :func:`measure_node`; where the job writes: ``path``; the
+    GPUs only when the job needs some) and check ``needs`` against it (:func:`check_node`), each
+    check in ``logger``'s log.
+
+    Raises:
+        PreflightError: one line naming the job and what is short.
+    """
+    node = (measure or measure_node)(path, gpus=bool(needs.gpus))
+    return check_node(needs, node, logger=logger or log)
