@@ -65,7 +65,7 @@ def build_bm25_index(
     threads: int = 1,
     expected_documents: int | None = None,
     overwrite: bool = False,
-    heap: str = _INDEX_HEAP,
+    heap: str | None = None,
     measure: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Index every chunk line of ``source`` into a new Lucene index at ``index_dir``.
@@ -77,8 +77,8 @@ def build_bm25_index(
         threads: Anserini indexing threads.
         expected_documents: fail unless exactly this many documents were indexed.
         overwrite: replace an existing ``index_dir`` instead of refusing.
-        heap: JVM maximum heap (first JVM start of the process only); the node must have it
-            available.
+        heap: JVM maximum heap (first JVM start of the process only; default 8g); one given must
+            be available on the node.
         measure: how the node is measured (:func:`spader.infra.node.measure_node`; tests).
 
     Returns:
@@ -90,8 +90,9 @@ def build_bm25_index(
     """
     index_dir = Path(index_dir)
     stats_path = Path(stats_path) if stats_path is not None else index_dir.parent / "stats.json"
-    _check_options(threads, heap)
     _check_room(source, index_dir, heap, measure)
+    heap = heap or _INDEX_HEAP
+    _check_options(threads, heap)
     if index_dir.exists() and any(index_dir.iterdir()):
         if not overwrite:
             raise IndexBuildError(f"index directory {index_dir} exists and is not empty (use overwrite)")
@@ -134,14 +135,14 @@ def _heap_gib(heap: str) -> float:
 def _check_room(
     source: str | os.PathLike, index_dir: Path, heap: str, measure: Callable[..., Any] | None
 ) -> None:
-    """The node against the build (one line naming what is short): the JVM's heap available, and
+    """The node against the build (one line naming what is short): a given JVM heap available, and
     free disk where the index goes for a dump's size x :data:`INDEX_PER_DUMP` (an unpacked tree's
     index is not sized: a debug line says so)."""
     dump = Path(source)
     disk = dump.stat().st_size * INDEX_PER_DUMP / GIB if dump.is_file() else None
     needs = Needs(
         f"build_bm25_index {index_dir.name}",
-        host_gib=_heap_gib(heap),
+        host_gib=None if heap is None else _heap_gib(check_heap(heap)),
         host_what=f"available for the JVM's heap (-Xmx{heap})",
         disk_gib=disk,
         disk_what=f"the index (the dump's size x {INDEX_PER_DUMP:.1f})",
