@@ -228,7 +228,7 @@ def evaluate_policy(
     measure: Callable[..., Node] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``method`` with the policy in ``model_dir`` on one evaluation set, once the node
-    holds what the job needs (before any model loads).
+    holds what the job needs (before any model loads; else a one-line PreflightError).
 
     Args:
         records_path: the evaluation set JSONL.
@@ -245,26 +245,18 @@ def evaluate_policy(
         threads: CPU threads of the job (shared by the service).
         service_log: where the retrieval service writes its log.
         job_log: the job's log (named in the error of a failed evaluation).
-        needs: what the job needs of its node (:func:`spader.planning.needs.evaluation_needs`;
-            default: ``evaluation.gpus`` GPUs); measure: how the node is measured
-            (:func:`spader.infra.node.measure_node`).
+        needs, measure: its node's needs (default: ``evaluation.gpus`` GPUs), how it is measured.
     Returns:
         The summary.
     Raises:
-        PreflightError: the node lacks what the job needs (one line; nothing loaded).
         EvaluationFailed: the engine died or failed on more than ``evaluation.max_error_share`` of
             the episodes (nothing is written).
     """
-    needs = needs or Needs(f"evaluate {method}", gpus=evaluation.gpus)
-    check_here(needs, Path(out_records).parent, measure=measure, logger=log)
+    check_here(needs or Needs(f"evaluate {method}", gpus=evaluation.gpus), Path(out_records).parent, measure=measure)  # fmt: skip
     agent = agent or AgentConfig()
-    # queries are cut to what the service accepts, as training's search tool does
-    settings = loop_settings(evaluation, agent, retrieval, model_dir)
+    settings = loop_settings(evaluation, agent, retrieval, model_dir)  # queries cut as training's are
     template = prompt or load_template(role=agent.prompt_role)
-    items = load_eval_set(records_path)
-    tiny = is_tiny(model_dir)
-    if tiny:
-        log.warning("%s (%s)", TINY_NOTE, model_dir)
+    items, tiny = load_eval_set(records_path), _tiny(model_dir)
     started = time.monotonic()
     records, requests, engine = _checked_episodes(
         items, evaluation, model_dir, settings, index_dir, retrieval, method, template,
@@ -276,6 +268,14 @@ def evaluate_policy(
     )  # fmt: skip
     _write_outputs(records, summary, out_records, out_summary)
     return summary
+
+
+def _tiny(model_dir: str | os.PathLike) -> bool:
+    """Whether the policy is a tiny random model (said in the log and the summary)."""
+    tiny = is_tiny(model_dir)
+    if tiny:
+        log.warning("%s (%s)", TINY_NOTE, model_dir)
+    return tiny
 
 
 def _checked_episodes(

@@ -141,8 +141,7 @@ def fetch(
     measure: Callable[..., Any] | None = None,
 ) -> Path:
     """Download or copy ``source`` to ``dest`` atomically, resuming and retrying as needed, once the
-    file system of ``dest`` has room for what is left to transfer (when its size is known: the
-    configured or recorded size, or a local source's; otherwise a debug line says it is unknown).
+    disk has room for what is left (:func:`_check_room`; a PreflightError names what is short).
 
     Expected size and sha256 come from the arguments (config) or, when those are None, from the
     record of the first complete download of ``dest`` from the same source
@@ -170,8 +169,6 @@ def fetch(
 
     Returns:
         ``dest`` as a :class:`Path`.
-    Raises:
-        spader.infra.node.PreflightError: less free disk than the transfer needs (one line).
     """
     dest = Path(dest)
     named = record_source or source
@@ -194,8 +191,12 @@ def fetch(
 def _check_room(
     source: str, dest: Path, part: Path, size: int | None, measure: Callable[..., Any] | None
 ) -> None:
-    """Free disk at ``dest`` against what is left to transfer: ``size`` (else a local source's
-    size) less the part already there; a debug line when the size is not known."""
+    """Free disk at ``dest`` against what is left to transfer: ``size`` (configured or recorded,
+    else a local source's) less the part already there; a debug line when the size is not known.
+
+    Raises:
+        spader.infra.node.PreflightError: less free disk than the transfer needs (one line).
+    """
     if size is None:
         local = resolve_source(source)
         size = local.stat().st_size if isinstance(local, Path) and local.is_file() else None

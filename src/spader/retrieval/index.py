@@ -77,9 +77,8 @@ def build_bm25_index(
         threads: Anserini indexing threads.
         expected_documents: fail unless exactly this many documents were indexed.
         overwrite: replace an existing ``index_dir`` instead of refusing.
-        heap: JVM maximum heap (first JVM start of the process only; default 8g); one given must
-            be available on the node.
-        measure: how the node is measured (:func:`spader.infra.node.measure_node`; tests).
+        heap: JVM maximum heap (first JVM start of the process only; default 8g).
+        measure: how the node is measured (:func:`_check_room`; tests).
 
     Returns:
         The stats written to ``stats_path`` (documents, terms, files, seconds, docs/s, ...).
@@ -90,9 +89,8 @@ def build_bm25_index(
     """
     index_dir = Path(index_dir)
     stats_path = Path(stats_path) if stats_path is not None else index_dir.parent / "stats.json"
-    _check_room(source, index_dir, heap, measure)
-    heap = heap or _INDEX_HEAP
-    _check_options(threads, heap)
+    _check_room(source, index_dir, heap, measure)  # a given heap available, the disk for the index
+    _check_options(threads, heap := heap or _INDEX_HEAP)
     if index_dir.exists() and any(index_dir.iterdir()):
         if not overwrite:
             raise IndexBuildError(f"index directory {index_dir} exists and is not empty (use overwrite)")
@@ -112,14 +110,8 @@ def build_bm25_index(
         raise
     stats = _index_record(index_dir, source, reader, info, duplicates, indexed, threads, seconds, indexer)
     atomic_write(stats_path, json.dumps(stats, indent=2) + "\n")
-    log.info(
-        "indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
-        indexed,
-        stats["files"],
-        seconds,
-        indexed / max(seconds, 1e-9),
-        index_dir,
-    )
+    log.info("indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
+             indexed, stats["files"], seconds, indexed / max(seconds, 1e-9), index_dir)  # fmt: skip
     return stats
 
 

@@ -320,7 +320,7 @@ def build_evidence_with_service(
         threads: search and CPU reranking threads of the service.
         service_log: the service's log file.
         needs: what the job needs of its node (:func:`spader.planning.needs.evidence_needs`;
-            default: ``settings.gpus`` GPUs); measure: how the node is measured
+            default: nothing beyond a measurable node); measure: how the node is measured
             (:func:`spader.infra.node.measure_node`).
     Returns:
         The coverage dict.
@@ -329,8 +329,7 @@ def build_evidence_with_service(
     """
     from spader.retrieval.service import connected_client
 
-    check_here(needs or Needs("build_evidence", gpus=settings.gpus), Path(out_evidence).parent, measure=measure,
-               logger=log)  # fmt: skip
+    check_here(needs or Needs("build_evidence"), Path(out_evidence).parent, measure=measure, logger=log)
 
     limit = retrieval.max_queries_per_request
     if settings.queries_per_request > limit:
