@@ -89,8 +89,9 @@ def build_bm25_index(
     """
     index_dir = Path(index_dir)
     stats_path = Path(stats_path) if stats_path is not None else index_dir.parent / "stats.json"
+    _check_options(threads, heap or _INDEX_HEAP)  # bad input first, then the node
     _check_room(source, index_dir, heap, measure)  # a given heap available, the disk for the index
-    _check_options(threads, heap := heap or _INDEX_HEAP)
+    heap = heap or _INDEX_HEAP
     if index_dir.exists() and any(index_dir.iterdir()):
         if not overwrite:
             raise IndexBuildError(f"index directory {index_dir} exists and is not empty (use overwrite)")
