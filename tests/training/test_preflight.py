@@ -306,9 +306,9 @@ def test_nvcc_must_be_the_cuda_13_toolkit(tmp_path, monkeypatch):
         check_nvcc()
     monkeypatch.setenv("CUDA_HOME", str(_fake_nvcc(tmp_path, "13.0")))
     assert check_nvcc() == "13.0"
-    from spader.training import preflight
+    from spader.infra import node
 
-    monkeypatch.setattr(preflight, "nvcc_version", lambda: (None, None))  # no toolkit anywhere
+    monkeypatch.setattr(node, "nvcc_version", lambda: (None, None))  # no toolkit anywhere
     with pytest.raises(PreflightError, match=r"no nvcc \(CUDA 13 toolkit\).*set CUDA_HOME"):
         check_nvcc()
     with pytest.raises(PreflightError, match="unreadable nvcc version"):

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from spader.config.model import AgentConfig, EvaluationConfig
 from spader.core.prompt import PromptTemplate, load_template
 from spader.evaluation.engines import build_engine
 from spader.evaluation.episodes import episode_record, load_eval_set, summarize, write_jsonl
+from spader.infra.node import Needs, Node, check_here
 from spader.models.local import is_tiny
 from spader.retrieval.backend import SearchSettings
 from spader.retrieval.service import connected_client
@@ -223,8 +224,11 @@ def evaluate_policy(
     threads: int | None = None,
     service_log: str | os.PathLike | None = None,
     job_log: str | os.PathLike | None = None,
+    needs: Needs | None = None,
+    measure: Callable[..., Node] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``method`` with the policy in ``model_dir`` on one evaluation set.
+    """Evaluate ``method`` with the policy in ``model_dir`` on one evaluation set, once the node
+    holds what the job needs (before any model loads; else a one-line PreflightError).
 
     Args:
         records_path: the evaluation set JSONL.
@@ -241,20 +245,18 @@ def evaluate_policy(
         threads: CPU threads of the job (shared by the service).
         service_log: where the retrieval service writes its log.
         job_log: the job's log (named in the error of a failed evaluation).
+        needs, measure: its node's needs (default: ``evaluation.gpus`` GPUs), how it is measured.
     Returns:
         The summary.
     Raises:
         EvaluationFailed: the engine died or failed on more than ``evaluation.max_error_share`` of
             the episodes (nothing is written).
     """
+    check_here(needs or Needs(f"evaluate {method}", gpus=evaluation.gpus), Path(out_records).parent, measure=measure)  # fmt: skip
     agent = agent or AgentConfig()
-    # queries are cut to what the service accepts, as training's search tool does
-    settings = loop_settings(evaluation, agent, retrieval, model_dir)
+    settings = loop_settings(evaluation, agent, retrieval, model_dir)  # queries cut as training's are
     template = prompt or load_template(role=agent.prompt_role)
-    items = load_eval_set(records_path)
-    tiny = is_tiny(model_dir)
-    if tiny:
-        log.warning("%s (%s)", TINY_NOTE, model_dir)
+    items, tiny = load_eval_set(records_path), _tiny(model_dir)
     started = time.monotonic()
     records, requests, engine = _checked_episodes(
         items, evaluation, model_dir, settings, index_dir, retrieval, method, template,
@@ -266,6 +268,14 @@ def evaluate_policy(
     )  # fmt: skip
     _write_outputs(records, summary, out_records, out_summary)
     return summary
+
+
+def _tiny(model_dir: str | os.PathLike) -> bool:
+    """Whether the policy is a tiny random model (said in the log and the summary)."""
+    tiny = is_tiny(model_dir)
+    if tiny:
+        log.warning("%s (%s)", TINY_NOTE, model_dir)
+    return tiny
 
 
 def _checked_episodes(

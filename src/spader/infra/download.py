@@ -22,9 +22,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
-from spader.infra import integrity, transfer
+from spader.infra import integrity, node, transfer
 from spader.infra.retry import retrying
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,10 @@ def fetch(
     desc: str | None = None,
     sleep: Callable[[float], None] | None = None,
     record_source: str | None = None,
+    measure: Callable[..., Any] | None = None,
 ) -> Path:
-    """Download or copy ``source`` to ``dest`` atomically, resuming and retrying as needed.
+    """Download or copy ``source`` to ``dest`` atomically, resuming and retrying as needed, once the
+    disk has room for what is left (:func:`_check_room`; a PreflightError names what is short).
 
     Expected size and sha256 come from the arguments (config) or, when those are None, from the
     record of the first complete download of ``dest`` from the same source
@@ -162,6 +165,7 @@ def fetch(
         sleep: replaces ``time.sleep`` between attempts (tests).
         record_source: the source as the record names it (default ``source``): the configured
             value, before a relative path was made absolute, so that records stay relocatable.
+        measure: how the node is measured (:func:`spader.infra.node.measure_node`; tests).
 
     Returns:
         ``dest`` as a :class:`Path`.
@@ -175,12 +179,36 @@ def fetch(
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    _check_room(source, dest, part, want.size, measure)
     meta = _transfer(
         source, part, desc or dest.name, want, retries=retries, backoff=backoff, timeout=timeout, sleep=sleep
     )
     digest = _verified_part(source, dest, part, rec, want)
     _install(source, dest, part, meta, digest, named)
     return dest
+
+
+def _check_room(
+    source: str, dest: Path, part: Path, size: int | None, measure: Callable[..., Any] | None
+) -> None:
+    """Free disk at ``dest`` against what is left to transfer: ``size`` (configured or recorded,
+    else a local source's) less the part already there; a debug line when the size is not known.
+
+    Raises:
+        spader.infra.node.PreflightError: less free disk than the transfer needs (one line).
+    """
+    if size is None:
+        local = resolve_source(source)
+        size = local.stat().st_size if isinstance(local, Path) and local.is_file() else None
+    unknown = () if size is not None else (f"the size of {source} (none configured or recorded)",)
+    have = part.stat().st_size if part.is_file() else 0
+    needs = node.Needs(
+        f"download {dest.name}",
+        disk_gib=None if size is None else max(0, size - have) / node.GIB,
+        disk_what="what is left to transfer",
+        unknown=unknown,
+    )
+    node.check_here(needs, dest.parent, measure=measure, logger=log)
 
 
 def _expected(dest: Path, rec: integrity.Record | None, sha256: str | None, size: int | None) -> _Expected:

@@ -16,6 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
+from spader.infra.node import Needs, check_here
 from spader.models.gated import check_hub_token
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ def download_model(
     out = Path(out)
     if not local_files_only:
         check_hub_token(repo_id, out)
+    unknown = ("its size (a hub snapshot's size is not known before its download)",)
+    check_here(Needs(f"download_model {repo_id}", unknown=unknown), out.parent, logger=log)
     from huggingface_hub import snapshot_download
 
     cache = Path(cache_dir) if cache_dir is not None else out.parent / ".cache"

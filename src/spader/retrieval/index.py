@@ -31,12 +31,14 @@ import queue
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from spader.infra.atomic import atomic_write
+from spader.infra.node import GIB, Needs, check_here
 from spader.retrieval.corpus import ChunkReader, CorpusFormatError, check_record_line, is_hidden
 from spader.retrieval.errors import IndexBuildError, IndexUnavailableError
 from spader.retrieval.jvm import anserini_jar, check_heap, start_jvm
@@ -47,6 +49,9 @@ __all__ = ["build_bm25_index", "passage_id", "verify_index"]
 
 _BATCH = 10_000  # lines handed to Java per call: large enough that call overhead vanishes
 _INDEX_HEAP = "8g"
+#: GiB of index per GiB of the compressed dump: the index with its raw passages stored (~25 GB,
+#: docs/running.md) of the 6.4 GB dump (docs/data.md), spader.planning.costs.DATA_GIB.
+INDEX_PER_DUMP = 25e9 / 6.4e9
 _MEMORY_BUFFER_MB = (
     2048  # Lucene's RAM buffer; Anserini's default 4096 does not fit an 8 GB heap with threads
 )
@@ -60,7 +65,8 @@ def build_bm25_index(
     threads: int = 1,
     expected_documents: int | None = None,
     overwrite: bool = False,
-    heap: str = _INDEX_HEAP,
+    heap: str | None = None,
+    measure: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Index every chunk line of ``source`` into a new Lucene index at ``index_dir``.
 
@@ -71,7 +77,8 @@ def build_bm25_index(
         threads: Anserini indexing threads.
         expected_documents: fail unless exactly this many documents were indexed.
         overwrite: replace an existing ``index_dir`` instead of refusing.
-        heap: JVM maximum heap (first JVM start of the process only).
+        heap: JVM maximum heap (first JVM start of the process only; default 8g).
+        measure: how the node is measured (:func:`_check_room`; tests).
 
     Returns:
         The stats written to ``stats_path`` (documents, terms, files, seconds, docs/s, ...).
@@ -82,7 +89,9 @@ def build_bm25_index(
     """
     index_dir = Path(index_dir)
     stats_path = Path(stats_path) if stats_path is not None else index_dir.parent / "stats.json"
-    _check_options(threads, heap)
+    _check_options(threads, heap or _INDEX_HEAP)  # bad input first, then the node
+    _check_room(source, index_dir, heap, measure)  # a given heap available, the disk for the index
+    heap = heap or _INDEX_HEAP
     if index_dir.exists() and any(index_dir.iterdir()):
         if not overwrite:
             raise IndexBuildError(f"index directory {index_dir} exists and is not empty (use overwrite)")
@@ -102,15 +111,37 @@ def build_bm25_index(
         raise
     stats = _index_record(index_dir, source, reader, info, duplicates, indexed, threads, seconds, indexer)
     atomic_write(stats_path, json.dumps(stats, indent=2) + "\n")
-    log.info(
-        "indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
-        indexed,
-        stats["files"],
-        seconds,
-        indexed / max(seconds, 1e-9),
-        index_dir,
-    )
+    log.info("indexed %d documents from %d files in %.1f s (%.0f docs/s) into %s",
+             indexed, stats["files"], seconds, indexed / max(seconds, 1e-9), index_dir)  # fmt: skip
     return stats
+
+
+def _heap_gib(heap: str) -> float:
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    return (
+        int(heap[:-1] if heap[-1].isalpha() else heap)
+        * units[heap[-1].lower() if heap[-1].isalpha() else ""]
+        / GIB
+    )
+
+
+def _check_room(
+    source: str | os.PathLike, index_dir: Path, heap: str, measure: Callable[..., Any] | None
+) -> None:
+    """The node against the build (one line naming what is short): a given JVM heap available, and
+    free disk where the index goes for a dump's size x :data:`INDEX_PER_DUMP` (an unpacked tree's
+    index is not sized: a debug line says so)."""
+    dump = Path(source)
+    disk = dump.stat().st_size * INDEX_PER_DUMP / GIB if dump.is_file() else None
+    needs = Needs(
+        f"build_bm25_index {index_dir.name}",
+        host_gib=None if heap is None else _heap_gib(check_heap(heap)),
+        host_what=f"available for the JVM's heap (-Xmx{heap})",
+        disk_gib=disk,
+        disk_what=f"the index (the dump's size x {INDEX_PER_DUMP:.1f})",
+        unknown=() if disk is not None else (f"the index's size from an unpacked tree {dump}",),
+    )
+    check_here(needs, index_dir.parent, measure=measure, logger=log)
 
 
 def _check_options(threads: int, heap: str) -> None:

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from spader.core.text import normalize
 from spader.data.readers import iter_jsonl, open_release
 from spader.data.records import MIX_SCHEMA, DataFormatError, read_records
 from spader.infra.atomic import atomic_path, atomic_write
+from spader.infra.node import Needs, Node, check_here
 
 if TYPE_CHECKING:
     from spader.retrieval.backend import SearchSettings
@@ -305,8 +306,11 @@ def build_evidence_with_service(
     service_log: str | os.PathLike | None = None,
     qampari_release: str | os.PathLike | None = None,
     qampari_member: str | None = None,
+    needs: Needs | None = None,
+    measure: Callable[..., Node] | None = None,
 ) -> dict[str, Any]:
-    """:func:`build_evidence` against a retrieval service started for the job (rule glue).
+    """:func:`build_evidence` against a retrieval service started for the job (rule glue), once the
+    node holds what the job needs (before the reranker loads).
 
     Args:
         mix_train, out_evidence, out_coverage, settings, qampari_release, qampari_member: see
@@ -315,10 +319,17 @@ def build_evidence_with_service(
         retrieval: the job's search and service settings (reranker resolved to a local directory).
         threads: search and CPU reranking threads of the service.
         service_log: the service's log file.
+        needs: what the job needs of its node (:func:`spader.planning.needs.evidence_needs`;
+            default: nothing beyond a measurable node); measure: how the node is measured
+            (:func:`spader.infra.node.measure_node`).
     Returns:
         The coverage dict.
+    Raises:
+        PreflightError: the node lacks what the job needs (one line; nothing loaded).
     """
     from spader.retrieval.service import connected_client
+
+    check_here(needs or Needs("build_evidence"), Path(out_evidence).parent, measure=measure, logger=log)
 
     limit = retrieval.max_queries_per_request
     if settings.queries_per_request > limit:

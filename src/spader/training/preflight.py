@@ -27,14 +27,22 @@ import argparse
 import logging
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from spader.infra.node import (
+    MIN_DRIVER,
+    NVCC_MAJOR,
+    PreflightError,
+    check_driver,
+    check_nvcc,
+    driver_version,
+    glibc_version,
+    nvcc_version,
+)
 from spader.models import gated
 from spader.models.gated import GATED_MODELS, hub_token_configured
 from spader.training import VERL_VERSION
@@ -72,18 +80,8 @@ __all__ = [
     "static_checks",
 ]
 
-#: Oldest NVIDIA driver series that runs the `gpu` extra: torch 2.11 and sglang 0.5.14 are CUDA 13
-#: builds, and CUDA 13.0 needs a 580 driver (docs/gpu.md).
-MIN_DRIVER = 580
 #: Oldest glibc the `gpu` extra installs on: sglang 0.5.14's wheels are built for manylinux_2_34.
 MIN_GLIBC = (2, 34)
-#: CUDA major version of the `gpu` extra's stack, whose nvcc flashinfer needs for kernels it compiles
-#: at first use.
-NVCC_MAJOR = 13
-
-
-class PreflightError(RuntimeError):
-    """A training job cannot start; the message names the problem and the config key or path."""
 
 
 def select(config: Mapping[str, Any], backbone: str, variant: str) -> tuple[dict, dict]:
@@ -189,60 +187,6 @@ def check_retrieval(base_url: str, *, timeout: float = 30.0) -> dict:
     return dict(health) if isinstance(health, Mapping) else {"health": health}
 
 
-def driver_version() -> str | None:
-    """The NVIDIA driver's version (``nvidia-smi``), or None when it cannot be read."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        proc = subprocess.run(
-            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("could not run %s: %s", exe, exc)
-        return None
-    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines:
-        log.warning("%s exited %d: %s", exe, proc.returncode, (proc.stderr or proc.stdout).strip()[:300])
-        return None
-    return lines[0]
-
-
-def check_driver(version: str | None = None, *, minimum: int = MIN_DRIVER) -> str | None:
-    """The NVIDIA driver is of the ``minimum`` series or newer; returns its version (None when it
-    cannot be read: the GPU check then says whether torch sees the GPUs).
-
-    Raises:
-        PreflightError: an older driver (torch would see no GPU, sglang's kernels would not load).
-    """
-    version = version if version is not None else driver_version()
-    if version is None:
-        log.warning("NVIDIA driver version unknown (no nvidia-smi); the gpu extra needs %d or newer", minimum)
-        return None
-    try:
-        major = int(version.split(".")[0])
-    except ValueError:
-        log.warning("unreadable NVIDIA driver version %r", version)
-        return version
-    if major < minimum:
-        raise PreflightError(
-            f"NVIDIA driver {version} is older than the {minimum} series that the gpu extra's CUDA 13 "
-            f"stack needs (torch 2.11, sglang 0.5.14; docs/gpu.md): update the driver or run on another node"
-        )
-    return version
-
-
-def glibc_version() -> str | None:
-    """The C library's version string (``"glibc 2.36"``), or None when it is not glibc."""
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_glibc(version: str | None = None, *, minimum: tuple[int, int] = MIN_GLIBC) -> str:
     """The C library is glibc ``minimum`` or newer; returns its version.
 
@@ -265,63 +209,6 @@ def check_glibc(version: str | None = None, *, minimum: tuple[int, int] = MIN_GL
             f"built for manylinux_2_{minimum[1]}: RHEL 9, Ubuntu 22.04 or later); run on a newer system (docs/gpu.md)"
         )
     return version.strip()
-
-
-def _nvcc_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """nvcc as CUDA tools find it: ``$CUDA_HOME/bin/nvcc``, then ``PATH``, then /usr/local/cuda."""
-    environ = os.environ if environ is None else environ
-    for home in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH")):
-        if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-            return os.path.join(home, "bin", "nvcc")
-    found = shutil.which("nvcc", path=environ.get("PATH"))
-    if found:
-        return found
-    fallback = "/usr/local/cuda/bin/nvcc"
-    return fallback if os.access(fallback, os.X_OK) else None
-
-
-def nvcc_version(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
-    """``(path, output of nvcc --version)``; ``(None, None)`` without nvcc."""
-    exe = _nvcc_path(environ)
-    if exe is None:
-        return None, None
-    try:
-        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return exe, f"could not run: {exc}"
-    return exe, proc.stdout + proc.stderr
-
-
-def check_nvcc(output: str | None = None, *, path: str | None = None, major: int = NVCC_MAJOR) -> str:
-    """``nvcc`` of CUDA ``major`` is there (flashinfer compiles the kernels its wheel lacks with it);
-    returns its release.
-
-    Args:
-        output: what ``nvcc --version`` printed (``... release 13.0, V13.0.88``); run when None.
-        path: where that nvcc is (for the message).
-    Raises:
-        PreflightError: no nvcc, an unreadable version, or another CUDA major version.
-    """
-    if output is None:
-        path, output = nvcc_version()
-    if output is None:
-        raise PreflightError(
-            f"no nvcc (CUDA {major} toolkit) in $CUDA_HOME/bin, on PATH or in /usr/local/cuda: flashinfer "
-            "compiles the sglang kernels its wheel lacks at first use and fails without it; install the CUDA "
-            f"{major} toolkit and set CUDA_HOME (docs/gpu.md)"
-        )
-    found = re.search(r"release\s+(\d+)\.(\d+)", output)
-    where = f" ({path})" if path else ""
-    if not found:
-        raise PreflightError(f"unreadable nvcc version{where}: {output.strip()[:200]!r}")
-    release = f"{found.group(1)}.{found.group(2)}"
-    if int(found.group(1)) != major:
-        raise PreflightError(
-            f"nvcc{where} is CUDA {release}, but the gpu extra is a CUDA {major} stack (torch 2.11, sglang "
-            f"0.5.14): flashinfer would compile kernels for the wrong CUDA; point CUDA_HOME at a CUDA {major} "
-            "toolkit (docs/gpu.md)"
-        )
-    return release
 
 
 def check_gated_access(
