@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,21 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture
-def cluster(tmp_path):
+OTHER_NODE = r"""
+import json, os, subprocess, sys
+from spader.training.ray_cluster import slurm_nodes, srun_on
+
+node = slurm_nodes()[1]
+show = "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"
+r = subprocess.run([*srun_on(node, cpus=1, mem_mb=500), sys.executable, "-c", show],
+                   capture_output=True, text=True, timeout=120)
+print(json.dumps({"here": sorted(os.sched_getaffinity(0)), "bind": os.environ.get("SLURM_CPU_BIND"),
+                  "rc": r.returncode, "out": r.stdout.strip(), "err": r.stderr.strip()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
     problem = netns_problem()
     if problem:
         pytest.skip(f"a two-node SLURM in network namespaces cannot start here: {problem}")
@@ -68,7 +82,11 @@ def cluster(tmp_path):
     try:
         yield slurm.start()
     finally:
-        slurm.stop(keep_logs=tmp_path / "slurm_logs")
+        slurm.stop(keep_logs=tmp_path_factory.mktemp("slurm_logs"))
+
+
+def _pythonpath() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 def test_a_confined_step_gets_what_the_training_asks_for_and_no_more(cluster, tmp_path):
@@ -87,7 +105,7 @@ def test_a_confined_step_gets_what_the_training_asks_for_and_no_more(cluster, tm
         cluster.nodes[0],
         ["srun", "-N1", f"--nodelist={node}", "--cpus-per-task=1", "--mem=600", "--gres=gpu:2", "--cpu-bind=q",
          "-t2", sys.executable, str(probe), *map(str, map(cluster.gpu_device, range(cluster.gpus)))],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env=_pythonpath(),
         timeout=180,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
@@ -109,3 +127,38 @@ def test_a_confined_step_gets_what_the_training_asks_for_and_no_more(cluster, tm
     }
     for name, why in refused.items():
         assert out[name]["rc"] != 0 and why in out[name]["err"], (name, out[name])
+
+
+def test_a_step_on_another_node_is_bound_to_the_cpus_the_job_holds_there(cluster, tmp_path):
+    """A job holds CPU 0 on its first node and CPU 1 on the second (another job holds CPU 0 there).
+    Its executor-like step on the first node is bound to CPU 0 and passes that binding on
+    (``SLURM_CPU_BIND=...mask_cpu:0x1``); the step the training starts on the second node (a Ray
+    worker, a replica, the judge) binds to its own cores there instead of that mask, which CPU 1
+    cannot satisfy."""
+    first, second = cluster.nodes
+    if cluster.cpus != 2:
+        pytest.skip(f"the nodes have {cluster.cpus} CPUs; the test lays out two")
+    holder = cluster.run(first, ["sbatch", "--parsable", "-N1", f"--nodelist={second}", "-c1", "--mem=100",
+                                 "-t2", "--wrap=sleep 120"])  # fmt: skip
+    assert holder.returncode == 0, holder.stderr
+    try:
+        probe = tmp_path / "other_node.py"
+        probe.write_text(OTHER_NODE)
+        inner = f"srun -n1 --cpu-bind=q --cpus-per-task=1 {sys.executable} {probe}"  # as the executor does
+        res = cluster.run(
+            first,
+            ["salloc", "-N2", "-c1", "--mem=600", "-t2", "--immediate=60", "sh", "-c", inner],
+            env=_pythonpath(),
+            timeout=180,
+        )
+    finally:
+        job = holder.stdout.strip()
+        cluster.run(first, ["scancel", job])
+        for _ in range(120):  # its end, not the cluster's stop, ends its processes
+            if not cluster.run(first, ["squeue", "-h", "-j", job]).stdout.strip():
+                break
+            time.sleep(0.25)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["here"] == [0] and out["bind"].endswith("mask_cpu:0x1"), out
+    assert out["rc"] == 0 and json.loads(out["out"]) == [1], out

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -91,7 +92,8 @@ class NetnsSlurm:
     """The cluster (see the module docstring); :meth:`start` and :meth:`stop` it.
 
     Args:
-        nodes: host names, the first one runs the controller.
+        nodes: host names, the first one runs the controller; default two names of this cluster's
+            own (SLURM names its cgroups after the node: two clusters at once must not share one).
         subnet: the first three octets of the nodes' /24.
         cpus: what each node claims; default the machine's CPUs (SLURM binds steps to them).
         mem_mb: what each node claims (``config_overrides``; each job's and step's memory limit
@@ -102,7 +104,7 @@ class NetnsSlurm:
 
     def __init__(
         self,
-        nodes: tuple[str, ...] = ("spnode1", "spnode2"),
+        nodes: tuple[str, ...] | None = None,
         *,
         subnet: str = "10.213.7",
         cpus: int | None = None,
@@ -110,6 +112,9 @@ class NetnsSlurm:
         gpus: int = 2,
         confine: bool = True,
     ):
+        if nodes is None:
+            tag = secrets.token_hex(2)
+            nodes = (f"sp{tag}n1", f"sp{tag}n2")
         if len(nodes) != 2:
             raise ValueError("one veth pair joins exactly two nodes")
         self.nodes = nodes

@@ -363,7 +363,12 @@ def test_a_judge_on_a_node_of_its_own_is_started_there_bound_to_the_shared_addre
     address = _routable_ipv4()
     if address is None:
         pytest.skip("no non-loopback IPv4 address on this machine")
-    assert srun_on("node-b", gpus=1)[-3:] == ["--overlap", "--kill-on-bad-exit=1", "--gres=gpu:1"]
+    assert srun_on("node-b", gpus=1)[-4:] == [
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=cores",
+        "--gres=gpu:1",
+    ]
     judge = {**paper_config["judge"], "url": None}
     launch = scorer_launch(paper_config["variants"]["r3rag"], judge=judge)
     node = JudgeNode("node-b", address, ("env", "SPADER_JUDGE_NODE=node-b"), ("0",))

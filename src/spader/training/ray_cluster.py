@@ -156,10 +156,14 @@ def srun_on(node: str, *, gpus: int = 0, cpus: int | None = None, mem_mb: int | 
     """The prefix that runs a command as a step of this allocation on ``node`` alone (sharing the
     node's resources with the job's other steps, ``--overlap``; the step ends when the job does).
 
-    A cluster that confines steps (``TaskPlugin=task/cgroup``, ``task/affinity``) gives a step only
-    what it asks for: one CPU and, with ``DefMemPerCPU``, that CPU's memory by default. So a step
-    asks for ``cpus`` CPUs and ``mem_mb`` of memory (``--mem=0``: all of the job's memory on the
-    node) and its GPUs (:func:`allocation_steps`)."""
+    A cluster that confines steps (``TaskPlugin=task/cgroup,task/affinity``) gives a step only what
+    it asks for and refuses one that asks for more than the job holds on the node. So a step asks
+    for ``cpus`` CPUs and ``mem_mb`` of memory (``--mem=0``: all of the job's memory on the node)
+    and its GPUs (:func:`allocation_steps`), and binds its task to the cores it gets there
+    (``--cpu-bind=cores``): otherwise ``srun`` takes the binding of the step it is started from
+    (``SLURM_CPU_BIND=mask_cpu:...``, the CPUs the job holds on *that* node), which another node,
+    where the job holds other CPUs, cannot satisfy (SLURM 22.05: ``Unable to satisfy cpu bind
+    request``; tests/slurm/test_confined_steps.py)."""
     return [
         "srun",
         "--nodes=1",
@@ -167,6 +171,7 @@ def srun_on(node: str, *, gpus: int = 0, cpus: int | None = None, mem_mb: int | 
         f"--nodelist={node}",
         "--overlap",
         "--kill-on-bad-exit=1",
+        "--cpu-bind=cores",
         *([f"--cpus-per-task={int(cpus)}"] if cpus else []),
         *([f"--mem={int(mem_mb)}M"] if mem_mb is not None else []),
         *([f"--gres=gpu:{gpus}"] if gpus > 0 else []),
