@@ -64,6 +64,7 @@ __all__ = [
     "step_request",
     "training_nodes",
     "wait_for_nodes",
+    "worker_gpus",
 ]
 
 #: Keeps a private Ray instance on 127.0.0.1 (see the module docstring).
@@ -187,6 +188,13 @@ def step_request(job, *, gpus: int = 0) -> dict[str, int]:
     return {"cpus": int(job.threads), "mem_mb": int(mem) if mem else 0, "gpus": int(gpus)}
 
 
+def worker_gpus(job) -> int:
+    """The GPUs a training node's Ray worker step asks SLURM for: the node's training GPUs; none for
+    a CPU training, whose Ray nodes count its CPU workers as GPU slots (SLURM refuses a step asking
+    for GPUs the job does not hold: ``Step requested GRES but job doesn't have GRES``)."""
+    return int(job.workers) if job.device == "cuda" else 0
+
+
 def allocation_steps(job, nodes: Sequence[str]) -> dict[str, list[str]]:
     """Every step a multi-node training ``job`` starts inside its allocation over ``nodes`` (first
     node first), by name, with the ``srun`` prefix that starts it: each training node's retrieval
@@ -195,7 +203,7 @@ def allocation_steps(job, nodes: Sequence[str]) -> dict[str, list[str]]:
     train = list(nodes[: job.train_nodes])
     steps = {f"retrieval replica on {n}": srun_on(n, **step_request(job)) for n in train}
     for n in train[1:]:
-        steps[f"Ray worker on {n}"] = srun_on(n, **step_request(job, gpus=job.workers))
+        steps[f"Ray worker on {n}"] = srun_on(n, **step_request(job, gpus=worker_gpus(job)))
     if job.judge_node and len(nodes) > job.train_nodes:
         judge = nodes[job.train_nodes]
         steps[f"judge on {judge}"] = srun_on(judge, **step_request(job, gpus=job.scorer.judge_gpus))
@@ -504,7 +512,7 @@ def ray_for_job(job) -> Iterator[tuple[list[str], dict[str, str]]]:
         gpus=gpus,
         token_file=job.workdir / "ray_auth_token",
         log_dir=job.workdir / "ray",
-        step=step_request(job, gpus=gpus),
+        step=step_request(job, gpus=worker_gpus(job)),
     ) as (address, env):
         # gloo and NCCL talk over the interface the nodes share, not over every interface
         iface = interface_of(address.rsplit(":", 1)[0])
