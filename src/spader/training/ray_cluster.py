@@ -280,7 +280,7 @@ def _free_port(host: str) -> int:
 
 
 def wait_for_nodes(
-    address: str, count: int, env: dict[str, str], timeout_s: float, procs, restart=None
+    address: str, count: int, env: dict[str, str], timeout_s: float, procs, restart=None, logs=None
 ) -> None:
     """Until ``count`` nodes are alive in the cluster at ``address`` (``ray status`` lists them).
 
@@ -289,6 +289,8 @@ def wait_for_nodes(
             replaces it).
         restart: called with the index of a process that exited; returns its replacement, or
             None when that node may not start again.
+        logs: the processes' output files; the error names the exited one's and quotes its last
+            line (``srun``'s refusal of a step, say).
     """
     deadline = time.monotonic() + timeout_s
     last = ""
@@ -299,6 +301,7 @@ def wait_for_nodes(
                 if again is None:
                     raise RuntimeError(
                         f"a Ray node process exited with code {p.returncode} while the cluster started"
+                        + (_last_line(logs[i]) if logs else "")
                     )
                 procs[i] = again
         res = subprocess.run(
@@ -317,6 +320,15 @@ def wait_for_nodes(
     raise RuntimeError(
         f"the Ray cluster at {address} did not reach {count} nodes in {timeout_s:.0f} s:\n{last[-2000:]}"
     )
+
+
+def _last_line(path: Path) -> str:
+    """`` (log <path>: <its last line>)``."""
+    try:
+        lines = [x.strip() for x in Path(path).read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        lines = []
+    return f" (log {path}: {lines[-1] if lines else 'empty'})"
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
@@ -466,7 +478,8 @@ def slurm_ray_cluster(
         for node in nodes[1:]:
             procs.append(start_worker(node))
         restart = _restarter(nodes, procs, worker_starts, log_dir, start_worker)
-        wait_for_nodes(address, len(nodes), env, start_timeout_s, procs, restart=restart)
+        logs = [log_dir / "ray_head.log", *(log_dir / f"ray_{n}.log" for n in nodes[1:])]
+        wait_for_nodes(address, len(nodes), env, start_timeout_s, procs, restart=restart, logs=logs)
         log.info("Ray cluster of %d nodes up at %s", len(nodes), address)
         yield address, env
     finally:
