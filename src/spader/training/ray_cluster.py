@@ -475,10 +475,9 @@ def slurm_ray_cluster(
         def start_worker(node: str) -> subprocess.Popen:
             return _start_worker(node, address, common, env, log_dir, grace_s, step)
 
-        for node in nodes[1:]:
-            procs.append(start_worker(node))
+        procs.extend(start_worker(node) for node in nodes[1:])
+        logs = [log_dir / f"ray_{'head' if i == 0 else n}.log" for i, n in enumerate(nodes)]
         restart = _restarter(nodes, procs, worker_starts, log_dir, start_worker)
-        logs = [log_dir / "ray_head.log", *(log_dir / f"ray_{n}.log" for n in nodes[1:])]
         wait_for_nodes(address, len(nodes), env, start_timeout_s, procs, restart=restart, logs=logs)
         log.info("Ray cluster of %d nodes up at %s", len(nodes), address)
         yield address, env
