@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -261,6 +262,23 @@ def test_every_step_inside_a_training_allocation_asks_for_its_cpus_memory_and_gp
             assert [a for a in steps["Ray worker on node1"] if a.startswith("--gres")] == ["--gres=gpu:8"]
         assert not any(a.startswith("--gres") for a in steps["retrieval replica on node0"])
     assert seen == {"retrieval replica", "Ray worker", "judge"}
+
+
+def test_a_cpu_trainings_ray_worker_step_asks_for_no_gpus():
+    """On a CPU the Ray nodes count the CPU workers as GPU slots; the worker's step asks SLURM for no
+    GPUs (a step asking for GPUs the job does not hold is refused: tests/slurm/test_confined_steps.py)."""
+    from spader.training.ray_cluster import allocation_steps
+
+    def job(device: str) -> SimpleNamespace:
+        scorer = SimpleNamespace(judge_gpus=0)
+        return SimpleNamespace(device=device, workers=2, train_nodes=2, judge_node=False, scorer=scorer,
+                               threads=2, mem_mb=8000)  # fmt: skip
+
+    gres = {
+        d: [a for a in allocation_steps(job(d), ["a", "b"])["Ray worker on b"] if "gres" in a]
+        for d in ("cpu", "cuda")
+    }
+    assert gres == {"cpu": [], "cuda": ["--gres=gpu:2"]}
 
 
 def test_a_judge_node_step_asks_for_the_judges_gpus(judge_node_jobs, tmp_path):

@@ -2,7 +2,9 @@
 two-node SLURM on this machine: each node a network, UTS and mount namespace of the test's own
 (tests/support/netns_slurm.py: its own host name, address and loopback, the nodes joined by one
 veth pair, a slurmctld and munged of the test's own and one slurmd per node; the machine's own
-SLURM is not touched).
+SLURM is not touched). The nodes confine steps as a production cluster does where this machine can
+(``task/cgroup,task/affinity``: each step in a cpuset of its CPUs, under its memory limit), so the
+job's steps run with what they ask SLURM for.
 
 The job runs what a multi-node job runs on a cluster, nothing joined from outside: the retrieval
 replica of every node on that node's loopback, started as a step of the allocation

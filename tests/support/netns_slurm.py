@@ -13,6 +13,19 @@ mount namespace of the test's own making, with its own host name and address.
   daemon with its own key. The machine's own SLURM (``.ci/slurm-up.sh``) is neither read nor touched.
 * **Daemons.** One ``munged`` and ``slurmctld`` on the first node, one ``slurmd`` per node; their pid,
   log, state and spool files are in the cluster's directory (``%n`` in the slurmd paths).
+* **Confinement.** Where the machine mounts cgroup v1's ``cpuset`` and ``memory`` hierarchies
+  writable, the nodes confine every step as a production cluster does (:func:`confinement`):
+  ``TaskPlugin=task/cgroup,task/affinity``, ``ProctrackType=proctrack/cgroup`` and a
+  ``cgroup.conf`` with ``CgroupPlugin=cgroup/v1``, ``ConstrainCores``, ``ConstrainRAMSpace`` and
+  ``ConstrainDevices``: a step runs in a cpuset of its CPUs, bound to them, under a memory limit.
+  Each node then claims the machine's real CPUs (binding needs CPUs that exist); SLURM's cgroups
+  are ``slurm_<node>`` at the top of each hierarchy, removed by :meth:`NetnsSlurm.stop`. Elsewhere
+  ``task/affinity`` alone (no cgroups: CPU binding only). ``cgroup/v2`` cannot run beside v1
+  hierarchies (slurmd: ``fatal: Hybrid mode is not supported``).
+* **GPUs.** Each node has ``gpus`` fake GPUs (GRES ``gpu``): character devices of the cluster's own
+  (major 240, reserved for local use; no driver answers them). Opening one fails with ``ENXIO``
+  where the step's devices cgroup lets it through and with ``EPERM`` where ``ConstrainDevices``
+  denies it, so a step shows which GPUs SLURM gave it.
 
 :meth:`NetnsSlurm.stop` ends every process in the nodes' network namespaces (the daemons and
 anything a job left), then the namespaces' holders; the namespaces and the veth pair go with them.
@@ -23,14 +36,33 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 DAEMONS = ("slurmctld", "slurmscriptd", "slurmd", "munged")
+CGROUP_V1 = Path("/sys/fs/cgroup")
+CONSTRAINED = ("cpuset", "memory", "devices", "freezer")  # task/cgroup's and proctrack/cgroup's
+
+
+def confinement() -> dict[str, str | None]:
+    """The strictest step confinement the nodes can run here: ``task_plugin``, ``proctrack`` and
+    ``cgroup_conf`` (None: no cgroup.conf). Task/cgroup with cgroup v1 where its hierarchies are
+    mounted writable (this machine's kind: v1 controllers beside an empty v2 mount, in which
+    ``cgroup/v2`` refuses to start); task/affinity (CPU binding, no cgroups) elsewhere."""
+    if all(os.access(CGROUP_V1 / c / "cgroup.procs", os.W_OK) for c in CONSTRAINED):
+        return {
+            "task_plugin": "task/cgroup,task/affinity",
+            "proctrack": "proctrack/cgroup",
+            "cgroup_conf": "CgroupPlugin=cgroup/v1\nConstrainCores=yes\nConstrainRAMSpace=yes\n"
+            "ConstrainDevices=yes\n",
+        }
+    return {"task_plugin": "task/affinity", "proctrack": "proctrack/linuxproc", "cgroup_conf": None}
 
 
 def netns_problem() -> str:
@@ -60,24 +92,39 @@ class NetnsSlurm:
     """The cluster (see the module docstring); :meth:`start` and :meth:`stop` it.
 
     Args:
-        nodes: host names, the first one runs the controller.
+        nodes: host names, the first one runs the controller; default two names of this cluster's
+            own (SLURM names its cgroups after the node: two clusters at once must not share one).
         subnet: the first three octets of the nodes' /24.
-        cpus, mem_mb: what each node claims (``config_overrides``: nothing is enforced).
+        cpus: what each node claims; default the machine's CPUs (SLURM binds steps to them).
+        mem_mb: what each node claims (``config_overrides``; each job's and step's memory limit
+            is what it asked for).
+        gpus: fake GPUs per node (see the module docstring).
+        confine: the steps' confinement (:func:`confinement`); False: ``task/none``, nothing.
     """
 
     def __init__(
         self,
-        nodes: tuple[str, ...] = ("spnode1", "spnode2"),
+        nodes: tuple[str, ...] | None = None,
         *,
         subnet: str = "10.213.7",
-        cpus: int = 8,
+        cpus: int | None = None,
         mem_mb: int = 16000,
+        gpus: int = 2,
+        confine: bool = True,
     ):
+        if nodes is None:
+            tag = secrets.token_hex(2)
+            nodes = (f"sp{tag}n1", f"sp{tag}n2")
         if len(nodes) != 2:
             raise ValueError("one veth pair joins exactly two nodes")
         self.nodes = nodes
         self.address = {n: f"{subnet}.{i + 1}" for i, n in enumerate(nodes)}
-        self.cpus, self.mem_mb = cpus, mem_mb
+        self.cpus, self.mem_mb, self.gpus = cpus or len(os.sched_getaffinity(0)), mem_mb, gpus
+        self.confinement = (
+            confinement()
+            if confine
+            else {"task_plugin": "task/none", "proctrack": "proctrack/linuxproc", "cgroup_conf": None}
+        )
         # short: slurmstepd's sockets live in the spool directory (108-byte limit of a socket path)
         self.root = Path(tempfile.mkdtemp(prefix="spn-", dir="/tmp"))
         self.holders: dict[str, subprocess.Popen] = {}
@@ -87,6 +134,10 @@ class NetnsSlurm:
     @property
     def log_dir(self) -> Path:
         return self.root / "log"
+
+    def gpu_device(self, i: int) -> Path:
+        """The device file of every node's ``i``-th fake GPU."""
+        return self.root / "dev" / f"gpu{i}"
 
     def enter(self, node: str, cwd: str | os.PathLike | None = None) -> list[str]:
         """The prefix that runs a command on ``node`` (in its namespaces), in ``cwd`` (entering a
@@ -112,8 +163,8 @@ class NetnsSlurm:
             "AuthType=auth/munge",
             "CredType=cred/munge",
             "MpiDefault=none",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            f"ProctrackType={self.confinement['proctrack']}",
+            f"TaskPlugin={self.confinement['task_plugin']}",
             "ReturnToService=2",
             "SlurmdParameters=config_overrides",
             f"SlurmctldPidFile={r}/run/slurmctld.pid",
@@ -130,8 +181,10 @@ class NetnsSlurm:
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",
             "MinJobAge=300",
+            "GresTypes=gpu",
             *(
-                f"NodeName={n} NodeAddr={a} CPUs={self.cpus} RealMemory={self.mem_mb} State=UNKNOWN"
+                f"NodeName={n} NodeAddr={a} CPUs={self.cpus} RealMemory={self.mem_mb} Gres=gpu:{self.gpus}"
+                " State=UNKNOWN"
                 for n, a in self.address.items()
             ),
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
@@ -151,6 +204,14 @@ class NetnsSlurm:
             "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in self.address.items())
         )
         (r / "etc" / "slurm" / "slurm.conf").write_text(self._config())
+        (r / "dev").mkdir()
+        for i in range(self.gpus):
+            os.mknod(self.gpu_device(i), 0o600 | stat.S_IFCHR, os.makedev(240, i))
+        (r / "etc" / "slurm" / "gres.conf").write_text(
+            "".join(f"Name=gpu File={self.gpu_device(i)}\n" for i in range(self.gpus))
+        )
+        if self.confinement["cgroup_conf"]:
+            (r / "etc" / "slurm" / "cgroup.conf").write_text(self.confinement["cgroup_conf"])
         for node in self.nodes:
             ready = r / "run" / f"{node}.ready"
             script = (
@@ -246,6 +307,17 @@ class NetnsSlurm:
         """The processes in the nodes' namespaces other than the cluster's daemons."""
         return [p for p in self.processes() if p[2] not in DAEMONS]
 
+    def _remove_cgroups(self) -> None:
+        """The nodes' SLURM cgroups (``slurm_<node>`` in each v1 hierarchy), deepest first; their
+        processes have ended."""
+        for node in self.nodes:
+            for top in CGROUP_V1.glob(f"*/slurm_{node}"):
+                for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+                with contextlib.suppress(OSError):
+                    top.rmdir()
+
     def stop(self, keep_logs: Path | None = None) -> None:
         """End every process of the nodes, then the holders; remove the cluster's directory (its
         logs copied to ``keep_logs`` first, when given)."""
@@ -263,6 +335,7 @@ class NetnsSlurm:
                 if holder.poll() is None:
                     holder.kill()
                 holder.wait()
+            self._remove_cgroups()
             if keep_logs is not None and self.log_dir.exists():
                 shutil.copytree(self.log_dir, keep_logs, dirs_exist_ok=True)
             shutil.rmtree(self.root, ignore_errors=True)

@@ -324,6 +324,15 @@ def test_a_worker_node_that_fails_to_start_is_started_again(tmp_path, monkeypatc
         again.kill()
     with pytest.raises(RuntimeError, match="exited with code 1 while the cluster started"):
         ray_cluster.wait_for_nodes("x:1", 2, {}, 30, [failed], restart=lambda i: None)
+    # the error quotes the end of the node's log: SLURM's refusal of its step, say
+    refusal = "srun: error: Unable to create step for job 1: Invalid generic resource (gres) specification"
+    (tmp_path / "ray_b.log").write_text(
+        f"srun: error: Step requested GRES but job doesn't have GRES\n{refusal}\n"
+    )
+    with pytest.raises(RuntimeError, match=re.escape(f"{tmp_path / 'ray_b.log'}: {refusal})")):
+        ray_cluster.wait_for_nodes(
+            "x:1", 2, {}, 30, [failed], restart=lambda i: None, logs=[tmp_path / "ray_b.log"]
+        )
 
 
 def test_r3rag_on_two_nodes_serves_its_judge_on_the_second_and_trains_on_the_first(paper_config, tmp_path):
@@ -363,7 +372,12 @@ def test_a_judge_on_a_node_of_its_own_is_started_there_bound_to_the_shared_addre
     address = _routable_ipv4()
     if address is None:
         pytest.skip("no non-loopback IPv4 address on this machine")
-    assert srun_on("node-b", gpus=1)[-3:] == ["--overlap", "--kill-on-bad-exit=1", "--gres=gpu:1"]
+    assert srun_on("node-b", gpus=1)[-4:] == [
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=cores",
+        "--gres=gpu:1",
+    ]
     judge = {**paper_config["judge"], "url": None}
     launch = scorer_launch(paper_config["variants"]["r3rag"], judge=judge)
     node = JudgeNode("node-b", address, ("env", "SPADER_JUDGE_NODE=node-b"), ("0",))

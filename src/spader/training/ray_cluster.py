@@ -64,6 +64,7 @@ __all__ = [
     "step_request",
     "training_nodes",
     "wait_for_nodes",
+    "worker_gpus",
 ]
 
 #: Keeps a private Ray instance on 127.0.0.1 (see the module docstring).
@@ -156,10 +157,14 @@ def srun_on(node: str, *, gpus: int = 0, cpus: int | None = None, mem_mb: int | 
     """The prefix that runs a command as a step of this allocation on ``node`` alone (sharing the
     node's resources with the job's other steps, ``--overlap``; the step ends when the job does).
 
-    A cluster that confines steps (``TaskPlugin=task/cgroup``, ``task/affinity``) gives a step only
-    what it asks for: one CPU and, with ``DefMemPerCPU``, that CPU's memory by default. So a step
-    asks for ``cpus`` CPUs and ``mem_mb`` of memory (``--mem=0``: all of the job's memory on the
-    node) and its GPUs (:func:`allocation_steps`)."""
+    A cluster that confines steps (``TaskPlugin=task/cgroup,task/affinity``) gives a step only what
+    it asks for and refuses one that asks for more than the job holds on the node. So a step asks
+    for ``cpus`` CPUs and ``mem_mb`` of memory (``--mem=0``: all of the job's memory on the node)
+    and its GPUs (:func:`allocation_steps`), and binds its task to the cores it gets there
+    (``--cpu-bind=cores``): otherwise ``srun`` takes the binding of the step it is started from
+    (``SLURM_CPU_BIND=mask_cpu:...``, the CPUs the job holds on *that* node), which another node,
+    where the job holds other CPUs, cannot satisfy (SLURM 22.05: ``Unable to satisfy cpu bind
+    request``; tests/slurm/test_confined_steps.py)."""
     return [
         "srun",
         "--nodes=1",
@@ -167,6 +172,7 @@ def srun_on(node: str, *, gpus: int = 0, cpus: int | None = None, mem_mb: int | 
         f"--nodelist={node}",
         "--overlap",
         "--kill-on-bad-exit=1",
+        "--cpu-bind=cores",
         *([f"--cpus-per-task={int(cpus)}"] if cpus else []),
         *([f"--mem={int(mem_mb)}M"] if mem_mb is not None else []),
         *([f"--gres=gpu:{gpus}"] if gpus > 0 else []),
@@ -182,6 +188,13 @@ def step_request(job, *, gpus: int = 0) -> dict[str, int]:
     return {"cpus": int(job.threads), "mem_mb": int(mem) if mem else 0, "gpus": int(gpus)}
 
 
+def worker_gpus(job) -> int:
+    """The GPUs a training node's Ray worker step asks SLURM for: the node's training GPUs; none for
+    a CPU training, whose Ray nodes count its CPU workers as GPU slots (SLURM refuses a step asking
+    for GPUs the job does not hold: ``Step requested GRES but job doesn't have GRES``)."""
+    return int(job.workers) if job.device == "cuda" else 0
+
+
 def allocation_steps(job, nodes: Sequence[str]) -> dict[str, list[str]]:
     """Every step a multi-node training ``job`` starts inside its allocation over ``nodes`` (first
     node first), by name, with the ``srun`` prefix that starts it: each training node's retrieval
@@ -190,7 +203,7 @@ def allocation_steps(job, nodes: Sequence[str]) -> dict[str, list[str]]:
     train = list(nodes[: job.train_nodes])
     steps = {f"retrieval replica on {n}": srun_on(n, **step_request(job)) for n in train}
     for n in train[1:]:
-        steps[f"Ray worker on {n}"] = srun_on(n, **step_request(job, gpus=job.workers))
+        steps[f"Ray worker on {n}"] = srun_on(n, **step_request(job, gpus=worker_gpus(job)))
     if job.judge_node and len(nodes) > job.train_nodes:
         judge = nodes[job.train_nodes]
         steps[f"judge on {judge}"] = srun_on(judge, **step_request(job, gpus=job.scorer.judge_gpus))
@@ -267,7 +280,7 @@ def _free_port(host: str) -> int:
 
 
 def wait_for_nodes(
-    address: str, count: int, env: dict[str, str], timeout_s: float, procs, restart=None
+    address: str, count: int, env: dict[str, str], timeout_s: float, procs, restart=None, logs=None
 ) -> None:
     """Until ``count`` nodes are alive in the cluster at ``address`` (``ray status`` lists them).
 
@@ -276,6 +289,8 @@ def wait_for_nodes(
             replaces it).
         restart: called with the index of a process that exited; returns its replacement, or
             None when that node may not start again.
+        logs: the processes' output files; the error names the exited one's and quotes its last
+            line (``srun``'s refusal of a step, say).
     """
     deadline = time.monotonic() + timeout_s
     last = ""
@@ -286,6 +301,7 @@ def wait_for_nodes(
                 if again is None:
                     raise RuntimeError(
                         f"a Ray node process exited with code {p.returncode} while the cluster started"
+                        + (_last_line(logs[i]) if logs else "")
                     )
                 procs[i] = again
         res = subprocess.run(
@@ -304,6 +320,15 @@ def wait_for_nodes(
     raise RuntimeError(
         f"the Ray cluster at {address} did not reach {count} nodes in {timeout_s:.0f} s:\n{last[-2000:]}"
     )
+
+
+def _last_line(path: Path) -> str:
+    """`` (log <path>: <its last line>)``."""
+    try:
+        lines = [x.strip() for x in Path(path).read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        lines = []
+    return f" (log {path}: {lines[-1] if lines else 'empty'})"
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
@@ -450,10 +475,10 @@ def slurm_ray_cluster(
         def start_worker(node: str) -> subprocess.Popen:
             return _start_worker(node, address, common, env, log_dir, grace_s, step)
 
-        for node in nodes[1:]:
-            procs.append(start_worker(node))
+        procs.extend(start_worker(node) for node in nodes[1:])
+        logs = [log_dir / f"ray_{'head' if i == 0 else n}.log" for i, n in enumerate(nodes)]
         restart = _restarter(nodes, procs, worker_starts, log_dir, start_worker)
-        wait_for_nodes(address, len(nodes), env, start_timeout_s, procs, restart=restart)
+        wait_for_nodes(address, len(nodes), env, start_timeout_s, procs, restart=restart, logs=logs)
         log.info("Ray cluster of %d nodes up at %s", len(nodes), address)
         yield address, env
     finally:
@@ -499,7 +524,7 @@ def ray_for_job(job) -> Iterator[tuple[list[str], dict[str, str]]]:
         gpus=gpus,
         token_file=job.workdir / "ray_auth_token",
         log_dir=job.workdir / "ray",
-        step=step_request(job, gpus=gpus),
+        step=step_request(job, gpus=worker_gpus(job)),
     ) as (address, env):
         # gloo and NCCL talk over the interface the nodes share, not over every interface
         iface = interface_of(address.rsplit(":", 1)[0])
