@@ -65,3 +65,29 @@ def test_a_gated_model_is_not_fetched_without_a_hub_token(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError, match="could not download model") as err:
         download_model("meta-llama/Llama-3.1-8B-Instruct", out)
     assert not isinstance(err.value, HubTokenError)
+
+
+def test_a_download_checks_the_disk_for_the_snapshot_less_what_the_cache_holds(tmp_path):
+    """The rule's snapshot size comes from the plan's estimate of the shipped shape (Qwen3-8B's bf16
+    weights; Meta's repositories hold them twice); a snapshot larger than the free disk is refused
+    in one line before anything is fetched, unless the hub cache already holds its bytes."""
+    import pytest
+
+    from spader.infra.node import PreflightError
+    from spader.planning.needs import snapshot_gib
+
+    qwen, llama = snapshot_gib("Qwen/Qwen3-8B"), snapshot_gib("meta-llama/Llama-3.1-8B-Instruct")
+    assert 14.0 < qwen < 16.0 and 28.0 < llama < 31.0  # 8.2 and 8.0 billion parameters in bf16
+    assert snapshot_gib("org/unknown-model") is None
+    free = shutil.disk_usage(tmp_path).free / float(1 << 30)
+    out = tmp_path / "hub" / "org--tiny"
+    with pytest.raises(PreflightError) as exc:
+        download_model("org/tiny", out, local_files_only=True, size_gib=free * 4)
+    assert "\n" not in str(exc.value) and str(exc.value).startswith("download_model org/tiny cannot run")
+    assert "disk: " in str(exc.value) and "the snapshot" in str(exc.value)
+    assert not (tmp_path / "hub" / ".cache").exists() and not out.exists()
+    # the cache holds it all: nothing left to fetch, nothing to check against the disk
+    _hub_cache(tmp_path / "hub" / ".cache")
+    size = sum(len(d) for d in FILES.values()) / float(1 << 30)
+    download_model("org/tiny", out, local_files_only=True, size_gib=size)
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)

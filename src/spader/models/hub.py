@@ -50,6 +50,19 @@ def link_tree(src: str | os.PathLike, out: str | os.PathLike) -> Path:
     return out
 
 
+def _download_needs(repo_id: str, size_gib: float | None, cache: Path) -> Needs:
+    """A model download's disk: the snapshot's size less what the hub cache already holds of it
+    (the output is hard links into the cache)."""
+    from spader.infra.node import tree_gib
+
+    name = f"download_model {repo_id}"
+    if size_gib is None:
+        return Needs(name, unknown=(f"its size (no shape of {repo_id} is shipped to estimate it)",))
+    held = tree_gib(cache / ("models--" + repo_id.replace("/", "--")))
+    return Needs(name, disk_gib=max(0.0, size_gib - held),
+                 disk_what=f"the snapshot ({size_gib:.1f} GiB estimated, {held:.1f} GiB already in the hub cache)")  # fmt: skip
+
+
 def download_model(
     repo_id: str,
     out: str | os.PathLike,
@@ -57,6 +70,7 @@ def download_model(
     *,
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
+    size_gib: float | None = None,
 ) -> Path:
     """``snapshot_download`` of ``repo_id`` (weights, tokenizer, config) into ``out``.
 
@@ -68,6 +82,8 @@ def download_model(
         revision: commit, branch or tag (default: the hub's default branch).
         cache_dir: hub cache (default: ``.cache`` beside ``out``).
         local_files_only: take the files from the cache only (no network).
+        size_gib: GiB the snapshot holds (the plan's estimate), checked against the free disk less
+            what the hub cache already holds of it; None: not known, not checked (a debug line).
     Returns:
         ``out``.
     Raises:
@@ -76,11 +92,10 @@ def download_model(
     out = Path(out)
     if not local_files_only:
         check_hub_token(repo_id, out)
-    unknown = ("its size (a hub snapshot's size is not known before its download)",)
-    check_here(Needs(f"download_model {repo_id}", unknown=unknown), out.parent, logger=log)
+    cache = Path(cache_dir) if cache_dir is not None else out.parent / ".cache"
+    check_here(_download_needs(repo_id, size_gib, cache), out.parent, logger=log)
     from huggingface_hub import snapshot_download
 
-    cache = Path(cache_dir) if cache_dir is not None else out.parent / ".cache"
     log.info("downloading %s into %s (hub cache %s)", repo_id, out, cache)
     try:
         snapshot = snapshot_download(

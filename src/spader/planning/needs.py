@@ -16,7 +16,7 @@ from spader.planning.plan import GIB, evaluation_job, evidence_job, load_shape, 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RECORDS_FLOOR_GIB", "evaluation_needs", "evidence_needs"]
+__all__ = ["RECORDS_FLOOR_GIB", "evaluation_needs", "evidence_needs", "snapshot_gib"]
 
 #: Free disk a job that writes records (an evaluation's episodes, the evidence file) needs at least:
 #: a floor, not a plan (their size is not planned; the DAG's total counts them in its 3 GiB of data,
@@ -94,3 +94,13 @@ def evidence_needs(
         disk_what="the evidence file",
         unknown=("the size of the evidence file (a floor is checked)",),
     )
+
+
+def snapshot_gib(repo_id: str) -> float | None:
+    """GiB a hub model's snapshot holds, as the DAG's disk plan counts it (its weights in bf16 from
+    the shape shipped in ``spader/planning/shapes``; Meta's Llama repositories twice): what its
+    download needs free. None for a model without a shipped shape."""
+    from spader.planning.plan import hub_snapshot_gib
+
+    gib = hub_snapshot_gib(repo_id, {})
+    return gib or None

@@ -1511,7 +1511,7 @@ def dag_totals(jobs: Sequence[Job], config: Any) -> dict[str, Any]:
     return out
 
 
-def _hub_gib(model: str, models: Mapping[str, str], *, dtype_bytes: int = 2) -> float:
+def hub_snapshot_gib(model: str, models: Mapping[str, str], *, dtype_bytes: int = 2) -> float:
     """GiB of a hub model's snapshot: its weights (Meta's Llama repositories ship them twice, the
     ``original/`` consolidated copy beside the safetensors)."""
     try:
@@ -1537,12 +1537,12 @@ def _dag_keepers(train: Sequence[Job], config: Any, models: Mapping[str, str]) -
     keepers["data, evaluations, MLflow"] = DATA_GIB["data, evaluations, MLflow"]
     trained = {j.name.split()[1].split("/")[0] for j in train}
     for b in sorted(trained):
-        keepers[f"model {config.backbones[b].model}"] = _hub_gib(config.backbones[b].model, models)
+        keepers[f"model {config.backbones[b].model}"] = hub_snapshot_gib(config.backbones[b].model, models)
     if any(config.variants[j.name.split("/")[1]].serves_judge and not config.judge.url for j in train):
-        keepers[f"model {config.judge.model}"] = _hub_gib(config.judge.model, models)
+        keepers[f"model {config.judge.model}"] = hub_snapshot_gib(config.judge.model, models)
     reranker = config.retrieval.reranker.model
     if reranker:
-        keepers[f"model {reranker}"] = _hub_gib(reranker, models, dtype_bytes=4)
+        keepers[f"model {reranker}"] = hub_snapshot_gib(reranker, models, dtype_bytes=4)
     for j in train:
         export = j.disk.get("export (bf16)", 0.0)
         checkpoints = (j.kept_gib or 0.0) - export if keep else (j.final_checkpoint_gib or 0.0)
