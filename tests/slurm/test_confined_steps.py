@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
-from netns_slurm import NetnsSlurm, netns_problem  # noqa: E402
+from netns_slurm import running_cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -75,14 +75,8 @@ print(json.dumps({"here": sorted(os.sched_getaffinity(0)), "bind": os.environ.ge
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    problem = netns_problem()
-    if problem:
-        pytest.skip(f"a two-node SLURM in network namespaces cannot start here: {problem}")
-    slurm = NetnsSlurm()
-    try:
-        yield slurm.start()
-    finally:
-        slurm.stop(keep_logs=tmp_path_factory.mktemp("slurm_logs"))
+    with running_cluster(tmp_path_factory.mktemp("slurm_logs")) as slurm:
+        yield slurm
 
 
 def _pythonpath() -> dict[str, str]:

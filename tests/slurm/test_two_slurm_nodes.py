@@ -31,7 +31,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
-from netns_slurm import NetnsSlurm, netns_problem  # noqa: E402
+from netns_slurm import NetnsSlurm, running_cluster  # noqa: E402
 
 from spader.config import resolved_config  # noqa: E402
 
@@ -79,14 +79,8 @@ rule train_policy:
 
 @pytest.fixture
 def cluster(tmp_path):
-    problem = netns_problem()
-    if problem:
-        pytest.skip(f"a two-node SLURM in network namespaces cannot start here: {problem}")
-    slurm = NetnsSlurm()
-    try:
-        yield slurm.start()
-    finally:
-        slurm.stop(keep_logs=tmp_path / "slurm_logs")
+    with running_cluster(tmp_path / "slurm_logs") as slurm:
+        yield slurm
     assert not slurm.processes(), "the cluster's namespaces still hold processes"
 
 

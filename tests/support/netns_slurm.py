@@ -339,3 +339,19 @@ class NetnsSlurm:
             if keep_logs is not None and self.log_dir.exists():
                 shutil.copytree(self.log_dir, keep_logs, dirs_exist_ok=True)
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_cluster(logs: Path):
+    """A started two-node cluster, stopped on exit with its logs kept under ``logs``; the test is
+    skipped, naming why, where the namespaces cannot start here."""
+    import pytest
+
+    problem = netns_problem()
+    if problem:
+        pytest.skip(f"a two-node SLURM in network namespaces cannot start here: {problem}")
+    slurm = NetnsSlurm()
+    try:
+        yield slurm.start()
+    finally:
+        slurm.stop(keep_logs=logs)
