@@ -413,6 +413,10 @@ LISTS: dict[str, tuple[str, str]] = {
     "backbones.*.prompting": (ORDERED, "the tables' rows follow it"),
     "agent.stop": (SET, "a turn ends at the earliest occurrence of any tag, whichever is listed first"),
     "evaluation.seeds": (ORDERED, "an evaluation writes its records seed by seed, in this order"),
+    "hardware.calibration": (
+        ORDERED,
+        "of two measured records of one job, the first that applies plans it (the plan only: no job reruns)",
+    ),
 }
 
 

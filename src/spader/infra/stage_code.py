@@ -55,8 +55,9 @@ PACKAGE = "spader"
 #: policy (when to try again, not what is computed), the downloader and its transfers (bytes are
 #: checked against their source), integrity records (they check files, never change them), atomic
 #: writes (where bytes go until they are complete), the
-#: process supervisor (how a job's children are stopped), the gated-model token check (a
-#: precondition) and this module.
+#: process supervisor (how a job's children are stopped), the gated-model token check and the
+#: node checks with the needs they compare (preconditions: a job runs as planned or stops) and
+#: this module.
 RESULT_NEUTRAL = frozenset(
     {
         "spader.infra.glue",
@@ -68,6 +69,8 @@ RESULT_NEUTRAL = frozenset(
         "spader.infra.atomic",
         "spader.infra.procs",
         "spader.models.gated",
+        "spader.infra.node",
+        "spader.planning.needs",
         "spader.infra.stage_code",
     }
 )
